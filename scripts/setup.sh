@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Installs what building and testing sysscope needs on a Debian machine, idempotently:
+# the nightly rust-src component, LLVM 22 (for bpf-linker), bpf-linker itself, and the
+# Debian tools the tests and benchmarks compare against. Each step is skipped when its
+# result is already present, so a second run takes a few seconds.
+#
+#   scripts/setup.sh           build prerequisites only
+#   scripts/setup.sh --test    also the tools the test suite uses
+set -euo pipefail
+
+want_test_tools=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test_tools=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (expected --test)" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    log "need root to run: $*"; exit 1; fi
+}
+
+apt_updated=0
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$apt_updated" -eq 0 ]; then
+    log "apt-get update"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    apt_updated=1
+  fi
+  log "apt-get install ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# 1. Rust toolchains: stable for user space, nightly + rust-src for the eBPF crate (-Z build-std).
+if ! command -v rustup >/dev/null; then
+  log "rustup is required (https://rustup.rs)"; exit 1
+fi
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+rustup component list --toolchain nightly --installed 2>/dev/null | grep -q '^rust-src' \
+  || rustup component add rust-src --toolchain nightly
+
+# 2. LLVM 22, the version rustc uses, for bpf-linker to link against.
+apt_install llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev pkg-config
+
+# 3. bpf-linker built against LLVM 22.
+if ! bpf-linker --version 2>/dev/null | grep -q '0\.13'; then
+  log "cargo install bpf-linker (one-off, a few minutes)"
+  PATH="/usr/lib/llvm-22/bin:$PATH" cargo install bpf-linker --locked --version 0.13.0 \
+    --no-default-features --features llvm-22 2>&1 | tail -n 3 >&2 \
+    || PATH="/usr/lib/llvm-22/bin:$PATH" cargo install bpf-linker --version 0.13.0 \
+         --no-default-features --features llvm-22
+fi
+
+# 4. Tools the tests compare against (strace, promtool, bpftool, ...).
+if [ "$want_test_tools" -eq 1 ]; then
+  apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux \
+    e2fsprogs python3-pip openssl curl
+  if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+    log "pip install kubernetes-validate"
+    python3 -m pip install -q --disable-pip-version-check kubernetes-validate 2>&1 | tail -n 2 >&2 || true
+  fi
+fi
+log "ready"
