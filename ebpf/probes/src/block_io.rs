@@ -1,0 +1,1 @@
+//! Block I/O probes (not yet written).

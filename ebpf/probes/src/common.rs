@@ -1,0 +1,48 @@
+//! Helpers shared by the probe families: the drop counters and register access.
+
+use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::map, maps::PerCpuArray};
+use sysscope_abi::counters;
+
+/// What the probes could not record, per CPU (indices in `sysscope_abi::counters`).
+#[map(name = "PROBE_COUNTERS")]
+pub static PROBE_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counters::COUNT, 0);
+
+/// Counts one event that could not be recorded.
+#[inline(always)]
+pub fn count_drop(index: u32) {
+    if let Some(slot) = PROBE_COUNTERS.get_ptr_mut(index) {
+        // Per-CPU slot, and programs do not nest on a CPU: a plain add is enough.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// `-EEXIST`, returned by a `BPF_NOEXIST` insert that lost a race with another CPU.
+pub const EEXIST: i32 = -17;
+
+/// Byte offsets of the syscall argument registers in the kernel's `struct pt_regs`.
+#[cfg(bpf_target_arch = "x86_64")]
+const ARG_REG_OFFSETS: [usize; 6] = [14 * 8, 13 * 8, 12 * 8, 7 * 8, 9 * 8, 8 * 8]; // di si dx r10 r8 r9
+                                                                                   // arm64: x0 is overwritten by the return value, the original is kept in orig_x0 (after
+                                                                                   // regs[31], sp, pc, pstate).
+#[cfg(bpf_target_arch = "aarch64")]
+const ARG_REG_OFFSETS: [usize; 6] = [34 * 8, 8, 2 * 8, 3 * 8, 4 * 8, 5 * 8];
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+const ARG_REG_OFFSETS: [usize; 6] = [0; 6];
+
+/// Reads the six syscall arguments from the `pt_regs` the raw syscall tracepoints receive.
+/// At `sys_exit` the argument registers still hold what user space passed in.
+#[inline(always)]
+pub fn read_syscall_args(regs: *const u8, out: &mut [u64; 6]) {
+    if cfg!(not(any(
+        bpf_target_arch = "x86_64",
+        bpf_target_arch = "aarch64"
+    ))) {
+        return;
+    }
+    let mut i = 0;
+    while i < 6 {
+        let p = unsafe { regs.add(ARG_REG_OFFSETS[i]) } as *const u64;
+        out[i] = unsafe { bpf_probe_read_kernel(p) }.unwrap_or(0);
+        i += 1;
+    }
+}

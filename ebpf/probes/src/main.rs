@@ -1,0 +1,34 @@
+//! sysscope's kernel side: every eBPF program and map, in one object file.
+//!
+//! One module per probe family; each owns its maps and documents its tracepoints.
+//! Names of programs and maps are shared with user space through `sysscope-abi`.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod block_io;
+#[cfg(target_arch = "bpf")]
+mod common;
+#[cfg(target_arch = "bpf")]
+mod empty;
+#[cfg(target_arch = "bpf")]
+mod syscalls;
+#[cfg(target_arch = "bpf")]
+mod trace;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // Programs are written without panicking paths; the verifier rejects any that remain.
+    unsafe { core::hint::unreachable_unchecked() }
+}
+
+#[cfg(target_arch = "bpf")]
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";
+
+/// The probes only exist for the BPF target; on the host this crate is an empty binary so that
+/// workspace-wide commands still build.
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

@@ -1,0 +1,1 @@
+//! On-demand trace probes (not yet written).

@@ -1,0 +1,64 @@
+//! Collectors: one module per source of metrics. Each reads its own kernel maps or files,
+//! keeps its own series, and encodes its own metric families.
+//!
+//! A collector that fails to start is reported down (`sysscope_collector_up 0`) with its
+//! reason in the log, and every other collector keeps running; one whose refresh fails is
+//! down for that scrape and retried on the next.
+
+pub mod syscalls;
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+/// Occupancy of one kernel map, for `sysscope_map_*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapUsage {
+    pub map: &'static str,
+    pub entries: u64,
+    pub capacity: u64,
+}
+
+/// What every collector reports about itself beside its own metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    pub maps: Vec<MapUsage>,
+    /// Metric family -> label sets folded into "other" by the cardinality budget.
+    pub folded_series: Vec<(&'static str, u64)>,
+    /// Reason -> slow-call samples dropped in user space (queue full, export failed, ...).
+    pub spans_dropped: Vec<(&'static str, u64)>,
+    /// Destination -> spans handed over (`otlp`, `local`).
+    pub spans_exported: Vec<(&'static str, u64)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorError {
+    #[error("reading map {map}: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub trait Collector: Send {
+    /// The `collector` label value (`syscalls`, `block_io`, `cpu`, `gpu`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Reads fresh values from the kernel or the filesystem.
+    fn refresh(&mut self) -> Result<(), CollectorError>;
+
+    /// Writes this collector's metric families.
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result;
+
+    /// Map occupancy and folded series, for the self-metrics.
+    fn health(&self) -> Health {
+        Health::default()
+    }
+}

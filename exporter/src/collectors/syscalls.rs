@@ -1,0 +1,572 @@
+//! The syscall collector: counts, errors by errno and latency histograms per workload.
+//!
+//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit` (raw tracepoints, see
+//! `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
+//! `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written once at start.
+//! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
+//! `sysscope_syscall_duration_seconds`.
+//!
+//! Each refresh reads every kernel entry, adds what changed since the previous read to the
+//! entry's series, and reclaims the entries of processes that have exited (after their last
+//! values were read), so series are monotonic sums over processes that come and go.
+
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap, PerCpuValues};
+use prometheus_client::{
+    encoding::{DescriptorEncoder, NoLabelSet},
+    metrics::MetricType,
+};
+use sysscope_abi::{hist, maps, programs, ErrnoKey, ProcessExit, SyscallKey, SyscallStats};
+
+use super::{Collector, CollectorError, Health, MapUsage};
+use crate::{
+    config::{Config, HistogramResolution},
+    metadata::SharedLabeler,
+    probes::{ProbeError, Probes},
+    series::{Budget, Workload},
+    syscall_table,
+};
+
+pub const NAME: &str = "syscalls";
+
+/// How often entries of processes that vanished without an exit record are looked for.
+const ORPHAN_SCAN_INTERVAL: Duration = Duration::from_secs(30);
+
+type SeriesKey = (Workload, u32);
+
+#[derive(Debug, Clone)]
+struct Totals {
+    sum_ns: u64,
+    buckets: [u64; hist::HIST_BUCKETS],
+    last_change: Instant,
+}
+
+impl Totals {
+    fn new(now: Instant) -> Self {
+        Self {
+            sum_ns: 0,
+            buckets: [0; hist::HIST_BUCKETS],
+            last_change: now,
+        }
+    }
+
+    fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
+
+/// What was last read from one kernel entry, and where its values went.
+#[derive(Debug)]
+struct Entry {
+    last: SyscallStats,
+    target: Option<SeriesKey>,
+    seen: u64,
+}
+
+#[derive(Debug)]
+struct ErrorEntry {
+    last: u64,
+    target: Option<(Workload, u32, u16)>,
+    seen: u64,
+}
+
+#[derive(Debug)]
+struct ErrorTotals {
+    count: u64,
+    last_change: Instant,
+}
+
+pub struct SyscallCollector {
+    stats: PerCpuHashMap<MapData, SyscallKey, SyscallStats>,
+    errors: PerCpuHashMap<MapData, ErrnoKey, u64>,
+    exits: BpfHashMap<MapData, u32, ProcessExit>,
+    capacities: [u64; 3],
+    labeler: SharedLabeler,
+    entries: HashMap<SyscallKey, Entry>,
+    error_entries: HashMap<ErrnoKey, ErrorEntry>,
+    series: HashMap<SeriesKey, Totals>,
+    error_series: HashMap<(Workload, u32, u16), ErrorTotals>,
+    budget: Budget<SeriesKey>,
+    /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
+    bounds: Vec<(usize, f64)>,
+    retention: Duration,
+    generation: u64,
+    last_orphan_scan: Instant,
+    entries_seen: [u64; 3],
+}
+
+impl std::fmt::Debug for SyscallCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyscallCollector")
+            .field("entries", &self.entries.len())
+            .field("series", &self.series.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Exported histogram bounds: (kernel bucket index, upper bound in seconds).
+pub fn exported_bounds(resolution: HistogramResolution) -> Vec<(usize, f64)> {
+    let step = match resolution {
+        HistogramResolution::Log2 => 1,
+        HistogramResolution::Log4 => 2,
+    };
+    (0..hist::HIST_BUCKETS)
+        .step_by(step)
+        .filter_map(|k| hist::upper_bound_ns(k).map(|ns| (k, ns as f64 / 1e9)))
+        .collect()
+}
+
+/// Non-cumulative bucket counts at the exported bounds, ending with +Inf, from kernel buckets.
+pub fn fold_buckets(
+    buckets: &[u64; hist::HIST_BUCKETS],
+    bounds: &[(usize, f64)],
+) -> Vec<(f64, u64)> {
+    let mut out = Vec::with_capacity(bounds.len() + 1);
+    let mut next = 0usize;
+    for &(k, le) in bounds {
+        let n: u64 = buckets[next..=k].iter().sum();
+        out.push((le, n));
+        next = k + 1;
+    }
+    out.push((f64::INFINITY, buckets[next..].iter().sum()));
+    out
+}
+
+fn sum_per_cpu(values: &PerCpuValues<SyscallStats>) -> SyscallStats {
+    let mut total = SyscallStats::ZERO;
+    for v in values.iter() {
+        total.sum_ns = total.sum_ns.wrapping_add(v.sum_ns);
+        for (t, b) in total.buckets.iter_mut().zip(v.buckets.iter()) {
+            *t = t.wrapping_add(*b);
+        }
+    }
+    total
+}
+
+/// What changed between two reads of an entry. An entry that went backwards was deleted and
+/// re-created in between: everything it holds now is new.
+fn delta(prev: &SyscallStats, cur: &SyscallStats) -> SyscallStats {
+    let went_back = cur.sum_ns < prev.sum_ns
+        || cur
+            .buckets
+            .iter()
+            .zip(prev.buckets.iter())
+            .any(|(c, p)| c < p);
+    if went_back {
+        return *cur;
+    }
+    let mut d = SyscallStats::ZERO;
+    d.sum_ns = cur.sum_ns - prev.sum_ns;
+    for (i, b) in d.buckets.iter_mut().enumerate() {
+        *b = cur.buckets[i] - prev.buckets[i];
+    }
+    d
+}
+
+impl SyscallCollector {
+    /// Attaches the syscall probes, writes the slow-call thresholds and takes the maps.
+    pub fn start(
+        probes: &mut Probes,
+        config: &Config,
+        labeler: SharedLabeler,
+    ) -> Result<Self, ProbeError> {
+        {
+            let thresholds = config.slow_thresholds_ns();
+            let map = probes.map_mut(maps::SLOW_THRESHOLDS)?;
+            let mut array: Array<&mut MapData, u64> =
+                Array::try_from(map).map_err(|source| ProbeError::Map {
+                    map: maps::SLOW_THRESHOLDS.into(),
+                    source,
+                })?;
+            for (nr, ns) in thresholds.iter().enumerate() {
+                if *ns != 0 {
+                    array
+                        .set(nr as u32, ns, 0)
+                        .map_err(|source| ProbeError::Map {
+                            map: maps::SLOW_THRESHOLDS.into(),
+                            source,
+                        })?;
+                }
+            }
+        }
+        let take = |probes: &mut Probes, name: &'static str| probes.take_map(name);
+        let map_err = |name: &'static str| {
+            move |source| ProbeError::Map {
+                map: name.into(),
+                source,
+            }
+        };
+        let stats = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_STATS)?)
+            .map_err(map_err(maps::SYSCALL_STATS))?;
+        let errors = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_ERRORS)?)
+            .map_err(map_err(maps::SYSCALL_ERRORS))?;
+        let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
+            .map_err(map_err(maps::PROCESS_EXITS))?;
+        // Exit tracking first, so no process can exit unseen once syscalls are counted.
+        probes.attach_raw_tracepoint(NAME, programs::PROCESS_EXIT, "sched_process_exit")?;
+        probes.attach_raw_tracepoint(NAME, programs::SYS_EXIT, "sys_exit")?;
+        probes.attach_raw_tracepoint(NAME, programs::SYS_ENTER, "sys_enter")?;
+        let limits = &config.limits;
+        Ok(Self {
+            stats,
+            errors,
+            exits,
+            capacities: [
+                limits.max_syscall_entries as u64,
+                limits.max_error_entries as u64,
+                limits.max_exited_processes as u64,
+            ],
+            labeler,
+            entries: HashMap::new(),
+            error_entries: HashMap::new(),
+            series: HashMap::new(),
+            error_series: HashMap::new(),
+            budget: Budget::new(limits.max_series),
+            bounds: exported_bounds(config.syscalls.histogram_resolution),
+            retention: config.collection.series_retention,
+            generation: 0,
+            last_orphan_scan: Instant::now(),
+            entries_seen: [0; 3],
+        })
+    }
+
+    fn series_cost(&self) -> usize {
+        // _total + one per bound + +Inf + _sum + _count
+        1 + self.bounds.len() + 3
+    }
+
+    fn fold(key: &SeriesKey) -> Vec<SeriesKey> {
+        vec![(key.0.fold_comm(), key.1), (Workload::fold_all(), key.1)]
+    }
+
+    /// Reads the exit queue: tgids whose entries can be reclaimed once read.
+    fn read_exits(&mut self) -> HashSet<u32> {
+        let mut exited = HashSet::new();
+        let mut labeler = self.labeler.lock().expect("labeler lock");
+        for item in self.exits.iter() {
+            let Ok((tgid, exit)) = item else { continue };
+            labeler.comms.set_exited(tgid, &exit.comm);
+            exited.insert(tgid);
+        }
+        self.entries_seen[2] = exited.len() as u64;
+        exited
+    }
+
+    /// Entries whose process is gone without an exit record (e.g. the exit queue was full).
+    fn orphans(&mut self, exited: &HashSet<u32>) -> HashSet<u32> {
+        if self.last_orphan_scan.elapsed() < ORPHAN_SCAN_INTERVAL {
+            return HashSet::new();
+        }
+        self.last_orphan_scan = Instant::now();
+        let labeler = self.labeler.lock().expect("labeler lock");
+        let tgids: HashSet<u32> = self.entries.keys().map(|k| k.tgid).collect();
+        tgids
+            .into_iter()
+            .filter(|t| !exited.contains(t) && !labeler.comms.alive(*t))
+            .collect()
+    }
+
+    fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<SyscallKey> {
+        let cost = self.series_cost();
+        let generation = self.generation;
+        let mut to_delete = Vec::new();
+        let mut labeler = self.labeler.lock().expect("labeler lock");
+        let mut seen = 0u64;
+        for item in self.stats.iter() {
+            // An entry deleted between listing and lookup is simply skipped.
+            let Ok((key, per_cpu)) = item else { continue };
+            seen += 1;
+            let cur = sum_per_cpu(&per_cpu);
+            let entry = self.entries.entry(key).or_insert_with(|| Entry {
+                last: SyscallStats::ZERO,
+                target: None,
+                seen: generation,
+            });
+            entry.seen = generation;
+            let d = delta(&entry.last, &cur);
+            entry.last = cur;
+            if d.count() > 0 || d.sum_ns > 0 || entry.target.is_none() {
+                let workload = labeler.workload(key.cgroup_id, key.tgid);
+                let target = self.budget.route(&(workload, key.nr), cost, Self::fold);
+                let totals = self
+                    .series
+                    .entry(target.clone())
+                    .or_insert_with(|| Totals::new(now));
+                totals.sum_ns = totals.sum_ns.wrapping_add(d.sum_ns);
+                for (t, b) in totals.buckets.iter_mut().zip(d.buckets.iter()) {
+                    *t += *b;
+                }
+                if d.count() > 0 {
+                    totals.last_change = now;
+                }
+                entry.target = Some(target);
+            }
+            if reclaim.contains(&key.tgid) {
+                to_delete.push(key);
+            }
+        }
+        self.entries_seen[0] = seen;
+        to_delete
+    }
+
+    fn read_errors(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<ErrnoKey> {
+        let cost = self.series_cost();
+        let generation = self.generation;
+        let mut to_delete = Vec::new();
+        let mut labeler = self.labeler.lock().expect("labeler lock");
+        let mut seen = 0u64;
+        for item in self.errors.iter() {
+            let Ok((key, per_cpu)) = item else { continue };
+            seen += 1;
+            let cur: u64 = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+            let entry = self.error_entries.entry(key).or_insert_with(|| ErrorEntry {
+                last: 0,
+                target: None,
+                seen: generation,
+            });
+            entry.seen = generation;
+            let d = if cur < entry.last {
+                cur
+            } else {
+                cur - entry.last
+            };
+            entry.last = cur;
+            if d > 0 || entry.target.is_none() {
+                let workload = labeler.workload(key.cgroup_id, key.tgid);
+                let (w, nr) = self
+                    .budget
+                    .route(&(workload, key.nr as u32), cost, Self::fold);
+                let target = (w, nr, key.errno);
+                let totals = self
+                    .error_series
+                    .entry(target.clone())
+                    .or_insert(ErrorTotals {
+                        count: 0,
+                        last_change: now,
+                    });
+                totals.count += d;
+                if d > 0 {
+                    totals.last_change = now;
+                }
+                entry.target = Some(target);
+            }
+            if reclaim.contains(&key.tgid) {
+                to_delete.push(key);
+            }
+        }
+        self.entries_seen[1] = seen;
+        to_delete
+    }
+
+    /// Drops series no kernel entry feeds that have been idle for the retention period.
+    fn retire_idle_series(&mut self, now: Instant) {
+        let live: HashSet<&SeriesKey> = self
+            .entries
+            .values()
+            .filter_map(|e| e.target.as_ref())
+            .collect();
+        let live_errors: HashSet<&(Workload, u32, u16)> = self
+            .error_entries
+            .values()
+            .filter_map(|e| e.target.as_ref())
+            .collect();
+        let retention = self.retention;
+        let before = self.series.len();
+        self.series
+            .retain(|k, t| live.contains(k) || now.duration_since(t.last_change) < retention);
+        self.error_series.retain(|k, t| {
+            live_errors.contains(k) || now.duration_since(t.last_change) < retention
+        });
+        if self.series.len() != before {
+            let series = &self.series;
+            self.budget.retain(|k| series.contains_key(k));
+            let mut labeler = self.labeler.lock().expect("labeler lock");
+            let ids: HashSet<u64> = self.entries.keys().map(|k| k.cgroup_id).collect();
+            labeler.retain_cgroups(|id| ids.contains(&id));
+        }
+    }
+}
+
+impl Collector for SyscallCollector {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn refresh(&mut self) -> Result<(), CollectorError> {
+        let now = Instant::now();
+        self.generation += 1;
+        let exited = self.read_exits();
+        let mut reclaim = self.orphans(&exited);
+        reclaim.extend(exited.iter().copied());
+        let stale_stats = self.read_stats(now, &reclaim);
+        let stale_errors = self.read_errors(now, &reclaim);
+
+        // Reclaim: the values of these entries were just added to their series.
+        for key in stale_stats {
+            let _ = self.stats.remove(&key);
+            self.entries.remove(&key);
+        }
+        for key in stale_errors {
+            let _ = self.errors.remove(&key);
+            self.error_entries.remove(&key);
+        }
+        {
+            let mut labeler = self.labeler.lock().expect("labeler lock");
+            for tgid in &exited {
+                let _ = self.exits.remove(tgid);
+                labeler.comms.forget(*tgid);
+            }
+        }
+        // Entries deleted behind our back (none expected) no longer exist.
+        let generation = self.generation;
+        self.entries.retain(|_, e| e.seen == generation);
+        self.error_entries.retain(|_, e| e.seen == generation);
+        self.retire_idle_series(now);
+        Ok(())
+    }
+
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+        let mut labels: Vec<(&'static str, Cow<'_, str>)> = Vec::with_capacity(8);
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_syscalls",
+                "Syscalls completed, per cgroup, process name and syscall (exit and exit_group are counted at entry).",
+                None,
+                MetricType::Counter,
+            )?;
+            for ((workload, nr), totals) in &self.series {
+                labels.clear();
+                workload.push_labels(&mut labels);
+                labels.push(("syscall", syscall_table::label(*nr)));
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&totals.count(), None)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_syscall_errors",
+                "Syscalls that returned an error, by errno.",
+                None,
+                MetricType::Counter,
+            )?;
+            for ((workload, nr, errno), totals) in &self.error_series {
+                labels.clear();
+                workload.push_labels(&mut labels);
+                labels.push(("syscall", syscall_table::label(*nr)));
+                labels.push(("errno", syscall_table::errno_label(*errno)));
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&totals.count, None)?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_syscall_duration_seconds",
+                "Time from syscall entry to exit (log2 buckets measured in the kernel).",
+                None,
+                MetricType::Histogram,
+            )?;
+            for ((workload, nr), totals) in &self.series {
+                labels.clear();
+                workload.push_labels(&mut labels);
+                labels.push(("syscall", syscall_table::label(*nr)));
+                let buckets = fold_buckets(&totals.buckets, &self.bounds);
+                family
+                    .encode_family(&labels)?
+                    .encode_histogram::<NoLabelSet>(
+                        totals.sum_ns as f64 / 1e9,
+                        totals.count(),
+                        &buckets,
+                        None,
+                    )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn health(&self) -> Health {
+        Health {
+            maps: vec![
+                MapUsage {
+                    map: maps::SYSCALL_STATS,
+                    entries: self.entries_seen[0],
+                    capacity: self.capacities[0],
+                },
+                MapUsage {
+                    map: maps::SYSCALL_ERRORS,
+                    entries: self.entries_seen[1],
+                    capacity: self.capacities[1],
+                },
+                MapUsage {
+                    map: maps::PROCESS_EXITS,
+                    entries: self.entries_seen[2],
+                    capacity: self.capacities[2],
+                },
+            ],
+            folded_series: vec![("syscalls", self.budget.folded())],
+            ..Health::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log4_bounds_are_powers_of_four_ns() {
+        let b = exported_bounds(HistogramResolution::Log4);
+        assert_eq!(b.len(), 13);
+        assert_eq!(b[0], (0, 1.024e-6));
+        assert_eq!(b[1], (2, 4.096e-6));
+        assert_eq!(b[12].0, 24);
+        assert!((b[12].1 - 17.179869184).abs() < 1e-9);
+        assert_eq!(exported_bounds(HistogramResolution::Log2).len(), 25);
+    }
+
+    #[test]
+    fn folding_keeps_every_observation() {
+        let mut buckets = [0u64; hist::HIST_BUCKETS];
+        for (i, b) in buckets.iter_mut().enumerate() {
+            *b = i as u64 + 1;
+        }
+        for res in [HistogramResolution::Log2, HistogramResolution::Log4] {
+            let bounds = exported_bounds(res);
+            let folded = fold_buckets(&buckets, &bounds);
+            assert_eq!(folded.len(), bounds.len() + 1);
+            assert_eq!(
+                folded.iter().map(|(_, n)| n).sum::<u64>(),
+                buckets.iter().sum::<u64>()
+            );
+            assert_eq!(folded.last().unwrap().0, f64::INFINITY);
+        }
+        // 20 ms lands below the 67 ms bound and above the 16.8 ms bound.
+        let mut one = [0u64; hist::HIST_BUCKETS];
+        one[hist::bucket_index(20_000_000)] = 1;
+        let folded = fold_buckets(&one, &exported_bounds(HistogramResolution::Log4));
+        let (le, _) = folded.iter().find(|(_, n)| *n == 1).unwrap();
+        assert!((*le - 0.067108864).abs() < 1e-12, "{le}");
+    }
+
+    #[test]
+    fn delta_handles_recreated_entries() {
+        let mut a = SyscallStats::ZERO;
+        a.sum_ns = 100;
+        a.buckets[3] = 5;
+        let mut b = a;
+        b.sum_ns = 150;
+        b.buckets[3] = 7;
+        let d = delta(&a, &b);
+        assert_eq!((d.sum_ns, d.buckets[3]), (50, 2));
+        let mut c = SyscallStats::ZERO;
+        c.sum_ns = 10;
+        c.buckets[0] = 1;
+        assert_eq!(delta(&b, &c), c);
+    }
+}

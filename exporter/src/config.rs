@@ -1,0 +1,639 @@
+//! The TOML configuration file (`--config.file`): parsed with serde, validated once at load.
+//!
+//! Every section rejects unknown keys, and every error names the key and the problem, so a
+//! typo never silently falls back to a default. `sysscope --print-default-config` shows the
+//! whole file with its defaults.
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use crate::syscall_table;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("config file {path}: key `{key}`: {problem}")]
+    Invalid {
+        path: String,
+        key: String,
+        problem: String,
+    },
+}
+
+/// The whole configuration. Missing sections and keys take their defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub collection: CollectionConfig,
+    pub labels: LabelsConfig,
+    pub limits: LimitsConfig,
+    pub syscalls: SyscallsConfig,
+    pub block_io: BlockIoConfig,
+    pub cpu: CpuConfig,
+    pub gpu: GpuConfig,
+    pub slow_calls: SlowCallsConfig,
+    pub kubernetes: KubernetesConfig,
+}
+
+/// How often the kernel maps are read.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CollectionConfig {
+    /// Scrapes closer together than this share one read of the maps (e.g. "1s").
+    #[serde(with = "humantime_serde_compat")]
+    pub min_interval: Duration,
+    /// Maps are also read (and exited processes reclaimed) this often without scrapes.
+    #[serde(with = "humantime_serde_compat")]
+    pub background_interval: Duration,
+    /// A series with no activity and no live process behind it is dropped after this long.
+    #[serde(with = "humantime_serde_compat")]
+    pub series_retention: Duration,
+}
+
+impl Default for CollectionConfig {
+    fn default() -> Self {
+        Self {
+            min_interval: Duration::from_secs(1),
+            background_interval: Duration::from_secs(10),
+            series_retention: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Which labels the per-process series carry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LabelsConfig {
+    /// Adds a `pid` label (one series per process: unbounded, so off by default).
+    pub pid: bool,
+    /// Adds `pod_uid` and `container_id` parsed from Kubernetes cgroup paths.
+    pub kubernetes_ids: bool,
+}
+
+impl Default for LabelsConfig {
+    fn default() -> Self {
+        Self {
+            pid: false,
+            kubernetes_ids: true,
+        }
+    }
+}
+
+/// Cardinality budget and kernel map capacities.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Exported syscall series (every histogram bucket counts as one). Label sets beyond it
+    /// fold into `comm="other"`, then `cgroup="other"`; see docs/metrics.md.
+    pub max_series: usize,
+    /// Threads with a syscall in flight that the kernel can track at once.
+    pub max_threads: u32,
+    /// (cgroup, process, syscall) entries in the kernel's syscall map.
+    pub max_syscall_entries: u32,
+    /// (cgroup, process, syscall, errno) entries in the kernel's error map.
+    pub max_error_entries: u32,
+    /// Exited processes queued for reclaim between two reads.
+    pub max_exited_processes: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_series: 30_000,
+            max_threads: 32_768,
+            max_syscall_entries: 16_384,
+            max_error_entries: 4_096,
+            max_exited_processes: 8_192,
+        }
+    }
+}
+
+/// Histogram resolution of `sysscope_syscall_duration_seconds` (the kernel always keeps log2).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HistogramResolution {
+    /// Bucket bounds at powers of 4 ns from 1.024 µs to 17.2 s (13 bounds + Inf).
+    #[default]
+    Log4,
+    /// Bucket bounds at powers of 2 ns from 1.024 µs to 17.2 s (25 bounds + Inf).
+    Log2,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SyscallsConfig {
+    pub enabled: bool,
+    pub histogram_resolution: HistogramResolution,
+}
+
+impl Default for SyscallsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            histogram_resolution: HistogramResolution::Log4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BlockIoConfig {
+    pub enabled: bool,
+    /// Adds `cgroup` to the block latency histogram (one histogram per cgroup, device and op).
+    pub latency_by_cgroup: bool,
+    /// Requests in flight the kernel can track at once.
+    pub max_inflight: u32,
+    /// (cgroup, process, device, op) entries in the kernel map.
+    pub max_entries: u32,
+    /// Tracepoints to attach, for testing fault handling; the defaults are right.
+    pub tracepoints: Vec<String>,
+}
+
+impl Default for BlockIoConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            latency_by_cgroup: false,
+            max_inflight: 16_384,
+            max_entries: 8_192,
+            tracepoints: vec!["block_rq_issue".into(), "block_rq_complete".into()],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CpuConfig {
+    pub enabled: bool,
+    /// Adds `sysscope_cgroup_cpu_seconds_total` from each cgroup's `cpu.stat`.
+    pub cgroups: bool,
+}
+
+impl Default for CpuConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            cgroups: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpuConfig {
+    pub enabled: bool,
+    /// Path or name of the NVML library, loaded at run time.
+    pub nvml_library: String,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            nvml_library: "libnvidia-ml.so.1".into(),
+        }
+    }
+}
+
+/// Slow-syscall sampling (spans). Thresholds are durations like "10ms".
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SlowCallsConfig {
+    pub enabled: bool,
+    /// Calls at least this slow are sampled, unless overridden per syscall.
+    #[serde(with = "humantime_serde_compat")]
+    pub threshold: Duration,
+    /// Per-syscall thresholds by name; "0s" or "off" never samples that syscall.
+    pub thresholds: BTreeMap<String, String>,
+    /// Syscalls never sampled, because waiting is their job.
+    pub exclude: Vec<String>,
+    /// Events per second for the whole node (split evenly across CPUs in the kernel).
+    pub max_events_per_second: u32,
+    /// Recent slow calls kept for `/api/v1/slow-calls` when no OTLP endpoint is configured.
+    pub recent_capacity: usize,
+    /// Puts the path behind a file descriptor into spans (`file.path`). Paths can carry
+    /// user data, so they can be turned off.
+    pub resolve_file_paths: bool,
+    /// Kernel ring buffer size in bytes (power of two, multiple of the page size).
+    pub ring_buffer_bytes: u32,
+    /// Spans queued for export at most; beyond it, spans are dropped and counted.
+    pub export_queue: usize,
+}
+
+impl Default for SlowCallsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            threshold: Duration::from_millis(10),
+            thresholds: BTreeMap::new(),
+            exclude: [
+                "epoll_wait",
+                "epoll_pwait",
+                "epoll_pwait2",
+                "futex",
+                "futex_waitv",
+                "nanosleep",
+                "clock_nanosleep",
+                "poll",
+                "ppoll",
+                "select",
+                "pselect6",
+                "wait4",
+                "waitid",
+                "pause",
+                "rt_sigsuspend",
+                "rt_sigtimedwait",
+                "sigsuspend",
+                "io_getevents",
+                "io_pgetevents",
+                "io_uring_enter",
+                "accept",
+                "accept4",
+                "msgrcv",
+                "semop",
+                "semtimedop",
+                "mq_timedreceive",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            max_events_per_second: 1000,
+            recent_capacity: 256,
+            resolve_file_paths: true,
+            ring_buffer_bytes: 256 * 1024,
+            export_queue: 2048,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// Watch this node's pods for `namespace`/`pod`/`container` labels: "auto" (when running
+    /// in a cluster), "on" or "off".
+    pub pod_watch: String,
+    /// The node whose pods are watched; defaults to the NODE_NAME environment variable.
+    pub node_name: Option<String>,
+    /// Pods kept in the cache at most.
+    pub max_pods: usize,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            pod_watch: "auto".into(),
+            node_name: None,
+            max_pods: 2048,
+        }
+    }
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: display.clone(),
+            source,
+        })?;
+        Self::parse(&text, &display)
+    }
+
+    /// Parses and validates config text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: describe_toml_error(&e),
+        })?;
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, problem: String| ConfigError::Invalid {
+            path: origin.to_string(),
+            key: key.to_string(),
+            problem,
+        };
+        let c = &self.collection;
+        if c.min_interval > Duration::from_secs(60) {
+            return Err(invalid(
+                "collection.min_interval",
+                "must be at most 60s".into(),
+            ));
+        }
+        if c.background_interval < Duration::from_millis(100)
+            || c.background_interval > Duration::from_secs(3600)
+        {
+            return Err(invalid(
+                "collection.background_interval",
+                "must be between 100ms and 1h".into(),
+            ));
+        }
+        if c.series_retention < c.background_interval {
+            return Err(invalid(
+                "collection.series_retention",
+                "must be at least collection.background_interval".into(),
+            ));
+        }
+        let l = &self.limits;
+        let ranged = |key: &str, v: u64, lo: u64, hi: u64| {
+            if v < lo || v > hi {
+                Err(invalid(key, format!("{v} is out of range {lo}..={hi}")))
+            } else {
+                Ok(())
+            }
+        };
+        ranged("limits.max_series", l.max_series as u64, 100, 10_000_000)?;
+        ranged("limits.max_threads", l.max_threads as u64, 64, 4_194_304)?;
+        ranged(
+            "limits.max_syscall_entries",
+            l.max_syscall_entries as u64,
+            64,
+            1_048_576,
+        )?;
+        ranged(
+            "limits.max_error_entries",
+            l.max_error_entries as u64,
+            16,
+            1_048_576,
+        )?;
+        ranged(
+            "limits.max_exited_processes",
+            l.max_exited_processes as u64,
+            16,
+            1_048_576,
+        )?;
+        ranged(
+            "block_io.max_inflight",
+            self.block_io.max_inflight as u64,
+            64,
+            1_048_576,
+        )?;
+        ranged(
+            "block_io.max_entries",
+            self.block_io.max_entries as u64,
+            16,
+            1_048_576,
+        )?;
+        if self.block_io.tracepoints.is_empty() {
+            return Err(invalid(
+                "block_io.tracepoints",
+                "must name at least one tracepoint".into(),
+            ));
+        }
+        let s = &self.slow_calls;
+        ranged(
+            "slow_calls.max_events_per_second",
+            s.max_events_per_second as u64,
+            0,
+            1_000_000,
+        )?;
+        ranged(
+            "slow_calls.recent_capacity",
+            s.recent_capacity as u64,
+            0,
+            100_000,
+        )?;
+        ranged(
+            "slow_calls.export_queue",
+            s.export_queue as u64,
+            1,
+            1_000_000,
+        )?;
+        if !s.ring_buffer_bytes.is_power_of_two() || s.ring_buffer_bytes < 4096 {
+            return Err(invalid(
+                "slow_calls.ring_buffer_bytes",
+                format!(
+                    "{} must be a power of two and at least 4096",
+                    s.ring_buffer_bytes
+                ),
+            ));
+        }
+        if s.threshold.is_zero() {
+            return Err(invalid(
+                "slow_calls.threshold",
+                "must be greater than 0 (set slow_calls.enabled = false to turn sampling off)"
+                    .into(),
+            ));
+        }
+        for name in &s.exclude {
+            if syscall_table::number(name).is_none() {
+                return Err(invalid(
+                    "slow_calls.exclude",
+                    format!("unknown syscall `{name}`"),
+                ));
+            }
+        }
+        for (name, value) in &s.thresholds {
+            let key = format!("slow_calls.thresholds.{name}");
+            if syscall_table::number(name).is_none() {
+                return Err(invalid(&key, format!("unknown syscall `{name}`")));
+            }
+            parse_threshold(value).map_err(|problem| invalid(&key, problem))?;
+        }
+        match self.kubernetes.pod_watch.as_str() {
+            "auto" | "on" | "off" => {}
+            other => {
+                return Err(invalid(
+                    "kubernetes.pod_watch",
+                    format!("`{other}` is not one of auto, on, off"),
+                ))
+            }
+        }
+        ranged(
+            "kubernetes.max_pods",
+            self.kubernetes.max_pods as u64,
+            1,
+            1_000_000,
+        )?;
+        Ok(())
+    }
+
+    /// The slow-call threshold for every syscall number, in ns (0: never sampled).
+    pub fn slow_thresholds_ns(&self) -> Vec<u64> {
+        let s = &self.slow_calls;
+        let mut out = vec![0u64; sysscope_abi::MAX_SYSCALL_NR as usize];
+        if !s.enabled {
+            return out;
+        }
+        let default_ns = s.threshold.as_nanos().min(u64::MAX as u128) as u64;
+        for (nr, slot) in out.iter_mut().enumerate() {
+            if syscall_table::name(nr as u32).is_some() {
+                *slot = default_ns;
+            }
+        }
+        for name in &s.exclude {
+            if let Some(nr) = syscall_table::number(name) {
+                out[nr as usize] = 0;
+            }
+        }
+        for (name, value) in &s.thresholds {
+            if let (Some(nr), Ok(t)) = (syscall_table::number(name), parse_threshold(value)) {
+                out[nr as usize] = t.map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64);
+            }
+        }
+        out
+    }
+}
+
+/// "off" or a duration; `None` means never sample.
+fn parse_threshold(value: &str) -> Result<Option<Duration>, String> {
+    if value.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let d = humantime_serde_compat::parse(value)?;
+    Ok(if d.is_zero() { None } else { Some(d) })
+}
+
+fn describe_toml_error(e: &toml::de::Error) -> String {
+    // toml's message already names the unknown or mistyped key ("unknown field `x`,
+    // expected one of ..."); add the line for humans.
+    let msg = e.message().to_string();
+    match e.span() {
+        Some(span) => format!("{msg} (at byte {})", span.start),
+        None => msg,
+    }
+}
+
+/// Durations written as "250ms", "10s", "5m", "1h" (the Prometheus style).
+pub mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn parse(s: &str) -> Result<Duration, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(|| format!("`{s}` has no unit (use ms, s, m or h)"))?;
+        let (num, unit) = s.split_at(split);
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a duration like 250ms, 10s, 5m"))?;
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            other => {
+                return Err(format!(
+                    "`{other}` is not a duration unit (ns, us, ms, s, m, h)"
+                ))
+            }
+        };
+        let secs = value * scale;
+        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+            return Err(format!("`{s}` is out of range"));
+        }
+        Ok(Duration::from_secs_f64(secs))
+    }
+
+    pub fn format(d: &Duration) -> String {
+        if d.subsec_nanos() == 0 {
+            format!("{}s", d.as_secs())
+        } else if d.as_nanos() % 1_000_000 == 0 {
+            format!("{}ms", d.as_millis())
+        } else {
+            format!("{}ns", d.as_nanos())
+        }
+    }
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format(d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse(text, "test.toml").unwrap_err().to_string()
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(Config::parse("", "x").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn defaults_round_trip_through_toml() {
+        let text = toml::to_string(&Config::default()).unwrap();
+        assert_eq!(Config::parse(&text, "x").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = err("[limits]\nmax_seriess = 5\n");
+        assert!(e.contains("max_seriess"), "{e}");
+        let e = err("[nonsense]\n");
+        assert!(e.contains("nonsense"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_named() {
+        let e = err("[limits]\nmax_series = \"many\"\n");
+        assert!(e.contains("max_series") || e.contains("integer"), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_names_key_and_value() {
+        let e = err("[limits]\nmax_series = 5\n");
+        assert!(e.contains("limits.max_series") && e.contains('5'), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_is_explained() {
+        let e = err("[collection]\nmin_interval = \"soon\"\n");
+        assert!(e.contains("soon"), "{e}");
+        let e = err("[collection]\nmin_interval = \"10\"\n");
+        assert!(e.contains("unit"), "{e}");
+    }
+
+    #[test]
+    fn unknown_syscall_in_thresholds_is_named() {
+        let e = err("[slow_calls.thresholds]\nreadd = \"5ms\"\n");
+        assert!(e.contains("slow_calls.thresholds.readd"), "{e}");
+    }
+
+    #[test]
+    fn thresholds_apply_overrides_and_exclusions() {
+        let c = Config::parse(
+            "[slow_calls]\nthreshold = \"20ms\"\n[slow_calls.thresholds]\nfsync = \"1ms\"\nread = \"off\"\n",
+            "x",
+        )
+        .unwrap();
+        let t = c.slow_thresholds_ns();
+        let nr = |n| syscall_table::number(n).unwrap() as usize;
+        assert_eq!(t[nr("fsync")], 1_000_000);
+        assert_eq!(t[nr("read")], 0);
+        assert_eq!(t[nr("write")], 20_000_000);
+        assert_eq!(t[nr("epoll_wait")], 0, "excluded by default");
+    }
+
+    #[test]
+    fn durations_parse() {
+        use humantime_serde_compat::parse;
+        assert_eq!(parse("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse("5m").unwrap(), Duration::from_secs(300));
+        assert!(parse("-1s").is_err());
+        assert!(parse("1d").is_err());
+    }
+}

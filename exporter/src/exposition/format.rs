@@ -1,0 +1,140 @@
+//! Content negotiation between OpenMetrics 1.0 and the Prometheus text format 0.0.4.
+//!
+//! prometheus-client writes OpenMetrics. The 0.0.4 text format differs only in a few lines of
+//! the same data, which [`openmetrics_to_prometheus_text`] rewrites: counters are typed under
+//! their `_total` name, there is no `# EOF`/`# UNIT`, and exemplars are not allowed.
+
+/// The formats `/metrics` can serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    OpenMetrics,
+    PrometheusText,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+        }
+    }
+
+    /// Picks the format from an `Accept` header: OpenMetrics when the client lists it with a
+    /// q-value at least as high as any text/plain entry, the 0.0.4 text otherwise.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let Some(accept) = accept else {
+            return Format::PrometheusText;
+        };
+        let mut best_om: Option<f32> = None;
+        let mut best_text: Option<f32> = None;
+        for part in accept.split(',') {
+            let mut params = part.split(';').map(str::trim);
+            let media = params.next().unwrap_or("").to_ascii_lowercase();
+            let mut q = 1.0f32;
+            for p in params {
+                if let Some(v) = p.strip_prefix("q=") {
+                    q = v.parse().unwrap_or(0.0);
+                }
+            }
+            if q <= 0.0 {
+                continue;
+            }
+            let slot = match media.as_str() {
+                "application/openmetrics-text" => &mut best_om,
+                "text/plain" | "*/*" | "text/*" => &mut best_text,
+                _ => continue,
+            };
+            *slot = Some(slot.map_or(q, |old: f32| old.max(q)));
+        }
+        match (best_om, best_text) {
+            (Some(om), Some(text)) if om >= text => Format::OpenMetrics,
+            (Some(_), None) => Format::OpenMetrics,
+            _ => Format::PrometheusText,
+        }
+    }
+}
+
+/// Rewrites prometheus-client's OpenMetrics output as Prometheus text format 0.0.4.
+pub fn openmetrics_to_prometheus_text(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    // Comment lines are few (three per family): find the counters first.
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    for line in om.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.rsplit_once(' ').unwrap_or((rest, "untyped"));
+            match kind {
+                "counter" => out.push_str(&format!("# TYPE {name}_total counter\n")),
+                "info" => out.push_str(&format!("# TYPE {name}_info gauge\n")),
+                "gauge" | "histogram" | "summary" => {
+                    out.push_str(&format!("# TYPE {name} {kind}\n"))
+                }
+                _ => out.push_str(&format!("# TYPE {name} untyped\n")),
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            if counters.contains(name) {
+                out.push_str(&format!("# HELP {name}_total {help}\n"));
+            } else {
+                out.push_str(line);
+                out.push('\n');
+            }
+            continue;
+        }
+        // Samples: drop exemplars (" # {...} value [ts]"), which 0.0.4 cannot carry.
+        let sample = match line.find(" # {") {
+            Some(i) => &line[..i],
+            None => line,
+        };
+        out.push_str(sample);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiation() {
+        use Format::*;
+        assert_eq!(Format::negotiate(None), PrometheusText);
+        assert_eq!(Format::negotiate(Some("*/*")), PrometheusText);
+        // What Prometheus 2.x sends.
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")),
+            OpenMetrics
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text")),
+            OpenMetrics
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0.2, text/plain")),
+            PrometheusText
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/openmetrics-text;q=0")),
+            PrometheusText
+        );
+        assert_eq!(Format::negotiate(Some("garbage;;;q=x")), PrometheusText);
+    }
+
+    #[test]
+    fn rewrites_counters_units_eof_and_exemplars() {
+        let om = "# HELP a_things Things.\n# TYPE a_things counter\na_things_total{x=\"1\"} 3 # {trace_id=\"ab\"} 1.0\n# HELP g A gauge.\n# TYPE g gauge\n# UNIT g seconds\ng 1.5\n# EOF\n";
+        let text = openmetrics_to_prometheus_text(om);
+        assert_eq!(
+            text,
+            "# HELP a_things_total Things.\n# TYPE a_things_total counter\na_things_total{x=\"1\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1.5\n"
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! One scrape: refresh the collectors (at most once per `collection.min_interval`) and encode.
+//! Concurrent scrapes inside that interval share one read of the maps and one encoding per
+//! format, so a burst of scrapers costs the kernel nothing extra.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use prometheus_client::{
+    collector::Collector as PromCollector, encoding::DescriptorEncoder, registry::Registry,
+};
+
+use super::format::{openmetrics_to_prometheus_text, Format};
+use crate::agent::Agent;
+
+/// Lets prometheus-client's encoder walk the agent's collectors.
+#[derive(Debug)]
+struct AgentView(Arc<Mutex<Agent>>);
+
+impl PromCollector for AgentView {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.0.lock().expect("agent lock").encode(&mut encoder)
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    refreshed_at: Option<Instant>,
+    bodies: HashMap<Format, Bytes>,
+}
+
+pub struct Scraper {
+    agent: Arc<Mutex<Agent>>,
+    registry: Registry,
+    min_interval: Duration,
+    cache: Mutex<Cache>,
+}
+
+impl std::fmt::Debug for Scraper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scraper")
+            .field("min_interval", &self.min_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scraper {
+    pub fn new(agent: Arc<Mutex<Agent>>, min_interval: Duration) -> Self {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(AgentView(agent.clone())));
+        Self {
+            agent,
+            registry,
+            min_interval,
+            cache: Mutex::new(Cache::default()),
+        }
+    }
+
+    pub fn agent(&self) -> &Arc<Mutex<Agent>> {
+        &self.agent
+    }
+
+    /// The exposition in `format`. Blocking (reads kernel maps): call from a blocking thread.
+    pub fn scrape(&self, format: Format) -> Bytes {
+        let mut cache = self.cache.lock().expect("scrape cache lock");
+        let fresh = cache
+            .refreshed_at
+            .is_some_and(|t| t.elapsed() < self.min_interval);
+        if fresh {
+            if let Some(body) = cache.bodies.get(&format) {
+                return body.clone();
+            }
+        }
+        let started = Instant::now();
+        if !fresh {
+            self.agent.lock().expect("agent lock").refresh();
+            cache.refreshed_at = Some(Instant::now());
+            cache.bodies.clear();
+        }
+        let mut om = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut om, &self.registry);
+        let body = match format {
+            Format::OpenMetrics => Bytes::from(om),
+            Format::PrometheusText => Bytes::from(openmetrics_to_prometheus_text(&om)),
+        };
+        self.agent
+            .lock()
+            .expect("agent lock")
+            .set_last_scrape(started.elapsed());
+        cache.bodies.insert(format, body.clone());
+        body
+    }
+
+    /// Refreshes without encoding (the background tick that reclaims exited processes).
+    pub fn refresh(&self) {
+        let mut cache = self.cache.lock().expect("scrape cache lock");
+        self.agent.lock().expect("agent lock").refresh();
+        cache.refreshed_at = Some(Instant::now());
+        cache.bodies.clear();
+    }
+}

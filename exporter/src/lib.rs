@@ -1,0 +1,16 @@
+//! sysscope: always-on eBPF syscall, block-I/O, CPU and GPU metrics for every cgroup and
+//! process, exported to Prometheus and OpenTelemetry.
+//!
+//! Data flows one way: probes (`ebpf/probes`) -> kernel maps -> [`collectors`] ->
+//! [`agent`] -> [`exposition`]. [`probes`] loads and attaches the eBPF object, [`metadata`]
+//! turns kernel ids into labels, [`series`] bounds cardinality, [`config`] is the TOML file.
+
+pub mod agent;
+pub mod collectors;
+pub mod config;
+pub mod exposition;
+pub mod metadata;
+pub mod probes;
+pub mod series;
+pub mod startup;
+pub mod syscall_table;

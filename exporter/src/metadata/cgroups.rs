@@ -1,0 +1,238 @@
+//! cgroup v2: finds the mount from `/proc/self/mountinfo` and resolves cgroup ids (the inode
+//! number of a cgroup's directory, as `bpf_get_current_cgroup_id()` returns) to paths relative
+//! to the v2 root ("/" for the root, "/system.slice/foo.service" below it).
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "no cgroup v2 (cgroup2) filesystem is mounted (looked in /proc/self/mountinfo); \
+         mount one, e.g. `mount -t cgroup2 none /sys/fs/cgroup`"
+    )]
+    NotMounted,
+}
+
+/// Finds the cgroup2 mount point in mountinfo text (the first one, as the kernel lists them).
+pub fn find_v2_mount(mountinfo: &str) -> Option<PathBuf> {
+    for line in mountinfo.lines() {
+        // "36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw"
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        if right.split_whitespace().next() != Some("cgroup2") {
+            continue;
+        }
+        let mut fields = left.split_whitespace();
+        let root = fields.nth(3);
+        let mount_point = fields.next();
+        if let (Some("/"), Some(mp)) = (root, mount_point) {
+            return Some(PathBuf::from(unescape_mountinfo(mp)));
+        }
+    }
+    None
+}
+
+/// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
+fn unescape_mountinfo(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() {
+            let oct = &bytes[i + 1..i + 4];
+            if oct.iter().all(|b| (b'0'..=b'7').contains(b)) {
+                let oct = std::str::from_utf8(oct).unwrap_or("");
+                if let Ok(v) = u8::from_str_radix(oct, 8) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Locates the cgroup v2 mount of this machine.
+pub fn v2_mount() -> Result<PathBuf, CgroupError> {
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Read {
+            path: "/proc/self/mountinfo".into(),
+            source,
+        })?;
+    find_v2_mount(&text).ok_or(CgroupError::NotMounted)
+}
+
+/// Label value used for a cgroup id that no longer exists and was never seen.
+pub const UNRESOLVED: &str = "(unresolved)";
+
+/// cgroup id -> path, rebuilt from a walk of the hierarchy when an id is missing.
+#[derive(Debug)]
+pub struct CgroupResolver {
+    root: PathBuf,
+    paths: HashMap<u64, Arc<str>>,
+    last_scan: Option<Instant>,
+    min_rescan: Duration,
+}
+
+impl CgroupResolver {
+    pub fn new(root: PathBuf) -> Self {
+        Self {
+            root,
+            paths: HashMap::new(),
+            last_scan: None,
+            min_rescan: Duration::from_millis(500),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path of cgroup `id`. Ids of cgroups created since the last walk trigger a new walk
+    /// (at most every 500 ms); an id that still does not resolve yields `UNRESOLVED`.
+    pub fn resolve(&mut self, id: u64) -> Arc<str> {
+        if let Some(p) = self.paths.get(&id) {
+            return p.clone();
+        }
+        let due = self
+            .last_scan
+            .is_none_or(|t| t.elapsed() >= self.min_rescan);
+        if due {
+            self.rescan();
+            if let Some(p) = self.paths.get(&id) {
+                return p.clone();
+            }
+        }
+        Arc::from(UNRESOLVED)
+    }
+
+    /// Walks the hierarchy, adding every cgroup found; ids of removed cgroups are kept so
+    /// their last series keep their label until they are retired.
+    pub fn rescan(&mut self) {
+        self.last_scan = Some(Instant::now());
+        let mut stack = vec![(self.root.clone(), String::from("/"))];
+        while let Some((dir, rel)) = stack.pop() {
+            let Ok(meta) = std::fs::metadata(&dir) else {
+                continue;
+            };
+            self.paths
+                .entry(meta.ino())
+                .or_insert_with(|| Arc::from(rel.as_str()));
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    let child_rel = if rel == "/" {
+                        format!("/{name}")
+                    } else {
+                        format!("{rel}/{name}")
+                    };
+                    stack.push((entry.path(), child_rel));
+                }
+            }
+        }
+    }
+
+    /// Forgets ids that are not in `keep` and whose directory is gone, bounding the cache.
+    pub fn retain(&mut self, keep: impl Fn(u64) -> bool) {
+        let root = self.root.clone();
+        self.paths
+            .retain(|id, path| keep(*id) || root.join(path.trim_start_matches('/')).exists());
+    }
+
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+}
+
+/// The cgroup id of a cgroup directory (what the probes see for tasks inside it).
+pub fn id_of(dir: &Path) -> std::io::Result<u64> {
+    Ok(std::fs::metadata(dir)?.ino())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_unified_mount_in_hybrid_layout() {
+        let text = "\
+25 30 0:23 / /sys rw,nosuid - sysfs sysfs rw
+31 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+32 31 0:27 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+33 31 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+";
+        assert_eq!(
+            find_v2_mount(text),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn skips_bind_mounts_of_subtrees_and_v1() {
+        let text = "\
+40 31 0:27 /kubepods /host/cg rw - cgroup2 cgroup2 rw
+33 31 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+41 31 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw
+";
+        assert_eq!(find_v2_mount(text), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(
+            find_v2_mount("33 31 0:28 / /x rw - cgroup cgroup rw\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn unescapes_octal() {
+        assert_eq!(unescape_mountinfo(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo(r"/plain"), "/plain");
+        assert_eq!(unescape_mountinfo(r"/trailing\04"), r"/trailing\04");
+    }
+
+    #[test]
+    fn resolves_ids_of_a_directory_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::create_dir_all(dir.path().join("c")).unwrap();
+        let mut r = CgroupResolver::new(dir.path().to_path_buf());
+        let id_root = id_of(dir.path()).unwrap();
+        let id_b = id_of(&dir.path().join("a/b")).unwrap();
+        let id_c = id_of(&dir.path().join("c")).unwrap();
+        assert_eq!(&*r.resolve(id_root), "/");
+        assert_eq!(&*r.resolve(id_b), "/a/b");
+        assert_eq!(&*r.resolve(id_c), "/c");
+        // A directory created later resolves after the rescan interval.
+        std::fs::create_dir_all(dir.path().join("d")).unwrap();
+        let id_d = id_of(&dir.path().join("d")).unwrap();
+        r.min_rescan = Duration::ZERO;
+        assert_eq!(&*r.resolve(id_d), "/d");
+        // Removed directories keep their label until retained away.
+        std::fs::remove_dir(dir.path().join("d")).unwrap();
+        assert_eq!(&*r.resolve(id_d), "/d");
+        r.retain(|_| false);
+        assert_eq!(&*r.resolve(id_d), UNRESOLVED);
+        assert_eq!(&*r.resolve(id_b), "/a/b");
+    }
+}

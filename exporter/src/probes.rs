@@ -1,0 +1,266 @@
+//! Loading the eBPF object and attaching its programs.
+//!
+//! One object (`ebpf/probes`) holds every program and map. It is loaded once, with map sizes
+//! and globals taken from the config; each collector then attaches the programs it needs and
+//! takes the maps it reads, so one collector failing to attach leaves the others running.
+//! Attached programs stay attached for as long as [`Probes`] lives and are detached when it is
+//! dropped. Also owns the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`).
+
+use std::{os::fd::OwnedFd, time::Duration};
+
+use aya::{
+    maps::Map,
+    programs::{ProgramError, RawTracePoint},
+    Ebpf, EbpfLoader,
+};
+use sysscope_abi::{globals, maps};
+
+use crate::config::Config;
+
+/// The compiled probes, embedded at build time.
+static PROBES_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sysscope-probes"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(
+        "missing capability {capability}: {why} (run as root, or grant it, e.g. \
+         `setcap cap_bpf,cap_perfmon,cap_dac_read_search+ep sysscope`)"
+    )]
+    MissingCapability {
+        capability: &'static str,
+        why: &'static str,
+    },
+    #[error(
+        "the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): sysscope needs a kernel \
+         built with CONFIG_DEBUG_INFO_BTF=y (5.8 or later)"
+    )]
+    NoBtf,
+    #[error("the embedded eBPF object is empty: this binary was built with AYA_BUILD_SKIP")]
+    NotBuilt,
+    #[error("loading the eBPF object failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("program `{program}` is not in the eBPF object")]
+    NoSuchProgram { program: String },
+    #[error("map `{map}` is not in the eBPF object (or was already taken)")]
+    NoSuchMap { map: String },
+    #[error("program `{program}`: {action} failed: {source}")]
+    Program {
+        program: String,
+        action: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map `{map}`: {source}")]
+    Map {
+        map: String,
+        #[source]
+        source: aya::maps::MapError,
+    },
+}
+
+/// Capabilities sysscope checks for, from `/proc/self/status` (CapEff).
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+fn effective_capabilities() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Checks what loading tracing programs needs, naming what is missing.
+pub fn preflight() -> Result<(), ProbeError> {
+    let caps = effective_capabilities();
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+        return Err(ProbeError::MissingCapability {
+            capability: "CAP_BPF",
+            why: "needed to create maps and load programs",
+        });
+    }
+    if !has(CAP_PERFMON) && !has(CAP_SYS_ADMIN) {
+        return Err(ProbeError::MissingCapability {
+            capability: "CAP_PERFMON",
+            why: "needed to attach tracing programs to tracepoints",
+        });
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(ProbeError::NoBtf);
+    }
+    Ok(())
+}
+
+/// What the loader needs to know beyond the config.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// cgroup id the on-demand trace programs follow (0: none).
+    pub trace_cgroup_id: u64,
+}
+
+/// One program as attached (or not) by a collector.
+#[derive(Debug, Clone)]
+pub struct ProgramStatus {
+    pub program: String,
+    pub collector: &'static str,
+    pub attached: bool,
+}
+
+/// Run time and run count of one program since it was loaded (kernel BPF stats).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProgramStats {
+    pub program: String,
+    pub run_time: Duration,
+    pub run_count: u64,
+}
+
+/// The loaded object and what was attached from it.
+pub struct Probes {
+    ebpf: Ebpf,
+    programs: Vec<ProgramStatus>,
+    /// Keeps the kernel's run-time accounting on for as long as sysscope runs.
+    _stats: Option<OwnedFd>,
+}
+
+impl std::fmt::Debug for Probes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Probes")
+            .field("programs", &self.programs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Probes {
+    /// Loads the object (creates the maps), sized from `config`. Attaches nothing.
+    pub fn load(config: &Config, options: &LoadOptions) -> Result<Self, ProbeError> {
+        if PROBES_OBJECT.is_empty() {
+            return Err(ProbeError::NotBuilt);
+        }
+        let cpus = aya::util::nr_cpus().map(|n| n.max(1) as u32).unwrap_or(1);
+        let slow = &config.slow_calls;
+        let per_cpu_rate: u32 = if slow.enabled && slow.max_events_per_second > 0 {
+            slow.max_events_per_second.div_ceil(cpus).max(1)
+        } else {
+            0
+        };
+        let limits = &config.limits;
+        let mut loader = EbpfLoader::new();
+        loader
+            .map_max_entries(maps::SYSCALL_THREADS, limits.max_threads)
+            .map_max_entries(maps::SYSCALL_STATS, limits.max_syscall_entries)
+            .map_max_entries(maps::SYSCALL_ERRORS, limits.max_error_entries)
+            .map_max_entries(maps::PROCESS_EXITS, limits.max_exited_processes)
+            .map_max_entries(maps::SLOW_EVENTS, slow.ring_buffer_bytes)
+            .override_global(globals::SLOW_EVENTS_PER_CPU_PER_SEC, &per_cpu_rate, true);
+        if options.trace_cgroup_id != 0 {
+            loader.override_global(globals::TRACE_CGROUP_ID, &options.trace_cgroup_id, false);
+        }
+        let ebpf = loader.load(PROBES_OBJECT).map_err(ProbeError::Load)?;
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot enable BPF run-time statistics; probe cost metrics will read 0");
+                None
+            }
+        };
+        Ok(Self {
+            ebpf,
+            programs: Vec::new(),
+            _stats: stats,
+        })
+    }
+
+    /// Loads (verifies) `program` and attaches it to raw tracepoint `tracepoint`.
+    /// The outcome is recorded for `sysscope_probe_attached` either way.
+    pub fn attach_raw_tracepoint(
+        &mut self,
+        collector: &'static str,
+        program: &str,
+        tracepoint: &str,
+    ) -> Result<(), ProbeError> {
+        let result = self.try_attach_raw_tracepoint(program, tracepoint);
+        self.programs.push(ProgramStatus {
+            program: program.to_string(),
+            collector,
+            attached: result.is_ok(),
+        });
+        result
+    }
+
+    fn try_attach_raw_tracepoint(
+        &mut self,
+        program: &str,
+        tracepoint: &str,
+    ) -> Result<(), ProbeError> {
+        let prog: &mut RawTracePoint = self
+            .ebpf
+            .program_mut(program)
+            .ok_or_else(|| ProbeError::NoSuchProgram {
+                program: program.to_string(),
+            })?
+            .try_into()
+            .map_err(|source| ProbeError::Program {
+                program: program.to_string(),
+                action: "type check",
+                source,
+            })?;
+        prog.load().map_err(|source| ProbeError::Program {
+            program: program.to_string(),
+            action: "load (verifier)",
+            source,
+        })?;
+        prog.attach(tracepoint)
+            .map_err(|source| ProbeError::Program {
+                program: program.to_string(),
+                action: "attach",
+                source,
+            })?;
+        tracing::debug!(program, tracepoint, "attached");
+        Ok(())
+    }
+
+    /// Takes ownership of a map for a collector to read.
+    pub fn take_map(&mut self, name: &str) -> Result<Map, ProbeError> {
+        self.ebpf
+            .take_map(name)
+            .ok_or_else(|| ProbeError::NoSuchMap {
+                map: name.to_string(),
+            })
+    }
+
+    /// Mutable access to a map that stays in the object (e.g. configuration arrays).
+    pub fn map_mut(&mut self, name: &str) -> Result<&mut Map, ProbeError> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| ProbeError::NoSuchMap {
+                map: name.to_string(),
+            })
+    }
+
+    /// What was attached, and what failed to.
+    pub fn programs(&self) -> &[ProgramStatus] {
+        &self.programs
+    }
+
+    /// Kernel run-time statistics of every attached program.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        self.programs
+            .iter()
+            .filter(|p| p.attached)
+            .filter_map(|p| {
+                let info = self.ebpf.program(&p.program)?.info().ok()?;
+                Some(ProgramStats {
+                    program: p.program.clone(),
+                    run_time: info.run_time(),
+                    run_count: info.run_count(),
+                })
+            })
+            .collect()
+    }
+}

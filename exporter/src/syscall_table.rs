@@ -1,0 +1,75 @@
+//! Syscall numbers and errno values to names, for the architecture sysscope runs on
+//! (x86_64 and aarch64 tables from the `syscalls` crate).
+
+#[cfg(target_arch = "aarch64")]
+use syscalls::aarch64::Sysno;
+#[cfg(not(target_arch = "aarch64"))]
+use syscalls::x86_64::Sysno;
+
+/// The name of syscall `nr` on this architecture (`None` for unassigned numbers).
+pub fn name(nr: u32) -> Option<&'static str> {
+    Sysno::new(nr as usize).map(|s| s.name())
+}
+
+/// The number of a syscall by name on this architecture.
+pub fn number(name: &str) -> Option<u32> {
+    name.parse::<Sysno>().ok().map(|s| s.id() as u32)
+}
+
+/// Label value for a syscall number: its name, or `syscall_<nr>` for numbers the table lacks
+/// (a newer kernel than the table), so nothing is ever dropped for want of a name.
+pub fn label(nr: u32) -> std::borrow::Cow<'static, str> {
+    match name(nr) {
+        Some(n) => n.into(),
+        None => format!("syscall_{nr}").into(),
+    }
+}
+
+/// Symbolic name of a positive errno value (`ENOENT`), or `E<n>` when unknown.
+pub fn errno_label(errno: u16) -> std::borrow::Cow<'static, str> {
+    match syscalls::Errno::new(errno as i32).name() {
+        Some(n) => n.into(),
+        None => format!("E{errno}").into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn x86_64_numbers() {
+        assert_eq!(name(0), Some("read"));
+        assert_eq!(name(110), Some("getppid"));
+        assert_eq!(number("openat"), Some(257));
+        assert_eq!(
+            number("exit_group"),
+            Some(sysscope_abi::noreturn::EXIT_GROUP)
+        );
+        assert_eq!(number("exit"), Some(sysscope_abi::noreturn::EXIT));
+    }
+
+    #[test]
+    fn round_trip_every_name() {
+        for nr in 0..sysscope_abi::MAX_SYSCALL_NR {
+            if let Some(n) = name(nr) {
+                assert_eq!(number(n), Some(nr), "{n}");
+            }
+        }
+        assert!(number("not_a_syscall").is_none());
+    }
+
+    #[test]
+    fn unknown_numbers_still_label() {
+        assert_eq!(label(9999), "syscall_9999");
+    }
+
+    #[test]
+    fn errno_names() {
+        assert_eq!(errno_label(2), "ENOENT");
+        assert_eq!(errno_label(13), "EACCES");
+        assert_eq!(errno_label(11), "EAGAIN");
+        assert_eq!(errno_label(4000), "E4000");
+    }
+}
