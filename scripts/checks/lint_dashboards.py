@@ -39,7 +39,7 @@ RATE_FUNCS = re.compile(r"\b(rate|irate|increase)\s*\(")
 SAMPLE_VALUES = {
     "job": ["sysscope"],
     "node": ["node-1"],
-    "instance": ["10.0.0.1:9100"],
+    "instance": ["10.0.0.1:9812"],
     "namespace": ["ml"],
     "pod": ["train-0"],
     "cgroup": ["/kubepods.slice/kubepods-pod1.slice/cri-containerd-0123abcd.scope", "/"],
