@@ -61,11 +61,16 @@ fi
 
 # 4. Tools the tests compare against (strace, promtool, bpftool, ...).
 if [ "$want_test_tools" -eq 1 ]; then
-  apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux \
+  apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux python3-yaml \
     e2fsprogs python3-pip openssl curl
-  if ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
-    log "pip install kubernetes-validate"
-    python3 -m pip install -q --disable-pip-version-check kubernetes-validate 2>&1 | tail -n 2 >&2 || true
-  fi
+  # Python packages the tests use: the reference Prometheus parsers, the manifest validator,
+  # and the OTLP protobuf definitions.
+  for mod_pkg in prometheus_client:prometheus-client kubernetes_validate:kubernetes-validate; do
+    mod=${mod_pkg%%:*} pkg=${mod_pkg#*:}
+    if ! python3 -c "import $mod" 2>/dev/null; then
+      log "pip install $pkg"
+      python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "$pkg" >&2
+    fi
+  done
 fi
 log "ready"

@@ -255,7 +255,6 @@ impl Agent {
                     .encode_family(&[("program", p.program.as_str()), ("collector", p.collector)])?
                     .encode_gauge(&(p.attached as i64))?;
             }
-            drop(family);
             let stats = probes.program_stats();
             let mut family = encoder.encode_descriptor(
                 "sysscope_probe_run_seconds",
@@ -268,7 +267,6 @@ impl Agent {
                     .encode_family(&[("program", s.program.as_str())])?
                     .encode_counter::<NoLabelSet, _, f64>(&s.run_time.as_secs_f64(), None)?;
             }
-            drop(family);
             let mut family = encoder.encode_descriptor(
                 "sysscope_probe_runs",
                 "Times the eBPF program ran (kernel BPF run-time statistics).",

@@ -251,7 +251,6 @@ impl Default for SlowCallsConfig {
                 "pause",
                 "rt_sigsuspend",
                 "rt_sigtimedwait",
-                "sigsuspend",
                 "io_getevents",
                 "io_pgetevents",
                 "io_uring_enter",
@@ -311,7 +310,7 @@ impl Config {
     pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: origin.to_string(),
-            message: describe_toml_error(&e),
+            message: describe_toml_error(text, &e),
         })?;
         config.validate(origin)?;
         Ok(config)
@@ -426,7 +425,7 @@ impl Config {
             ));
         }
         for name in &s.exclude {
-            if syscall_table::number(name).is_none() {
+            if !syscall_table::is_known_anywhere(name) {
                 return Err(invalid(
                     "slow_calls.exclude",
                     format!("unknown syscall `{name}`"),
@@ -435,7 +434,7 @@ impl Config {
         }
         for (name, value) in &s.thresholds {
             let key = format!("slow_calls.thresholds.{name}");
-            if syscall_table::number(name).is_none() {
+            if !syscall_table::is_known_anywhere(name) {
                 return Err(invalid(&key, format!("unknown syscall `{name}`")));
             }
             parse_threshold(value).map_err(|problem| invalid(&key, problem))?;
@@ -494,12 +493,16 @@ fn parse_threshold(value: &str) -> Result<Option<Duration>, String> {
     Ok(if d.is_zero() { None } else { Some(d) })
 }
 
-fn describe_toml_error(e: &toml::de::Error) -> String {
-    // toml's message already names the unknown or mistyped key ("unknown field `x`,
-    // expected one of ..."); add the line for humans.
-    let msg = e.message().to_string();
+fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
+    // toml names unknown keys in its message ("unknown field `x`, expected one of ..."), but
+    // not mistyped ones: quote the offending line, which does.
+    let msg = e.message().trim_end().to_string();
     match e.span() {
-        Some(span) => format!("{msg} (at byte {})", span.start),
+        Some(span) => {
+            let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+            format!("line {line_no} `{line}`: {msg}")
+        }
         None => msg,
     }
 }
@@ -533,7 +536,7 @@ pub mod humantime_serde_compat {
             }
         };
         let secs = value * scale;
-        if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
             return Err(format!("`{s}` is out of range"));
         }
         Ok(Duration::from_secs_f64(secs))
@@ -542,7 +545,7 @@ pub mod humantime_serde_compat {
     pub fn format(d: &Duration) -> String {
         if d.subsec_nanos() == 0 {
             format!("{}s", d.as_secs())
-        } else if d.as_nanos() % 1_000_000 == 0 {
+        } else if d.as_nanos().is_multiple_of(1_000_000) {
             format!("{}ms", d.as_millis())
         } else {
             format!("{}ns", d.as_nanos())
@@ -589,7 +592,7 @@ mod tests {
     #[test]
     fn wrong_type_is_named() {
         let e = err("[limits]\nmax_series = \"many\"\n");
-        assert!(e.contains("max_series") || e.contains("integer"), "{e}");
+        assert!(e.contains("max_series") && e.contains("line 2"), "{e}");
     }
 
     #[test]

@@ -16,6 +16,13 @@ pub fn number(name: &str) -> Option<u32> {
     name.parse::<Sysno>().ok().map(|s| s.id() as u32)
 }
 
+/// Whether `name` is a syscall on any architecture sysscope supports. Config lists (such as
+/// the default slow-call exclusions) may name syscalls that only some architectures have.
+pub fn is_known_anywhere(name: &str) -> bool {
+    name.parse::<syscalls::x86_64::Sysno>().is_ok()
+        || name.parse::<syscalls::aarch64::Sysno>().is_ok()
+}
+
 /// Label value for a syscall number: its name, or `syscall_<nr>` for numbers the table lacks
 /// (a newer kernel than the table), so nothing is ever dropped for want of a name.
 pub fn label(nr: u32) -> std::borrow::Cow<'static, str> {
@@ -58,6 +65,8 @@ mod tests {
             }
         }
         assert!(number("not_a_syscall").is_none());
+        assert!(is_known_anywhere("epoll_wait") && is_known_anywhere("epoll_pwait"));
+        assert!(!is_known_anywhere("not_a_syscall"));
     }
 
     #[test]

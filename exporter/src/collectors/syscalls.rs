@@ -400,6 +400,7 @@ impl Collector for SyscallCollector {
     fn refresh(&mut self) -> Result<(), CollectorError> {
         let now = Instant::now();
         self.generation += 1;
+        self.labeler.lock().expect("labeler lock").new_cycle();
         let exited = self.read_exits();
         let mut reclaim = self.orphans(&exited);
         reclaim.extend(exited.iter().copied());

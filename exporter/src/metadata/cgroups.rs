@@ -81,13 +81,16 @@ pub fn v2_mount() -> Result<PathBuf, CgroupError> {
 /// Label value used for a cgroup id that no longer exists and was never seen.
 pub const UNRESOLVED: &str = "(unresolved)";
 
-/// cgroup id -> path, rebuilt from a walk of the hierarchy when an id is missing.
+/// cgroup id -> path, rebuilt from a walk of the hierarchy when an unknown id shows up.
 #[derive(Debug)]
 pub struct CgroupResolver {
     root: PathBuf,
     paths: HashMap<u64, Arc<str>>,
-    last_scan: Option<Instant>,
-    min_rescan: Duration,
+    /// Whether this collection cycle already walked the hierarchy.
+    scanned_this_cycle: bool,
+    /// Ids a walk did not find (cgroups removed before we saw them), retried after a while.
+    missing: HashMap<u64, Instant>,
+    retry_missing: Duration,
 }
 
 impl CgroupResolver {
@@ -95,8 +98,9 @@ impl CgroupResolver {
         Self {
             root,
             paths: HashMap::new(),
-            last_scan: None,
-            min_rescan: Duration::from_millis(500),
+            scanned_this_cycle: false,
+            missing: HashMap::new(),
+            retry_missing: Duration::from_secs(30),
         }
     }
 
@@ -104,28 +108,38 @@ impl CgroupResolver {
         &self.root
     }
 
-    /// The path of cgroup `id`. Ids of cgroups created since the last walk trigger a new walk
-    /// (at most every 500 ms); an id that still does not resolve yields `UNRESOLVED`.
+    /// Starts a collection cycle: the next unknown id may walk the hierarchy again.
+    pub fn new_cycle(&mut self) {
+        self.scanned_this_cycle = false;
+    }
+
+    /// The path of cgroup `id`. An unknown id walks the hierarchy (once per cycle); an id no
+    /// walk finds yields `UNRESOLVED` and is not looked for again for a while.
     pub fn resolve(&mut self, id: u64) -> Arc<str> {
         if let Some(p) = self.paths.get(&id) {
             return p.clone();
         }
-        let due = self
-            .last_scan
-            .is_none_or(|t| t.elapsed() >= self.min_rescan);
-        if due {
+        if let Some(at) = self.missing.get(&id) {
+            if at.elapsed() < self.retry_missing {
+                return Arc::from(UNRESOLVED);
+            }
+        }
+        if !self.scanned_this_cycle {
             self.rescan();
             if let Some(p) = self.paths.get(&id) {
                 return p.clone();
             }
         }
+        self.missing.insert(id, Instant::now());
         Arc::from(UNRESOLVED)
     }
 
     /// Walks the hierarchy, adding every cgroup found; ids of removed cgroups are kept so
     /// their last series keep their label until they are retired.
     pub fn rescan(&mut self) {
-        self.last_scan = Some(Instant::now());
+        self.scanned_this_cycle = true;
+        self.missing
+            .retain(|_, at| at.elapsed() < Duration::from_secs(300));
         let mut stack = vec![(self.root.clone(), String::from("/"))];
         while let Some((dir, rel)) = stack.pop() {
             let Ok(meta) = std::fs::metadata(&dir) else {
@@ -223,15 +237,16 @@ mod tests {
         assert_eq!(&*r.resolve(id_root), "/");
         assert_eq!(&*r.resolve(id_b), "/a/b");
         assert_eq!(&*r.resolve(id_c), "/c");
-        // A directory created later resolves after the rescan interval.
+        // A directory created later resolves in the next cycle.
         std::fs::create_dir_all(dir.path().join("d")).unwrap();
         let id_d = id_of(&dir.path().join("d")).unwrap();
-        r.min_rescan = Duration::ZERO;
+        r.new_cycle();
         assert_eq!(&*r.resolve(id_d), "/d");
         // Removed directories keep their label until retained away.
         std::fs::remove_dir(dir.path().join("d")).unwrap();
         assert_eq!(&*r.resolve(id_d), "/d");
         r.retain(|_| false);
+        r.new_cycle();
         assert_eq!(&*r.resolve(id_d), UNRESOLVED);
         assert_eq!(&*r.resolve(id_b), "/a/b");
     }

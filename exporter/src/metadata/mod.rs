@@ -47,6 +47,11 @@ impl Labeler {
         self
     }
 
+    /// Starts a collection cycle (unknown cgroup ids may walk the hierarchy once more).
+    pub fn new_cycle(&mut self) {
+        self.cgroups.new_cycle();
+    }
+
     /// Labels of cgroup `id`.
     pub fn cgroup(&mut self, id: u64) -> Arc<CgroupLabels> {
         if let Some(l) = self.labels.get(&id) {

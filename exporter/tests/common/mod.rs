@@ -1,0 +1,440 @@
+//! Shared helpers of the real-kernel integration tests: root checks, fresh cgroups, a running
+//! exporter, and a parser for the exposition text.
+#![allow(dead_code)]
+
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+/// Whether this test can run. Without root it is skipped with a message, except under
+/// `CI=true`, where a skipped test would hide a broken pipeline: it fails instead.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("{test}: needs root (loads eBPF programs), and CI=true forbids skipping");
+    }
+    eprintln!("SKIPPED {test}: needs root to load eBPF programs (run the suite as root)");
+    false
+}
+
+/// The cgroup v2 mount of this machine.
+pub fn cgroup_root() -> PathBuf {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    sysscope::metadata::cgroups::find_v2_mount(&text).expect("cgroup v2 mounted")
+}
+
+/// A fresh cgroup v2 directory, removed on drop.
+pub struct TestCgroup {
+    pub dir: PathBuf,
+    /// Path relative to the v2 root, as sysscope labels it.
+    pub rel: String,
+}
+
+impl TestCgroup {
+    pub fn new(prefix: &str) -> Self {
+        Self::at(&format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ))
+    }
+
+    /// A cgroup at `rel` (slashes allowed: parents are created too).
+    pub fn at(rel: &str) -> Self {
+        let rel = rel.trim_start_matches('/');
+        let dir = cgroup_root().join(rel);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Self {
+            dir,
+            rel: format!("/{rel}"),
+        }
+    }
+
+    /// The cgroup id sysscope's probes see for tasks inside.
+    pub fn id(&self) -> u64 {
+        sysscope::metadata::cgroups::id_of(&self.dir).unwrap()
+    }
+
+    /// A command whose process moves itself into this cgroup before it execs.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new(program);
+        let procs =
+            std::ffi::CString::new(self.dir.join("cgroup.procs").to_str().unwrap()).unwrap();
+        // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+                libc::close(fd);
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        // Move stragglers out, then remove (retrying briefly while the last ones exit).
+        let root_procs = cgroup_root().join("cgroup.procs");
+        for _ in 0..50 {
+            if let Ok(pids) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+                for pid in pids.lines() {
+                    let _ = std::fs::write(&root_procs, pid);
+                }
+            }
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+pub fn rand_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{nanos:08x}")
+}
+
+pub fn workload_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sysscope-workload")
+}
+
+pub fn sysscope_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sysscope")
+}
+
+/// The comm the kernel gives the workload binary (15 characters at most).
+pub const WORKLOAD_COMM: &str = "sysscope-worklo";
+
+/// Runs a workload in `cg` and waits for it to succeed.
+pub fn run_workload(cg: &TestCgroup, args: &[&str]) {
+    let status = cg
+        .command(workload_bin())
+        .args(args)
+        .status()
+        .expect("spawn workload");
+    assert!(status.success(), "workload {args:?} failed: {status}");
+}
+
+/// Runs a workload that joins `cg` itself once started, so that exactly the calls of `args`
+/// (plus the write and close of joining) happen inside the cgroup: the dynamic loader's
+/// start-up calls stay outside.
+pub fn run_workload_joined(cg: &TestCgroup, args: &[&str]) {
+    let status = Command::new(workload_bin())
+        .arg("join-cgroup")
+        .arg(&cg.dir)
+        .args(args)
+        .status()
+        .expect("spawn workload");
+    assert!(status.success(), "workload {args:?} failed: {status}");
+}
+
+/// eBPF program ids held open by process `pid` (from /proc/<pid>/fdinfo).
+pub fn bpf_program_ids_of(pid: u32) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return ids;
+    };
+    for fd in fds.flatten() {
+        if let Ok(info) = std::fs::read_to_string(fd.path()) {
+            for line in info.lines() {
+                if let Some(id) = line.strip_prefix("prog_id:") {
+                    if let Ok(id) = id.trim().parse() {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Ids of every eBPF program loaded on the machine (bpftool).
+pub fn loaded_program_ids() -> Vec<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .expect("bpftool");
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `sysscope` exporter, stopped with SIGTERM on drop.
+pub struct Exporter {
+    pub child: Child,
+    pub port: u16,
+    pub config: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Config every test starts from: no scrape caching, so each scrape reads the maps.
+pub const TEST_CONFIG: &str = "[collection]\nmin_interval = \"0s\"\n";
+
+impl Exporter {
+    /// Starts the exporter with `config` (TOML) and extra flags, and waits until it is ready.
+    pub fn start(config: &str, extra_args: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("sysscope.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let port = free_port();
+        let child = Command::new(sysscope_bin())
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg(format!("--config.file={}", config_path.display()))
+            .args(extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sysscope");
+        let mut e = Self {
+            child,
+            port,
+            config: config_path,
+            _dir: dir,
+        };
+        e.wait_ready(Duration::from_secs(30));
+        e
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("sysscope exited during start-up: {status}");
+            }
+            if let Ok((200, _, _)) = http_get(self.port, "/-/ready", None) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("sysscope not ready after {timeout:?}");
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn scrape(&self) -> String {
+        let (status, _, body) = http_get(self.port, "/metrics", None).expect("scrape");
+        assert_eq!(status, 200, "scrape status");
+        body
+    }
+
+    /// The metrics as OpenMetrics.
+    pub fn scrape_openmetrics(&self) -> String {
+        let (status, headers, body) = http_get(
+            self.port,
+            "/metrics",
+            Some("application/openmetrics-text; version=1.0.0"),
+        )
+        .expect("scrape");
+        assert_eq!(status, 200);
+        assert!(
+            headers
+                .to_ascii_lowercase()
+                .contains("application/openmetrics-text"),
+            "{headers}"
+        );
+        body
+    }
+
+    /// Sends SIGTERM and waits; returns the exit status and how long it took.
+    pub fn stop(&mut self) -> (std::process::ExitStatus, Duration) {
+        let start = Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().expect("wait sysscope");
+        (status, start.elapsed())
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET on loopback: (status, raw headers, body).
+pub fn http_get(
+    port: u16,
+    path: &str,
+    accept: Option<&str>,
+) -> std::io::Result<(u16, String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{accept}Connection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, head.to_string(), body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// One sample of the exposition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses sample lines of the Prometheus text / OpenMetrics formats (comments skipped).
+pub fn parse_samples(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let line = line.split(" # {").next().unwrap();
+        let (name, rest) = match line.find('{') {
+            Some(i) => (&line[..i], &line[i..]),
+            None => line.split_at(line.find(' ').expect("sample has a value")),
+        };
+        let mut labels = BTreeMap::new();
+        let value_part;
+        if let Some(rest) = rest.strip_prefix('{') {
+            let mut chars = rest.char_indices().peekable();
+            let mut key = String::new();
+            let mut end = 0;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '}' => {
+                        end = i + 1;
+                        break;
+                    }
+                    ',' | ' ' => continue,
+                    '=' => {
+                        assert_eq!(chars.next().map(|x| x.1), Some('"'));
+                        let mut val = String::new();
+                        while let Some((_, c)) = chars.next() {
+                            match c {
+                                '\\' => match chars.next().map(|x| x.1) {
+                                    Some('n') => val.push('\n'),
+                                    Some(o) => val.push(o),
+                                    None => {}
+                                },
+                                '"' => break,
+                                o => val.push(o),
+                            }
+                        }
+                        labels.insert(std::mem::take(&mut key), val);
+                    }
+                    o => key.push(o),
+                }
+            }
+            value_part = &rest[end..];
+        } else {
+            value_part = rest;
+        }
+        let value_str = value_part.split_whitespace().next().expect("value");
+        let value = match value_str {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
+        };
+        out.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+/// Samples named `name` whose labels include every pair of `want`.
+pub fn select<'a>(samples: &'a [Sample], name: &str, want: &[(&str, &str)]) -> Vec<&'a Sample> {
+    samples
+        .iter()
+        .filter(|s| {
+            s.name == name
+                && want
+                    .iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .collect()
+}
+
+/// Sum of the values of the selected samples (0 if none).
+pub fn sum(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
+    select(samples, name, want).iter().map(|s| s.value).sum()
+}
+
+/// Polls `f` until it returns Some or `timeout` passes.
+pub fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn path_exists(p: impl AsRef<Path>) -> bool {
+    p.as_ref().exists()
+}

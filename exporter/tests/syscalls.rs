@@ -1,0 +1,358 @@
+//! The syscall collector against ground truth, on the real kernel with the real probes:
+//! a child in a fresh cgroup makes an exact number of calls and sysscope must report exactly
+//! that many, with the right errno and latency buckets.
+
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use common::*;
+
+#[test]
+fn exact_counts_and_errno_for_a_child_in_a_fresh_cgroup() {
+    if !require_root("exact_counts_and_errno_for_a_child_in_a_fresh_cgroup") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cg = TestCgroup::new("sysscope-test-counts");
+    const N: u64 = 1234;
+    const M: u64 = 57;
+    run_workload_joined(
+        &cg,
+        &["getppid", &N.to_string(), "openat-missing", &M.to_string()],
+    );
+
+    let samples = parse_samples(&exporter.scrape());
+    let series = [("cgroup", cg.rel.as_str()), ("comm", WORKLOAD_COMM)];
+    let with = |syscall: &'static str| {
+        let mut v = series.to_vec();
+        v.push(("syscall", syscall));
+        v
+    };
+    assert_eq!(
+        sum(&samples, "sysscope_syscalls_total", &with("getppid")),
+        N as f64,
+        "getppid count"
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "sysscope_syscall_duration_seconds_count",
+            &with("getppid")
+        ),
+        N as f64,
+        "getppid histogram count"
+    );
+    let mut enoent = with("openat");
+    enoent.push(("errno", "ENOENT"));
+    assert_eq!(
+        sum(&samples, "sysscope_syscall_errors_total", &enoent),
+        M as f64,
+        "openat ENOENT errors"
+    );
+    assert_eq!(
+        sum(&samples, "sysscope_syscalls_total", &with("openat")),
+        M as f64
+    );
+    // Joining the cgroup is one write (its open happened before the move).
+    assert_eq!(
+        sum(&samples, "sysscope_syscalls_total", &with("write")),
+        1.0
+    );
+    // Nothing of this cgroup is attributed elsewhere: the cgroup has exactly one comm.
+    let comms: std::collections::BTreeSet<_> =
+        select(&samples, "sysscope_syscalls_total", &[("cgroup", &cg.rel)])
+            .iter()
+            .map(|s| s.labels["comm"].clone())
+            .collect();
+    assert_eq!(comms.len(), 1, "comms in the test cgroup: {comms:?}");
+    // exit_group never returns but is counted at entry, like strace does.
+    assert_eq!(
+        sum(&samples, "sysscope_syscalls_total", &with("exit_group")),
+        1.0
+    );
+}
+
+#[test]
+fn latency_histogram_of_known_sleeps() {
+    if !require_root("latency_histogram_of_known_sleeps") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cg = TestCgroup::new("sysscope-test-sleep");
+    const K: u64 = 8;
+    run_workload(&cg, &["sleep", &K.to_string(), "20"]);
+
+    let samples = parse_samples(&exporter.scrape());
+    let labels = [("cgroup", cg.rel.as_str()), ("syscall", "nanosleep")];
+    assert_eq!(
+        sum(&samples, "sysscope_syscall_duration_seconds_count", &labels),
+        K as f64
+    );
+    let total = sum(&samples, "sysscope_syscall_duration_seconds_sum", &labels);
+    let truth = K as f64 * 0.020;
+    assert!(
+        (total - truth).abs() <= truth * 0.10,
+        "sum {total}s not within 10% of {truth}s"
+    );
+    // 20 ms lies in (16.8 ms, 67.1 ms]: nothing at or below 16.8 ms, all at 67.1 ms.
+    let bucket = |le: &str| {
+        let mut l = labels.to_vec();
+        l.push(("le", le));
+        sum(&samples, "sysscope_syscall_duration_seconds_bucket", &l)
+    };
+    assert_eq!(bucket("0.016777216"), 0.0);
+    assert_eq!(bucket("0.067108864"), K as f64);
+    assert_eq!(bucket("+Inf"), K as f64);
+}
+
+#[test]
+fn counters_survive_reclaim_and_sum_over_processes() {
+    if !require_root("counters_survive_reclaim_and_sum_over_processes") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cg = TestCgroup::new("sysscope-test-reclaim");
+    let labels = [("cgroup", cg.rel.as_str()), ("syscall", "getppid")];
+    run_workload(&cg, &["getppid", "300"]);
+    // First read: values recorded, entries of the exited process reclaimed from the kernel.
+    let first = sum(
+        &parse_samples(&exporter.scrape()),
+        "sysscope_syscalls_total",
+        &labels,
+    );
+    assert_eq!(first, 300.0);
+    let second = sum(
+        &parse_samples(&exporter.scrape()),
+        "sysscope_syscalls_total",
+        &labels,
+    );
+    assert_eq!(second, 300.0, "counter must not go back after reclaim");
+    // A second process with the same name adds to the same series.
+    run_workload(&cg, &["getppid", "200"]);
+    let third = sum(
+        &parse_samples(&exporter.scrape()),
+        "sysscope_syscalls_total",
+        &labels,
+    );
+    assert_eq!(third, 500.0);
+    // The kernel map no longer holds entries for this cgroup once they were read.
+    let id = cg.id();
+    let leftover = eventually(Duration::from_secs(5), || {
+        exporter.scrape();
+        (kernel_entries_for_cgroup(id) == 0).then_some(())
+    });
+    assert!(
+        leftover.is_some(),
+        "kernel entries of exited processes were not reclaimed"
+    );
+}
+
+/// Keys of `SYSCALL_STATS` whose cgroup id is `id`, read with bpftool (independent of sysscope).
+fn kernel_entries_for_cgroup(id: u64) -> usize {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "name", "SYSCALL_STATS"])
+        .output()
+        .expect("bpftool");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let maps: serde_json::Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(_) => return 0,
+    };
+    // With several sysscope instances loaded (parallel tests), bpftool prints one array per map.
+    let entries: Vec<&serde_json::Value> = match &maps {
+        serde_json::Value::Array(a) if a.first().is_some_and(|v| v.is_array()) => a
+            .iter()
+            .flat_map(|m| m.as_array().unwrap().iter())
+            .collect(),
+        serde_json::Value::Array(a) => a.iter().collect(),
+        _ => vec![],
+    };
+    entries
+        .iter()
+        .filter(|e| {
+            let key = e["key"].as_array().cloned().unwrap_or_default();
+            let bytes: Vec<u8> = key
+                .iter()
+                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+                .collect();
+            bytes.len() >= 8 && u64::from_le_bytes(bytes[..8].try_into().unwrap()) == id
+        })
+        .count()
+}
+
+#[test]
+fn exposition_passes_promtool_and_real_parsers() {
+    if !require_root("exposition_passes_promtool_and_real_parsers") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cg = TestCgroup::new("sysscope-test-format");
+    run_workload(&cg, &["getppid", "10", "openat-missing", "3"]);
+    let text = exporter.scrape();
+    let om = exporter.scrape_openmetrics();
+    assert!(om.ends_with("# EOF\n"), "OpenMetrics must end with # EOF");
+    assert!(!text.contains("# EOF"), "0.0.4 text must not contain # EOF");
+
+    let dir = tempfile::tempdir().unwrap();
+    let text_path = dir.path().join("metrics.txt");
+    let om_path = dir.path().join("metrics.om");
+    std::fs::write(&text_path, &text).unwrap();
+    std::fs::write(&om_path, &om).unwrap();
+
+    // promtool (Prometheus' own parser and linter) on the 0.0.4 text.
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&text_path).unwrap())
+        .output()
+        .expect("promtool (Debian package prometheus) must be installed");
+    let lint =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{lint}"
+    );
+
+    // The reference Python parsers, for both formats.
+    let script = r#"
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
+text = open(sys.argv[1]).read()
+om = open(sys.argv[2]).read()
+a = sum(len(f.samples) for f in text_string_to_metric_families(text))
+b = sum(len(f.samples) for f in om_families(om))
+names = {f.name for f in om_families(om)}
+for required in ["sysscope_syscalls", "sysscope_syscall_errors", "sysscope_syscall_duration_seconds", "sysscope_build_info", "sysscope_collector_up"]:
+    assert required in names, (required, sorted(names))
+print(a, b)
+"#;
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            script,
+            text_path.to_str().unwrap(),
+            om_path.to_str().unwrap(),
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "python prometheus_client parsers rejected the exposition:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts = String::from_utf8_lossy(&out.stdout);
+    let parsed: Vec<usize> = counts
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(
+        parsed[0] > 10 && parsed[1] > 10,
+        "too few samples parsed: {counts}"
+    );
+}
+
+#[test]
+fn sigterm_detaches_everything_and_exits_zero() {
+    if !require_root("sigterm_detaches_everything_and_exits_zero") {
+        return;
+    }
+    let mut exporter = Exporter::start(TEST_CONFIG, &[]);
+    let pid = exporter.child.id();
+    let ids = bpf_program_ids_of(pid);
+    assert!(
+        ids.len() >= 3,
+        "expected sysscope's programs loaded, found {ids:?}"
+    );
+    let (status, took) = exporter.stop();
+    assert!(status.success(), "exit status {status}");
+    assert!(took < Duration::from_secs(5), "took {took:?} to stop");
+    // The kernel frees programs after an RCU grace period: give it a moment.
+    let gone = eventually(Duration::from_secs(3), || {
+        let remaining: Vec<u64> = loaded_program_ids()
+            .into_iter()
+            .filter(|id| ids.contains(id))
+            .collect();
+        remaining.is_empty().then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "programs {ids:?} still loaded 3 s after exit"
+    );
+}
+
+#[test]
+fn config_check_lists_attached_programs() {
+    if !require_root("config_check_lists_attached_programs") {
+        return;
+    }
+    let out = Command::new(sysscope_bin())
+        .arg("--config.check")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for program in ["sys_enter", "sys_exit", "sched_process_exit"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("attached") && l.contains(program)),
+            "{program} not attached:\n{stdout}"
+        );
+    }
+}
+
+// The errors below need no privileges: they are reported before anything is loaded.
+
+#[test]
+fn bad_config_key_is_named_and_exits_nonzero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[limits]\nmax_seriess = 10\n").unwrap();
+    let out = Command::new(sysscope_bin())
+        .arg(format!("--config.file={}", path.display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("max_seriess"), "{stderr}");
+}
+
+#[test]
+fn port_in_use_is_a_clear_error() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let out = Command::new(sysscope_bin())
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{port}")) && stderr.contains("in use"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_capability_is_named() {
+    // Drop every capability with setpriv (util-linux) and check the message names CAP_BPF.
+    if Command::new("setpriv").arg("--help").output().is_err() {
+        eprintln!("SKIPPED missing_capability_is_named: setpriv not installed");
+        return;
+    }
+    let port = free_port();
+    let out = Command::new("setpriv")
+        .args(["--inh-caps=-all", "--bounding-set=-all", "--"])
+        .arg(sysscope_bin())
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("CAP_BPF"), "{stderr}");
+}
