@@ -356,3 +356,106 @@ fn missing_capability_is_named() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("CAP_BPF"), "{stderr}");
 }
+
+#[test]
+fn default_budget_keeps_100_cgroups_and_500_processes_under_50k_series() {
+    if !require_root("default_budget_keeps_100_cgroups_and_500_processes_under_50k_series") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cgroups: Vec<TestCgroup> = (0..100)
+        .map(|i| TestCgroup::new(&format!("sysscope-test-card{i}")))
+        .collect();
+    // Five processes per cgroup, each with a name of its own (comm is set by the kernel from
+    // the executable's name: use symlinks), making a spread of distinct syscalls.
+    let dir = tempfile::tempdir().unwrap();
+    let mut children = Vec::new();
+    for (i, cg) in cgroups.iter().enumerate() {
+        for j in 0..5 {
+            let link = dir.path().join(format!("w{i}-{j}"));
+            std::os::unix::fs::symlink(workload_bin(), &link).unwrap();
+            children.push(
+                Command::new(&link)
+                    .arg("join-cgroup")
+                    .arg(&cg.dir)
+                    .args(["getppid", "3", "openat-missing", "2", "sleep", "1", "1"])
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+    }
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let text = exporter.scrape();
+    let series = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .count();
+    eprintln!("cardinality: {series} series exported for 100 cgroups x 5 processes");
+    assert!(
+        series < 50_000,
+        "{series} series exported with default limits"
+    );
+    // The test's own cgroups are all there (as themselves or folded into "other").
+    let samples = parse_samples(&text);
+    let seen = cgroups
+        .iter()
+        .filter(|cg| {
+            !select(&samples, "sysscope_syscalls_total", &[("cgroup", &cg.rel)]).is_empty()
+        })
+        .count();
+    let folded = sum(
+        &samples,
+        "sysscope_dropped_series_total",
+        &[("family", "syscalls")],
+    );
+    eprintln!("cardinality: {seen}/100 test cgroups as themselves, {folded} label sets folded");
+    assert!(
+        seen == 100 || folded > 0.0,
+        "cgroups missing ({seen}/100) but nothing was folded"
+    );
+    // Nothing is lost by folding: the getppid calls of all 500 processes add up.
+    let getppid: f64 = select(
+        &samples,
+        "sysscope_syscalls_total",
+        &[("syscall", "getppid")],
+    )
+    .iter()
+    .filter(|s| {
+        s.labels["cgroup"].starts_with("/sysscope-test-card") || s.labels["cgroup"] == "other"
+    })
+    .map(|s| s.value)
+    .sum();
+    assert!(
+        getppid >= 1500.0,
+        "getppid calls of the 500 processes: {getppid}"
+    );
+}
+
+#[test]
+fn pid_label_is_opt_in() {
+    if !require_root("pid_label_is_opt_in") {
+        return;
+    }
+    let exporter = Exporter::start(&format!("{TEST_CONFIG}[labels]\npid = true\n"), &[]);
+    let cg = TestCgroup::new("sysscope-test-pid");
+    let child = Command::new(workload_bin())
+        .arg("join-cgroup")
+        .arg(&cg.dir)
+        .args(["getppid", "42"])
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let samples = parse_samples(&exporter.scrape());
+    let s = select(
+        &samples,
+        "sysscope_syscalls_total",
+        &[("cgroup", &cg.rel), ("syscall", "getppid")],
+    );
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].labels.get("pid"), Some(&pid));
+    assert_eq!(s[0].value, 42.0);
+}

@@ -9,6 +9,7 @@
 //!   sleep N MS                N nanosleep calls of MS milliseconds
 //!   slow-pipe-read N MS       N reads of a pipe that another thread fills MS ms later
 //!   read-file PATH BYTES BS   read BYTES of PATH in BS-byte read calls (looping over the file)
+//!   read-loop PATH SECS BS    read PATH in BS-byte calls, over and over, for SECS seconds
 //!   write-fsync PATH N BS     N writes of BS bytes to PATH, each followed by fsync
 //!   loop-getppid SECS THREADS getppid in a loop on THREADS threads for SECS seconds;
 //!                             prints "calls=<n> ns_per_call=<x>" (the benchmark's load)
@@ -29,7 +30,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | write-fsync PATH N BS | loop-getppid SECS THREADS | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS | wait-stdin"
     );
     std::process::exit(2)
 }
@@ -107,6 +108,13 @@ fn main() {
                 let bytes = num(args.get(i + 2));
                 let bs = num(args.get(i + 3)).max(1);
                 read_file(&path, bytes, bs as usize);
+                i += 4;
+            }
+            "read-loop" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
+                let secs = num(args.get(i + 2));
+                let bs = num(args.get(i + 3)).max(1);
+                read_loop(&path, Duration::from_secs(secs), bs as usize);
                 i += 4;
             }
             "write-fsync" => {
@@ -191,6 +199,26 @@ fn read_file(path: &str, bytes: u64, bs: usize) {
         }
         assert!(r > 0, "read {path}");
         left -= r as u64;
+    }
+    // SAFETY: closing our descriptor.
+    unsafe { libc::close(fd) };
+}
+
+fn read_loop(path: &str, duration: Duration, bs: usize) {
+    let cpath = CString::new(path).unwrap();
+    // SAFETY: valid path; checked below.
+    let fd = unsafe { libc::open(cpath.as_ptr(), libc::O_RDONLY) };
+    assert!(fd >= 0, "open {path}");
+    let mut buf = vec![0u8; bs];
+    let start = Instant::now();
+    while start.elapsed() < duration {
+        // SAFETY: buf holds bs bytes.
+        let r = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), bs) };
+        if r == 0 {
+            // SAFETY: seeking our own descriptor.
+            unsafe { libc::lseek(fd, 0, libc::SEEK_SET) };
+        }
+        assert!(r >= 0, "read {path}");
     }
     // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
