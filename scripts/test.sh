@@ -30,7 +30,7 @@ step "cargo fmt" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --locked --all-targets -- -D warnings
 
 printf '\n==> cargo test\n'
-cargo test --locked 2>&1 | tee "$log"
+cargo test --locked --no-fail-fast 2>&1 | tee "$log"
 test_rc=${PIPESTATUS[0]}
 # Count individual tests from cargo's per-binary summaries.
 read -r t_pass t_fail < <(awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed;?$/) p += $(i-1); if ($(i) ~ /^failed;?$/) f += $(i-1) } } END { print p+0, f+0 }' "$log")
