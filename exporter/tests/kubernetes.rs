@@ -28,7 +28,11 @@ fn fresh_ids() -> (String, String) {
         &h[16..20],
         &h[20..]
     );
-    let cid = format!("{:032x}{:032x}", rand::random::<u128>(), rand::random::<u128>());
+    let cid = format!(
+        "{:032x}{:032x}",
+        rand::random::<u128>(),
+        rand::random::<u128>()
+    );
     (uid, cid)
 }
 
@@ -115,7 +119,10 @@ fn systemd_driver_ids_on_syscall_series() {
     assert_eq!(s.value, CALLS as f64);
     assert_eq!(s.labels.get("pod_uid"), Some(&uid));
     assert_eq!(s.labels.get("container_id"), Some(&cid));
-    assert_eq!(s.labels.get("comm").map(String::as_str), Some(WORKLOAD_COMM));
+    assert_eq!(
+        s.labels.get("comm").map(String::as_str),
+        Some(WORKLOAD_COMM)
+    );
     // No pod watch: no names.
     assert!(!s.labels.contains_key("pod"), "{s:?}");
 
@@ -191,7 +198,11 @@ fn serve(stream: TcpStream, pod_list: &str, log: &Mutex<Vec<String>>) {
         }
         let mut body = vec![0; content_length];
         let _ = reader.read_exact(&mut body);
-        let path = request_line.split_whitespace().nth(1).unwrap_or("").to_string();
+        let path = request_line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or("")
+            .to_string();
         log.lock().unwrap().push(path.clone());
         if path.contains("watch=true") {
             let _ = out.write_all(
@@ -234,16 +245,18 @@ fn cgroupfs_driver_ids_and_names_from_the_pod_watch() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
     let exporter = Exporter::start_with_env(
-        &format!(
-            "{TEST_CONFIG}[kubernetes]\npod_watch = \"on\"\nnode_name = \"node-test\"\n"
-        ),
+        &format!("{TEST_CONFIG}[kubernetes]\npod_watch = \"on\"\nnode_name = \"node-test\"\n"),
         &[],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
     // The pod list arrives in the background; the collector reports it.
     let up = eventually(Duration::from_secs(20), || {
         let samples = parse_samples(&exporter.scrape());
-        (sum(&samples, "sysscope_collector_up", &[("collector", "kubernetes")]) == 1.0)
+        (sum(
+            &samples,
+            "sysscope_collector_up",
+            &[("collector", "kubernetes")],
+        ) == 1.0)
             .then_some(())
     });
     assert!(up.is_some(), "the pod watch never came up");

@@ -122,6 +122,14 @@ mod tests {
     }
 
     #[test]
+    fn shipped_daemonset_config_is_valid() {
+        let text = include_str!("../../../../deploy/kubernetes/config.toml");
+        let c = crate::config::Config::parse(text, "deploy/kubernetes/config.toml").unwrap();
+        assert_eq!(c.kubernetes.pod_watch, "on");
+        assert!(c.labels.kubernetes_ids);
+    }
+
+    #[test]
     fn ids_only_without_pod_watch() {
         let d = KubernetesLabels::new(true, None).derive(&container_path());
         assert!(d.complete);
