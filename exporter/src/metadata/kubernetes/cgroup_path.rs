@@ -64,11 +64,10 @@ fn pod_component(before: &[&str], part: &str) -> Option<String> {
     }
     // cgroupfs: "pod<uid>" right below "kubepods" or "kubepods/<qos>".
     let uid = part.strip_prefix("pod")?;
-    let under_kubepods = match before {
-        [.., "kubepods"] => true,
-        [.., "kubepods", "besteffort" | "burstable"] => true,
-        _ => false,
-    };
+    let under_kubepods = matches!(
+        before,
+        [.., "kubepods"] | [.., "kubepods", "besteffort" | "burstable"]
+    );
     if !under_kubepods {
         return None;
     }

@@ -393,11 +393,15 @@ pub fn start(config: &KubernetesConfig) -> Result<Option<PodWatchCollector>, Wat
     PodWatchCollector::start(ClientSource::Infer, node, store, RetryBackoff::default()).map(Some)
 }
 
+/// How long the first list may take before the collector reports itself down for lack of it.
+const FIRST_LIST_GRACE: Duration = Duration::from_secs(10);
+
 /// The `kubernetes` collector: owns the watch and reports its health and cache.
 #[derive(Debug)]
 pub struct PodWatchCollector {
     store: Arc<PodStore>,
     health: Arc<WatchHealth>,
+    started: Instant,
     _watch: PodWatch,
 }
 
@@ -413,6 +417,7 @@ impl PodWatchCollector {
         Ok(Self {
             store,
             health,
+            started: Instant::now(),
             _watch: watch,
         })
     }
@@ -436,9 +441,13 @@ impl Collector for PodWatchCollector {
     fn refresh(&mut self) -> Result<(), CollectorError> {
         self.store.purge(Instant::now());
         if !self.health.synced() {
+            // Starting: up until a request fails or the first list takes too long.
             let why = self.health.last_error();
+            if why.is_empty() && self.started.elapsed() < FIRST_LIST_GRACE {
+                return Ok(());
+            }
             return Err(CollectorError::Other(if why.is_empty() {
-                "this node's pods have not been listed yet".into()
+                format!("this node's pods have not been listed within {FIRST_LIST_GRACE:?}")
             } else {
                 format!("this node's pods have not been listed yet: {why}")
             }));
@@ -678,6 +687,9 @@ mod tests {
         .unwrap();
         let health = collector.health.clone();
 
+        // Starting, the first list not answered yet: not down (yet).
+        collector.refresh().unwrap();
+        assert!(!health.synced());
         // The API fails: counted, reported down, retried.
         api.lists.send(Reply::Status(500)).unwrap();
         eventually("first error", || health.errors() == 1);
@@ -839,8 +851,10 @@ mod tests {
 
     #[test]
     fn modes_and_node_name() {
-        let mut c = KubernetesConfig::default();
-        c.pod_watch = "off".into();
+        let mut c = KubernetesConfig {
+            pod_watch: "off".into(),
+            ..Default::default()
+        };
         assert!(!enabled(&c));
         c.pod_watch = "on".into();
         assert!(enabled(&c));
