@@ -293,3 +293,73 @@ fn cgroupfs_driver_ids_and_names_from_the_pod_watch() {
         "pods cached"
     );
 }
+
+/// sysscope in a container: its own cgroup namespace, where its cgroup2 mount's root shows as
+/// `/..` in mountinfo. It must still find the hierarchy and label cgroups with their paths
+/// from the real root, so that pod and container ids parse.
+#[test]
+fn inside_a_cgroup_namespace_paths_stay_global() {
+    if !require_root("inside_a_cgroup_namespace_paths_stay_global") {
+        return;
+    }
+    if std::process::Command::new("unshare")
+        .arg("--help")
+        .output()
+        .is_err()
+    {
+        panic!("unshare (util-linux) is needed: apt-get install util-linux");
+    }
+    let home = TestCgroup::new("sysscope-test-cgns");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sysscope.toml");
+    std::fs::write(
+        &config,
+        format!("{TEST_CONFIG}[kubernetes]\npod_watch = \"off\"\n"),
+    )
+    .unwrap();
+    let port = free_port();
+    // Joins `home` first, so that the new cgroup namespace is rooted there, not at the root.
+    let mut child = home
+        .command("unshare")
+        .args(["--cgroup", "--"])
+        .arg(sysscope_bin())
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!("--config.file={}", config.display()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn unshare");
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+            let _ = self.0.wait();
+        }
+    }
+    let ready = eventually(Duration::from_secs(30), || {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("sysscope exited in a cgroup namespace: {status}");
+        }
+        matches!(http_get(port, "/-/ready", None), Ok((200, _, _))).then_some(())
+    });
+    let child = Stop(child);
+    assert!(ready.is_some(), "sysscope not ready in a cgroup namespace");
+    // It really is in a cgroup namespace of its own (rooted at `home`).
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/cgroup")).unwrap();
+    assert_ne!(ns(&child.0.id().to_string()), ns("self"));
+
+    let (uid, cid) = fresh_ids();
+    // Below sysscope's own cgroup (a kubelet in a container, as kind runs it): the label is the
+    // whole path from the real root, which the parser reads the ids from.
+    let top = format!("{}/kubepods", home.rel.trim_start_matches('/'));
+    let pods = Hierarchy::create(&top, &[&format!("pod{uid}"), &cid]);
+    assert!(pods.leaf().rel.starts_with(&home.rel));
+    run_workload_joined(pods.leaf(), &["getppid", &CALLS.to_string()]);
+    let (_, _, body) = http_get(port, "/metrics", None).expect("scrape");
+    let samples = parse_samples(&body);
+    let series = getppid_series(&samples, pods.leaf());
+    assert_eq!(series.len(), 1, "{series:?}");
+    assert_eq!(series[0].value, CALLS as f64);
+    assert_eq!(series[0].labels.get("pod_uid"), Some(&uid));
+    assert_eq!(series[0].labels.get("container_id"), Some(&cid));
+}
