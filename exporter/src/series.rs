@@ -31,6 +31,14 @@ impl CgroupLabels {
     pub fn other() -> Self {
         Self::plain(OTHER)
     }
+
+    /// The value of extra label `name` (e.g. `pod_uid`, `container_id`), if present.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.extra
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| &**v)
+    }
 }
 
 /// What a per-process series is labelled with.

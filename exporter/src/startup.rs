@@ -7,7 +7,11 @@ use crate::{
     agent::Agent,
     collectors::syscalls::{self, SyscallCollector},
     config::Config,
-    metadata::{cgroups, Labeler, SharedLabeler},
+    metadata::{
+        cgroups,
+        kubernetes::{self, watch as pod_watch, PodStore},
+        Labeler, SharedLabeler,
+    },
     probes::{self, LoadOptions, ProbeError, Probes},
 };
 
@@ -27,8 +31,22 @@ pub struct StartReport {
 
 /// Builds the labeler every collector shares.
 pub fn labeler(config: &Config) -> Result<SharedLabeler, StartError> {
+    labeler_with_pods(config, None)
+}
+
+/// Builds the labeler, naming Kubernetes cgroups from `pods` when the pod watch runs.
+pub fn labeler_with_pods(
+    config: &Config,
+    pods: Option<Arc<PodStore>>,
+) -> Result<SharedLabeler, StartError> {
     let root = cgroups::v2_mount()?;
-    let labeler = Labeler::new(root, config.labels.pid);
+    let mut labeler = Labeler::new(root, config.labels.pid);
+    if config.labels.kubernetes_ids || pods.is_some() {
+        labeler = labeler.with_metadata(Box::new(kubernetes::KubernetesLabels::new(
+            config.labels.kubernetes_ids,
+            pods,
+        )));
+    }
     Ok(Arc::new(Mutex::new(labeler)))
 }
 
@@ -36,11 +54,26 @@ pub fn labeler(config: &Config) -> Result<SharedLabeler, StartError> {
 /// (no privileges, no BTF, no cgroup v2); a collector that cannot start is reported down.
 pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), StartError> {
     probes::preflight()?;
-    let labeler = labeler(config)?;
-    let mut probes = Probes::load(config, &LoadOptions::default())?;
     let mut report = StartReport::default();
     let mut started: Vec<Box<dyn crate::collectors::Collector>> = Vec::new();
     let mut failed: Vec<&'static str> = Vec::new();
+
+    // The pod watch feeds the labeler, so it starts first; it never waits for the API.
+    let mut pods = None;
+    match pod_watch::start(&config.kubernetes) {
+        Ok(Some(c)) => {
+            pods = Some(c.store());
+            started.push(Box::new(c));
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!(collector = pod_watch::NAME, error = %e, "collector failed to start");
+            report.failed.push((pod_watch::NAME, e.to_string()));
+            failed.push(pod_watch::NAME);
+        }
+    }
+    let labeler = labeler_with_pods(config, pods)?;
+    let mut probes = Probes::load(config, &LoadOptions::default())?;
 
     if config.syscalls.enabled {
         match SyscallCollector::start(&mut probes, config, labeler.clone()) {

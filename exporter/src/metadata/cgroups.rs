@@ -25,8 +25,15 @@ pub enum CgroupError {
     NotMounted,
 }
 
-/// Finds the cgroup2 mount point in mountinfo text (the first one, as the kernel lists them).
+/// Finds the cgroup2 mount point in mountinfo text that shows the whole hierarchy.
+///
+/// A mount of a subtree (root `/kubepods`) is skipped. Inside a cgroup namespace (a container
+/// on a cgroup v2 host), mountinfo shows roots relative to the namespace's root: the
+/// container's own cgroup2 mount has root `/` but holds only its own subtree, while the host's
+/// hierarchy bind-mounted in shows as `/../..`. The mount reaching highest wins; among equals,
+/// the first, as the kernel lists them.
 pub fn find_v2_mount(mountinfo: &str) -> Option<PathBuf> {
+    let mut best: Option<(usize, PathBuf)> = None;
     for line in mountinfo.lines() {
         // "36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw"
         let Some((left, right)) = line.split_once(" - ") else {
@@ -38,11 +45,19 @@ pub fn find_v2_mount(mountinfo: &str) -> Option<PathBuf> {
         let mut fields = left.split_whitespace();
         let root = fields.nth(3);
         let mount_point = fields.next();
-        if let (Some("/"), Some(mp)) = (root, mount_point) {
-            return Some(PathBuf::from(unescape_mountinfo(mp)));
+        let (Some(root), Some(mp)) = (root, mount_point) else {
+            continue;
+        };
+        let components: Vec<&str> = root.split('/').filter(|c| !c.is_empty()).collect();
+        if !components.iter().all(|c| *c == "..") {
+            continue;
+        }
+        let up = components.len();
+        if best.as_ref().is_none_or(|(b, _)| up > *b) {
+            best = Some((up, PathBuf::from(unescape_mountinfo(mp))));
         }
     }
-    None
+    best.map(|(_, p)| p)
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
@@ -216,6 +231,29 @@ mod tests {
             find_v2_mount("33 31 0:28 / /x rw - cgroup cgroup rw\n"),
             None
         );
+    }
+
+    #[test]
+    fn prefers_the_host_hierarchy_inside_a_cgroup_namespace() {
+        // A container with its own cgroup namespace: the runtime's mount shows its subtree as
+        // "/", the host's hierarchy mounted in as a volume shows as "/../../..".
+        let text = "\
+1290 1280 0:30 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup rw
+1300 1280 0:30 /../../.. /host/sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            find_v2_mount(text),
+            Some(PathBuf::from("/host/sys/fs/cgroup"))
+        );
+        // Only the host's mount (as this kernel shows it after `unshare -C`).
+        let text = "57 47 0:38 /../.. /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            find_v2_mount(text),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        // Roots that go up and then down again are subtrees of somewhere else.
+        let text = "57 47 0:38 /../other / rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(find_v2_mount(text), None);
     }
 
     #[test]

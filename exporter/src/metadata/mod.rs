@@ -3,6 +3,7 @@
 //! so every family labels the same workload the same way.
 
 pub mod cgroups;
+pub mod kubernetes;
 pub mod processes;
 
 use std::{collections::HashMap, path::PathBuf, sync::Arc};
@@ -12,12 +13,49 @@ use crate::series::{CgroupLabels, Workload};
 /// Derives extra labels (e.g. `pod_uid`, `container_id`) from a cgroup path.
 pub type CgroupLabelDeriver = Box<dyn Fn(&str) -> Vec<(&'static str, Arc<str>)> + Send + Sync>;
 
+/// Extra labels derived for one cgroup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Derived {
+    pub labels: Vec<(&'static str, Arc<str>)>,
+    /// False when metadata that may still arrive would add labels (a pod the pod watch has not
+    /// reported yet): the labeler asks again once [`CgroupMetadata::generation`] changes.
+    pub complete: bool,
+}
+
+/// A source of extra cgroup labels, possibly fed by metadata that arrives later (the pod
+/// watch). Labels of a cgroup never change once complete, so series stay put.
+pub trait CgroupMetadata: Send + Sync {
+    fn derive(&self, path: &str) -> Derived;
+
+    /// Changes whenever `derive` may return more for a path it called incomplete.
+    fn generation(&self) -> u64 {
+        0
+    }
+}
+
+struct FnMetadata(CgroupLabelDeriver);
+
+impl CgroupMetadata for FnMetadata {
+    fn derive(&self, path: &str) -> Derived {
+        Derived {
+            labels: (self.0)(path),
+            complete: true,
+        }
+    }
+}
+
+struct CachedLabels {
+    labels: Arc<CgroupLabels>,
+    /// The metadata generation incomplete labels were derived at.
+    pending: Option<u64>,
+}
+
 pub struct Labeler {
     pub cgroups: cgroups::CgroupResolver,
     pub comms: processes::CommResolver,
     pid_label: bool,
-    derive: Option<CgroupLabelDeriver>,
-    labels: HashMap<u64, Arc<CgroupLabels>>,
+    derive: Option<Box<dyn CgroupMetadata>>,
+    labels: HashMap<u64, CachedLabels>,
 }
 
 impl std::fmt::Debug for Labeler {
@@ -41,8 +79,13 @@ impl Labeler {
     }
 
     /// Adds labels derived from each cgroup path (applied to cgroups resolved from now on).
-    pub fn with_deriver(mut self, derive: CgroupLabelDeriver) -> Self {
-        self.derive = Some(derive);
+    pub fn with_deriver(self, derive: CgroupLabelDeriver) -> Self {
+        self.with_metadata(Box::new(FnMetadata(derive)))
+    }
+
+    /// Adds labels from a metadata source (applied to cgroups resolved from now on).
+    pub fn with_metadata(mut self, metadata: Box<dyn CgroupMetadata>) -> Self {
+        self.derive = Some(metadata);
         self.labels.clear();
         self
     }
@@ -54,18 +97,41 @@ impl Labeler {
 
     /// Labels of cgroup `id`.
     pub fn cgroup(&mut self, id: u64) -> Arc<CgroupLabels> {
-        if let Some(l) = self.labels.get(&id) {
-            return l.clone();
+        let generation = self.derive.as_ref().map_or(0, |d| d.generation());
+        if let Some(c) = self.labels.get(&id) {
+            match c.pending {
+                // Incomplete labels are derived again once more metadata has arrived.
+                Some(at) if at != generation => {}
+                _ => return c.labels.clone(),
+            }
         }
         let path = self.cgroups.resolve(id);
-        let extra = match &self.derive {
-            Some(derive) => derive(&path),
-            None => Vec::new(),
+        let derived = match &self.derive {
+            Some(derive) => derive.derive(&path),
+            None => Derived {
+                labels: Vec::new(),
+                complete: true,
+            },
         };
-        let labels = Arc::new(CgroupLabels { path, extra });
+        let pending = (!derived.complete).then_some(generation);
+        let labels = match self.labels.get(&id) {
+            Some(c) if c.labels.path == path && c.labels.extra == derived.labels => {
+                c.labels.clone()
+            }
+            _ => Arc::new(CgroupLabels {
+                path,
+                extra: derived.labels,
+            }),
+        };
         // An unresolved id may resolve later: do not cache the placeholder.
         if &*labels.path != cgroups::UNRESOLVED {
-            self.labels.insert(id, labels.clone());
+            self.labels.insert(
+                id,
+                CachedLabels {
+                    labels: labels.clone(),
+                    pending,
+                },
+            );
         }
         labels
     }
