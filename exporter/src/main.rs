@@ -11,6 +11,7 @@ use std::{
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sysscope::{
+    cli,
     config::Config,
     exposition::{
         http::{self, AppState},
@@ -68,7 +69,16 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Count syscalls of a command, process or cgroup: the `strace -c -f` table, from eBPF.
+    Summary(cli::summary::SummaryArgs),
+    /// Record every syscall of a target as a Perfetto / chrome://tracing timeline (or text).
+    Trace(cli::trace::TraceArgs),
+    /// Measure a target and name its syscall patterns (lock contention, stat storms, ...).
+    Diagnose(cli::diagnose::DiagnoseArgs),
+    /// Live view of the busiest cgroups or processes by syscall time.
+    Top(cli::top::TopArgs),
+}
 
 fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
     let level = match level {
@@ -117,10 +127,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command {
-        None if cli.config_check => config_check(&config),
-        None => run_exporter(&cli, config),
+    let tool = match &cli.command {
+        None if cli.config_check => return exit(config_check(&config)),
+        None => return exit(run_exporter(&cli, config)),
+        Some(Command::Summary(args)) => ("summary", cli::summary::run(args, &config)),
+        Some(Command::Trace(args)) => ("trace", cli::trace::run(args, &config)),
+        Some(Command::Diagnose(args)) => ("diagnose", cli::diagnose::run(args, &config)),
+        Some(Command::Top(args)) => ("top", cli::top::run(args, &config)),
     };
+    match tool {
+        (_, Ok(code)) => ExitCode::from(code),
+        (name, Err(e)) => {
+            eprintln!("sysscope {name}: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn exit(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
