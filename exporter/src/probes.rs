@@ -108,6 +108,8 @@ pub struct LoadOptions {
     pub trace_ring_buffer_bytes: u32,
     /// Traced calls in flight at once (0: the object's default).
     pub trace_max_threads: u32,
+    /// The syscall programs count only the target of the trace filter (command-line tools).
+    pub syscalls_target_only: bool,
 }
 
 /// One program as attached (or not) by a collector.
@@ -169,6 +171,9 @@ impl Probes {
         }
         if options.trace_filter_tgids {
             loader.override_global(globals::TRACE_FILTER_TGIDS, &1u32, false);
+        }
+        if options.syscalls_target_only {
+            loader.override_global(globals::SYSCALL_TARGET_ONLY, &1u32, false);
         }
         if options.trace_ring_buffer_bytes != 0 {
             loader.map_max_entries(maps::TRACE_EVENTS, options.trace_ring_buffer_bytes);

@@ -107,6 +107,10 @@ pub mod globals {
     pub const TRACE_CGROUP_ID: &str = "TRACE_CGROUP_ID";
     /// `u32`: non-zero when the trace programs also follow the tgids listed in `TRACE_TARGETS`.
     pub const TRACE_FILTER_TGIDS: &str = "TRACE_FILTER_TGIDS";
+    /// `u32`: non-zero when the syscall programs count only the target the trace filter
+    /// selects (`TRACE_CGROUP_ID`, `TRACE_FILTER_TGIDS`): set by the command-line tools, so a
+    /// busy node cannot fill their maps; 0 (count everything) for the exporter.
+    pub const SYSCALL_TARGET_ONLY: &str = "SYSCALL_TARGET_ONLY";
 }
 
 /// Indices into `PROBE_COUNTERS`, a per-CPU array of `u64`: what the probes could not record.

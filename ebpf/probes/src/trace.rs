@@ -56,8 +56,10 @@ static TRACE_CGROUP_ID: u64 = 0;
 #[unsafe(no_mangle)]
 static TRACE_FILTER_TGIDS: u32 = 0;
 
+/// Whether the current task belongs to the target (also used by the syscall probes when the
+/// command-line tools ask them to count the target only).
 #[inline(always)]
-fn is_target(pid_tgid: u64) -> bool {
+pub fn is_target(pid_tgid: u64) -> bool {
     let cgroup = unsafe { core::ptr::read_volatile(&TRACE_CGROUP_ID) };
     if cgroup != 0 {
         if unsafe { bpf_get_current_cgroup_id() } == cgroup {

@@ -106,14 +106,11 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> CliError {
     move |source| CliError::Map { map, source }
 }
 
-impl EventStream {
-    /// Sets the filter for the session's target and attaches the trace programs. The probes
-    /// must have been loaded with `session.load_options(true)`.
-    pub fn attach(
-        probes: &mut Probes,
-        session: &Session,
-        tool: &'static str,
-    ) -> Result<Self, CliError> {
+/// Points the in-kernel target filter at the session's target: slot 0 of `TRACE_CGROUPS` for
+/// a cgroup (descendants match), `TRACE_TARGETS` for a pid. The probes must have been loaded
+/// with `session.load_options()`. Call before attaching anything.
+pub fn set_target_filter(probes: &mut Probes, session: &Session) -> Result<(), CliError> {
+    {
         if let Some(dir) = session.cgroup_dir() {
             let fd = std::fs::File::open(dir)
                 .map_err(|e| CliError::io(format!("opening {}", dir.display()), e))?;
@@ -131,6 +128,13 @@ impl EventStream {
                 .insert(pid, 1, 0)
                 .map_err(map_err(maps::TRACE_TARGETS))?;
         }
+    }
+    Ok(())
+}
+
+impl EventStream {
+    /// Fills `TRACE_PATH_ARGS` and attaches the trace programs (after [`set_target_filter`]).
+    pub fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
         {
             let mut paths: Array<&mut MapData, u8> =
                 Array::try_from(probes.map_mut(maps::TRACE_PATH_ARGS)?)

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    events::{EventSink, EventStream},
+    events::{set_target_filter, EventSink, EventStream},
     profile::{DropCounters, ProbeDrops, Profile, ProfileReader},
     progress::{thousands, Progress},
     session::{Session, StopReason},
@@ -81,20 +81,21 @@ pub fn run(
     wants: Wants,
     sink: &mut dyn EventSink,
 ) -> Result<Measurement, CliError> {
-    let mut options = session.load_options(wants.events);
+    let mut options = session.load_options();
     if wants.events {
         options.trace_ring_buffer_bytes = wants.ring_buffer_bytes;
         options.trace_max_threads = config.limits.max_threads;
     }
     let mut probes = Probes::load(&tool_config(config), &options)?;
     let drop_counters = DropCounters::take(&mut probes)?;
+    set_target_filter(&mut probes, session)?;
     let mut reader = if wants.profile {
         Some(ProfileReader::attach(&mut probes, tool)?)
     } else {
         None
     };
     let mut stream = if wants.events {
-        Some(EventStream::attach(&mut probes, session, tool)?)
+        Some(EventStream::attach(&mut probes, tool)?)
     } else {
         None
     };

@@ -2,9 +2,11 @@
 //! its own (`-- CMD`; its children follow it there), a process (`--pid`), or a cgroup and its
 //! descendants (`--cgroup`).
 //!
-//! A command's cgroup is created under the v2 root before the probes load, the command is
-//! spawned only once they are attached (its `pre_exec` moves it into the cgroup, so its first
-//! syscall, `execve`'s return, is already counted), and the session lasts, like `strace -f`,
+//! A command's cgroup is created under the v2 root before the probes load, and the command is
+//! spawned only once they are attached, straight into the cgroup (`clone3` with
+//! `CLONE_INTO_CGROUP`, so its first syscall in the cgroup is its `execve`, as `strace -c`
+//! counts it; on kernels before 5.7 a `pre_exec` write to `cgroup.procs` moves it, and that one
+//! write is counted too). The session lasts, like `strace -f`,
 //! until the command and every process left in its cgroup have exited. The cgroup is removed
 //! afterwards. `--duration` and Ctrl-C stop it early; a command still running then is
 //! terminated (SIGTERM, then SIGKILL after a grace period), as `perf stat` does.
@@ -14,10 +16,14 @@ use std::{
     ffi::{CString, OsStr},
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::{ffi::OsStrExt, fs::PermissionsExt, process::CommandExt},
+        unix::{
+            ffi::OsStrExt,
+            fs::PermissionsExt,
+            process::{CommandExt, ExitStatusExt},
+        },
     },
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus},
+    process::{Command, ExitStatus},
     time::{Duration, Instant},
 };
 
@@ -291,7 +297,8 @@ pub struct Session {
     pub target: Target,
     pub filter: Filter,
     duration: Option<Duration>,
-    child: Option<Child>,
+    /// pid of the command, once spawned.
+    child: Option<i32>,
     status: Option<ExitStatus>,
     started: Instant,
     started_ns: u64,
@@ -387,15 +394,17 @@ impl Session {
         })
     }
 
-    /// Probe load options for this target; `trace` turns the in-kernel trace filter on.
-    pub fn load_options(&self, trace: bool) -> LoadOptions {
-        let mut o = LoadOptions::default();
-        if trace {
-            match &self.target {
-                Target::Command { cgroup, .. } => o.trace_cgroup_id = cgroup.id,
-                Target::Cgroup { dir, .. } => o.trace_cgroup_id = id_of(dir).unwrap_or(0),
-                Target::Pid { .. } => o.trace_filter_tgids = true,
-            }
+    /// Probe load options for this target: the in-kernel target filter (used by the trace
+    /// programs, and by the syscall programs, which count the target only).
+    pub fn load_options(&self) -> LoadOptions {
+        let mut o = LoadOptions {
+            syscalls_target_only: true,
+            ..LoadOptions::default()
+        };
+        match &self.target {
+            Target::Command { cgroup, .. } => o.trace_cgroup_id = cgroup.id,
+            Target::Cgroup { dir, .. } => o.trace_cgroup_id = id_of(dir).unwrap_or(0),
+            Target::Pid { .. } => o.trace_filter_tgids = true,
         }
         o
     }
@@ -446,7 +455,7 @@ impl Session {
 
     /// The pid of the command, once started.
     pub fn child_pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.child.map(|pid| pid as u32)
     }
 
     /// Checks, without blocking, whether the session is over.
@@ -467,10 +476,8 @@ impl Session {
         match &self.target {
             Target::Command { cgroup, .. } => {
                 if self.status.is_none() {
-                    if let Some(child) = self.child.as_mut() {
-                        if let Ok(Some(status)) = child.try_wait() {
-                            self.status = Some(status);
-                        }
+                    if let Some(pid) = self.child {
+                        self.status = reap(pid, false);
                     }
                 }
                 if self.status.is_some() && !cgroup.populated() {
@@ -520,8 +527,8 @@ impl Session {
                 cgroup.terminate(TERMINATE_GRACE);
             }
             if self.status.is_none() {
-                if let Some(child) = self.child.as_mut() {
-                    self.status = child.wait().ok();
+                if let Some(pid) = self.child {
+                    self.status = reap(pid, true);
                 }
             }
             code = self.status.map(exit_code).unwrap_or(1);
@@ -569,9 +576,24 @@ impl Session {
     }
 }
 
+/// Waits for child `pid` (blocking or not); `None` while it runs.
+fn reap(pid: i32, block: bool) -> Option<ExitStatus> {
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child; status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, if block { 0 } else { libc::WNOHANG }) };
+        if r == pid {
+            return Some(ExitStatus::from_raw(status));
+        }
+        if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        return None;
+    }
+}
+
 /// Exit code of a finished command, as shells report it.
 pub fn exit_code(status: ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
@@ -611,10 +633,133 @@ pub fn resolve_cgroup(root: &Path, path: &str) -> Result<(PathBuf, String), CliE
     Ok((dir, format!("/{rel}")))
 }
 
-/// Spawns `argv` so that it enters `cgroup` before it execs: the write to `cgroup.procs`
-/// happens in `pre_exec`, with a descriptor opened here (only async-signal-safe calls run
-/// between fork and exec).
-fn spawn_in_cgroup(argv: &[String], program: &Path, cgroup: &Path) -> Result<Child, CliError> {
+/// Spawns `argv` inside `cgroup`; returns its pid.
+fn spawn_in_cgroup(argv: &[String], program: &Path, cgroup: &Path) -> Result<i32, CliError> {
+    match clone_into_cgroup(argv, program, cgroup) {
+        Ok(pid) => Ok(pid),
+        // Kernels before 5.7 (no clone3 or no CLONE_INTO_CGROUP).
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG)) => {
+            tracing::debug!(error = %e, "clone3(CLONE_INTO_CGROUP) unavailable, joining in pre_exec");
+            spawn_joining(argv, program, cgroup)
+        }
+        Err(source) => Err(CliError::Spawn {
+            command: argv[0].clone(),
+            source,
+        }),
+    }
+}
+
+/// `struct clone_args` (CLONE_ARGS_SIZE_VER2, with the cgroup field).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+fn cstring(s: &[u8]) -> std::io::Result<CString> {
+    CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// fork + exec with the child created directly in `cgroup`: no syscall of ours runs in the
+/// cgroup before the command's `execve`. Everything the child needs is prepared before the
+/// clone; the child only calls execve (and write + _exit if it fails).
+fn clone_into_cgroup(argv: &[String], program: &Path, cgroup: &Path) -> std::io::Result<i32> {
+    let dir = std::fs::File::open(cgroup)?;
+    let prog = cstring(program.as_os_str().as_bytes())?;
+    let args = argv
+        .iter()
+        .map(|a| cstring(a.as_bytes()))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let env = std::env::vars_os()
+        .map(|(k, v)| {
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend_from_slice(v.as_bytes());
+            cstring(&kv)
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut argp: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argp.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    // A close-on-exec pipe tells the parent whether execve failed (and why).
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned here.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let mut ca = CloneArgs {
+        flags: CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: dir.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    let wr_raw = wr.as_raw_fd();
+    // The command starts with SIGPIPE at its default, not inherited as ignored (the Rust
+    // runtime ignores it here): set it around the clone rather than in the child.
+    // SAFETY: plain signal(2) calls; the previous disposition is restored below.
+    let old_pipe = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // SAFETY: clone3 with a valid, fully initialised clone_args of the size passed. In the
+    // child (pid 0) only async-signal-safe calls run: execve, write, _exit, on memory prepared
+    // before the clone.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut ca as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if pid == 0 {
+        // SAFETY: see above.
+        unsafe {
+            libc::execve(prog.as_ptr(), argp.as_ptr(), envp.as_ptr());
+            let errno = *libc::__errno_location();
+            libc::write(wr_raw, (&errno as *const i32).cast(), 4);
+            libc::_exit(127);
+        }
+    }
+    let clone_error = std::io::Error::last_os_error();
+    // SAFETY: restoring the disposition saved above.
+    unsafe { libc::signal(libc::SIGPIPE, old_pipe) };
+    drop(wr);
+    if pid < 0 {
+        return Err(clone_error);
+    }
+    let pid = pid as i32;
+    let mut buf = [0u8; 4];
+    let n = loop {
+        // SAFETY: reading at most 4 bytes into buf from our pipe.
+        let n = unsafe { libc::read(rd.as_raw_fd(), buf.as_mut_ptr().cast(), 4) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        break n;
+    };
+    if n == 4 {
+        reap(pid, true);
+        return Err(std::io::Error::from_raw_os_error(i32::from_ne_bytes(buf)));
+    }
+    Ok(pid)
+}
+
+/// The fallback: a `pre_exec` write to `cgroup.procs` moves the child before it execs (that
+/// write is then the first call counted in the cgroup). Only async-signal-safe calls run
+/// between fork and exec.
+fn spawn_joining(argv: &[String], program: &Path, cgroup: &Path) -> Result<i32, CliError> {
     let procs_path = cgroup.join("cgroup.procs");
     let c_path = CString::new(procs_path.as_os_str().as_bytes())
         .map_err(|_| CliError::Usage(format!("bad cgroup path {}", procs_path.display())))?;
@@ -646,7 +791,7 @@ fn spawn_in_cgroup(argv: &[String], program: &Path, cgroup: &Path) -> Result<Chi
         source,
     })?;
     drop(procs);
-    Ok(child)
+    Ok(child.id() as i32)
 }
 
 #[cfg(test)]
@@ -696,7 +841,6 @@ mod tests {
 
     #[test]
     fn exit_codes_like_shells() {
-        use std::os::unix::process::ExitStatusExt;
         assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
         assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGKILL)), 137);
     }
