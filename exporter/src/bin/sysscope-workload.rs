@@ -19,6 +19,7 @@
 //!   futex-contention T N      T threads each take a shared mutex N times, holding it briefly
 //!                             while the others wait in futex
 //!   small-writes PATH N BS    N writes of BS bytes to PATH (one open, one close)
+//!   getppid-threads T N       T threads each make N getppid calls (T x N in all)
 //!   wait-stdin                block until stdin is closed or a line is read
 //!   join-cgroup DIR           move this process into cgroup DIR (after the dynamic loader ran,
 //!                             so only the steps that follow are counted there)
@@ -36,7 +37,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS |\n         getppid-threads T N | wait-stdin"
     );
     std::process::exit(2)
 }
@@ -174,6 +175,23 @@ fn main() {
                 let bs = num(args.get(i + 3)).max(1);
                 small_writes(&path, n, bs as usize);
                 i += 4;
+            }
+            "getppid-threads" => {
+                let threads = num(args.get(i + 1)).max(1);
+                let n = num(args.get(i + 2));
+                let handles: Vec<_> = (0..threads)
+                    .map(|_| {
+                        std::thread::spawn(move || {
+                            for _ in 0..n {
+                                getppid();
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join().unwrap();
+                }
+                i += 3;
             }
             "wait-stdin" => {
                 let mut line = String::new();

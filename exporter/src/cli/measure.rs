@@ -101,6 +101,21 @@ pub fn run(
     };
     let cpu_before = read_cpu_stat(session);
     session.start()?;
+    if !wants.quiet && session.child_pid().is_none() {
+        let until = if session.pid().is_some() {
+            "until it exits"
+        } else {
+            "until the cgroup is removed"
+        };
+        let limit = match session.duration() {
+            Some(d) => format!("for {}", crate::config::humantime_serde_compat::format(&d)),
+            None => until.to_string(),
+        };
+        eprintln!(
+            "sysscope {tool}: measuring {} {limit}; Ctrl-C to stop",
+            session.describe()
+        );
+    }
     sink.start(session.started_ns());
     let mut progress = Progress::new(tool, wants.quiet);
     let mut profile = Profile::default();

@@ -39,8 +39,10 @@ pub enum CliError {
     Probes(#[from] ProbeError),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
-    #[error("command not found: {0} (not a path, and not in $PATH)")]
+    #[error("command not found: {0} (not in $PATH)")]
     CommandNotFound(String),
+    #[error("no such file: {0}")]
+    NoSuchFile(String),
     #[error("cannot run {command}: {source}")]
     Spawn {
         command: String,
@@ -80,7 +82,7 @@ impl CliError {
         match self {
             Self::Usage(_) | Self::NoSuchProcess(_) | Self::NoSuchCgroup { .. } => EXIT_USAGE,
             Self::Probes(ProbeError::MissingCapability { .. }) => EXIT_NO_PERMISSION,
-            Self::CommandNotFound(_) => EXIT_NOT_FOUND,
+            Self::CommandNotFound(_) | Self::NoSuchFile(_) => EXIT_NOT_FOUND,
             _ => 1,
         }
     }

@@ -277,7 +277,7 @@ pub fn resolve_program(name: &str) -> Result<PathBuf, CliError> {
         return if p.exists() {
             Ok(p)
         } else {
-            Err(CliError::CommandNotFound(name.to_string()))
+            Err(CliError::NoSuchFile(name.to_string()))
         };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
@@ -447,6 +447,11 @@ impl Session {
     /// When the measurement started (CLOCK_MONOTONIC ns, the probes' clock).
     pub fn started_ns(&self) -> u64 {
         self.started_ns
+    }
+
+    /// The `--duration` limit, if any.
+    pub fn duration(&self) -> Option<Duration> {
+        self.duration
     }
 
     pub fn elapsed(&self) -> Duration {

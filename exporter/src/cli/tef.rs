@@ -297,6 +297,10 @@ impl TraceWriter {
     /// Writes the metadata and the closing part, and flushes. `other` is merged into
     /// `otherData`.
     pub fn finish(mut self, other: serde_json::Value) -> Result<WriterStats, std::io::Error> {
+        if self.sample_every_ns > 0 {
+            // One last sample, so even a run shorter than the period has its counters.
+            self.sample_counters(super::monotonic_ns());
+        }
         match self.format {
             Format::TraceEventJson => {
                 let threads = std::mem::take(&mut self.threads);

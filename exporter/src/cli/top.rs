@@ -442,8 +442,23 @@ pub fn render_frame(
         GroupBy::Cgroup => ("CGROUP", ""),
         GroupBy::Process => ("PROCESS", "CGROUP"),
     };
-    let label_w = 32;
-    let detail_w = if by == GroupBy::Process { 24 } else { 0 };
+    // Columns as wide as the longest label shown (cgroup paths can be long), within limits.
+    let shown = sorted.iter().take(limit);
+    let label_w = shown
+        .clone()
+        .map(|(g, _)| g.label.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(label_head.len(), 64);
+    let detail_w = if by == GroupBy::Process {
+        shown
+            .map(|(g, _)| g.detail.chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp(detail_head.len(), 48)
+    } else {
+        0
+    };
     let mut header = format!(
         "{:>12} {:>7} {:>10} {:>8}  {:<label_w$}",
         "SYSCALL-TIME", "%TIME", "CALLS/S", "ERRS/S", label_head
