@@ -179,6 +179,8 @@ fn summary_propagates_exit_codes_and_removes_its_cgroup() {
 }
 
 /// Starts `sysscope args` with stderr piped and waits for its "measuring" line.
+// The caller waits for the child it gets back.
+#[allow(clippy::zombie_processes)]
 fn start_measuring(args: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
     let mut child = Command::new(sysscope_bin())
         .args(args)
@@ -190,10 +192,10 @@ fn start_measuring(args: &[&str]) -> (std::process::Child, BufReader<std::proces
     let mut line = String::new();
     loop {
         line.clear();
-        assert!(
-            err.read_line(&mut line).unwrap() > 0,
-            "sysscope exited before measuring"
-        );
+        if err.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait().unwrap();
+            panic!("sysscope exited before measuring: {status}");
+        }
         if line.contains("measuring") {
             return (child, err);
         }
@@ -288,7 +290,11 @@ fn trace_writes_trace_event_format_with_exact_slices() {
     let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
     for s in &slices {
         assert!(s["ts"].as_f64().unwrap() >= 0.0 && s["dur"].as_f64().unwrap() >= 0.0);
-        assert_eq!(s["pid"].as_u64(), Some(pid), "only the target is traced: {s}");
+        assert_eq!(
+            s["pid"].as_u64(),
+            Some(pid),
+            "only the target is traced: {s}"
+        );
         assert!(s["tid"].as_u64().is_some() && s["name"].is_string());
     }
     let named = |n: &str| slices.iter().filter(|s| s["name"] == n).count();
@@ -331,7 +337,9 @@ fn trace_writes_trace_event_format_with_exact_slices() {
     assert!(cpu.len() >= 2, "{cpu:?}");
     let user = cpu[0]["args"]["user"].as_f64().unwrap();
     assert!((0.0..=100.0).contains(&user));
-    assert!(procs.iter().any(|e| e["pid"] == 0 && e["args"]["name"] == "node"));
+    assert!(procs
+        .iter()
+        .any(|e| e["pid"] == 0 && e["args"]["name"] == "node"));
     assert_eq!(named("nanosleep"), 3);
     assert_eq!(v["otherData"]["dropped_ring_buffer_full"], 0);
     assert_eq!(v["otherData"]["dropped_over_max_events"], 0);
@@ -389,10 +397,16 @@ fn trace_limits_and_text_log() {
     );
     let enoent: Vec<_> = lines
         .iter()
-        .filter(|l| l.contains("openat(") && l.contains("= -1 ENOENT (No such file or directory) <"))
+        .filter(|l| {
+            l.contains("openat(") && l.contains("= -1 ENOENT (No such file or directory) <")
+        })
         .collect();
     assert_eq!(enoent.len(), 3, "{text}");
-    assert!(enoent[0].contains("\"/nonexistent-sysscope/"), "{}", enoent[0]);
+    assert!(
+        enoent[0].contains("\"/nonexistent-sysscope/"),
+        "{}",
+        enoent[0]
+    );
     assert!(lines.last().unwrap().starts_with("# sysscope trace:"));
 }
 
@@ -411,13 +425,19 @@ fn diagnose_names_each_scripted_pattern_first() {
         ("metadata-storm", vec!["stat", "/", "20000"]),
         ("metadata-storm", vec!["openat-missing", "5000"]),
         ("open-close-churn", vec!["open-close", &data, "3000"]),
-        ("read-dominated", vec!["read-file", &data, "67108864", "65536"]),
+        (
+            "read-dominated",
+            vec!["read-file", &data, "67108864", "65536"],
+        ),
         ("tiny-transfers", vec!["read-file", &data, "320000", "16"]),
         ("tiny-transfers", vec!["small-writes", &small, "20000", "8"]),
         ("mmap-heavy", vec!["mmap", "2000", "64"]),
         ("epoll-idle", vec!["epoll-wait", "20", "10"]),
         ("sleep-loop", vec!["sleep", "20", "5"]),
-        ("fsync-per-write", vec!["write-fsync", &fsync_file, "100", "100"]),
+        (
+            "fsync-per-write",
+            vec!["write-fsync", &fsync_file, "100", "100"],
+        ),
     ];
     for (expected, steps) in cases {
         let mut args = vec!["diagnose", "-q", "--json", "--"];
@@ -439,7 +459,10 @@ fn diagnose_names_each_scripted_pattern_first() {
     let (code, text, _) = sysscope(&["diagnose", "-q", "--", workload_bin(), "sleep", "20", "5"]);
     assert_eq!(code, 0);
     assert!(text.contains("1. [sleep-loop]"), "{text}");
-    assert!(text.contains("evidence:") && text.contains("fix:"), "{text}");
+    assert!(
+        text.contains("evidence:") && text.contains("fix:"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -487,7 +510,10 @@ fn tools_say_when_they_lack_privileges() {
             .expect("setpriv (util-linux)");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(77), "{tool}: {err}");
-        assert!(err.contains("CAP_BPF") && err.contains("run as root"), "{err}");
+        assert!(
+            err.contains("CAP_BPF") && err.contains("run as root"),
+            "{err}"
+        );
     }
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])

@@ -400,7 +400,9 @@ fn futex_contention(threads: usize, n: u64) {
                     // Hold the lock for a few microseconds of work so the others must wait.
                     let mut x = *guard;
                     for k in 0..2000u64 {
-                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(k));
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(k),
+                        );
                     }
                     *guard = x;
                 }

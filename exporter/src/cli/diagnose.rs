@@ -241,7 +241,11 @@ impl EventSink for Features {
         }
         let nr = e.nr;
         let ok = e.flags & trace_flags::NO_RETURN == 0 && e.ret >= 0;
-        if ok && (in_group(READ, nr) || in_group(WRITE, nr) || in_group(RECV, nr) || in_group(SEND, nr))
+        if ok
+            && (in_group(READ, nr)
+                || in_group(WRITE, nr)
+                || in_group(RECV, nr)
+                || in_group(SEND, nr))
         {
             let slot = self.bytes.entry(nr).or_default();
             slot.0 += 1;
@@ -356,7 +360,7 @@ impl Context<'_> {
             .values()
             .filter(|r| group.contains(&r.name.as_str()) && r.calls > 0)
             .collect();
-        rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.total_ns));
         rows.iter()
             .map(|r| {
                 let mut s = format!(
@@ -367,9 +371,16 @@ impl Context<'_> {
                     secs(r.avg_ns())
                 );
                 if r.errors > 0 {
-                    let errnos: Vec<String> =
-                        r.errnos.iter().map(|(e, n)| format!("{e} {}", thousands(*n))).collect();
-                    s.push_str(&format!(", {} failed ({})", thousands(r.errors), errnos.join(", ")));
+                    let errnos: Vec<String> = r
+                        .errnos
+                        .iter()
+                        .map(|(e, n)| format!("{e} {}", thousands(*n)))
+                        .collect();
+                    s.push_str(&format!(
+                        ", {} failed ({})",
+                        thousands(r.errors),
+                        errnos.join(", ")
+                    ));
                 }
                 s
             })
@@ -411,7 +422,11 @@ fn futex_rule(c: &Context) -> Option<Verdict> {
     }
     let futex_ns = c.time_ns(FUTEX) as f64;
     let wall_ns = c.wall.as_nanos() as f64;
-    let amplification = if wall_ns > 0.0 { futex_ns / wall_ns } else { 0.0 };
+    let amplification = if wall_ns > 0.0 {
+        futex_ns / wall_ns
+    } else {
+        0.0
+    };
     let mut evidence = vec![format!("futex takes {} of syscall time", pct(share))];
     evidence.extend(c.describe(FUTEX));
     let amplified = amplification >= LOCK_AMPLIFICATION_FACTOR;
@@ -916,14 +931,20 @@ fn overview(c: &Context, m: Option<&Measurement>, target: &str) -> Vec<String> {
         secs(total)
     );
     if wall > 0.0 && total / wall >= 1.5 {
-        s.push_str(&format!(" ({:.1}x wall: several threads at once)", total / wall));
+        s.push_str(&format!(
+            " ({:.1}x wall: several threads at once)",
+            total / wall
+        ));
     }
     s.push_str(&format!(
         ", {} process(es)",
         thousands(c.profile.processes.len() as u64)
     ));
     if let Some(f) = c.features {
-        s.push_str(&format!(", {} thread(s)", thousands(f.threads.len() as u64)));
+        s.push_str(&format!(
+            ", {} thread(s)",
+            thousands(f.threads.len() as u64)
+        ));
     }
     lines.push(s);
     let wait = c.time_ns(WAIT_CHILD);
@@ -955,7 +976,7 @@ fn top_syscalls(c: &Context, n: usize) -> String {
         .values()
         .filter(|r| r.calls > 0 && !WAIT_CHILD.contains(&r.name.as_str()))
         .collect();
-    rows.sort_by(|a, b| b.total_ns.cmp(&a.total_ns));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.total_ns));
     rows.iter()
         .take(n)
         .map(|r| format!("{} {:.1}%", r.name, r.total_ns as f64 * 100.0 / active))
@@ -964,7 +985,12 @@ fn top_syscalls(c: &Context, n: usize) -> String {
 }
 
 /// The diagnosis as text.
-pub fn render_text(c: &Context, verdicts: &[Verdict], m: Option<&Measurement>, target: &str) -> String {
+pub fn render_text(
+    c: &Context,
+    verdicts: &[Verdict],
+    m: Option<&Measurement>,
+    target: &str,
+) -> String {
     let mut out = String::new();
     for l in overview(c, m, target) {
         out.push_str(&l);
@@ -1069,7 +1095,13 @@ mod tests {
         let v = diagnose(&c);
         assert_eq!(v[0].id, "futex-contention");
         assert!(v[0].title.contains("amplified"), "{}", v[0].title);
-        assert!(v[0].evidence.iter().any(|e| e.contains("18.8x the wall time")), "{:?}", v[0].evidence);
+        assert!(
+            v[0].evidence
+                .iter()
+                .any(|e| e.contains("18.8x the wall time")),
+            "{:?}",
+            v[0].evidence
+        );
         // Below the share threshold: no futex verdict.
         let p = Profile::from_rows(&[("futex", 100, 0, 40 * MS), ("write", 100, 0, 60 * MS)]);
         assert!(futex_rule(&ctx(&p, 1000)).is_none());
@@ -1099,7 +1131,11 @@ mod tests {
         let c = ctx(&p, 100);
         assert_eq!(first(&c), Some("metadata-storm"));
         let v = metadata_rule(&c).unwrap();
-        assert!(v.evidence.iter().any(|e| e.contains("fail")), "{:?}", v.evidence);
+        assert!(
+            v.evidence.iter().any(|e| e.contains("fail")),
+            "{:?}",
+            v.evidence
+        );
         // Failing opens are explained by the storm, not reported twice.
         assert!(diagnose(&c).iter().all(|v| v.id != "failing-calls"));
         // Below the call floor.
@@ -1165,23 +1201,29 @@ mod tests {
     fn transfers_need_the_stream() {
         let p = Profile::from_rows(&[("read", 20_000, 0, 20 * MS), ("openat", 5, 0, MS / 10)]);
         let mut f = Features::default();
-        f.bytes
-            .insert(syscall_table::number("read").unwrap(), (20_000, 20_000 * 16));
+        f.bytes.insert(
+            syscall_table::number("read").unwrap(),
+            (20_000, 20_000 * 16),
+        );
         let mut c = ctx(&p, 100);
         assert_eq!(first(&c), Some("read-dominated"));
         c.features = Some(&f);
         assert_eq!(first(&c), Some("tiny-transfers"));
         // Big reads are not tiny.
         let mut f = Features::default();
-        f.bytes
-            .insert(syscall_table::number("read").unwrap(), (20_000, 20_000 * 65536));
+        f.bytes.insert(
+            syscall_table::number("read").unwrap(),
+            (20_000, 20_000 * 65536),
+        );
         c.features = Some(&f);
         assert_eq!(first(&c), Some("read-dominated"));
         // Huge and slow reads.
         let p = Profile::from_rows(&[("read", 10, 0, 2_000 * MS)]);
         let mut f = Features::default();
-        f.bytes
-            .insert(syscall_table::number("read").unwrap(), (10, 10 * (256 << 20)));
+        f.bytes.insert(
+            syscall_table::number("read").unwrap(),
+            (10, 10 * (256 << 20)),
+        );
         let c = Context {
             features: Some(&f),
             ..ctx(&p, 2500)

@@ -277,7 +277,10 @@ mod tests {
         assert_eq!(format_args(&e), "-100, \"/etc/x\", 0, 0");
         let line = strace_line(&e, 1_000_000_000);
         assert!(line.starts_with("42"), "{line}");
-        assert!(line.contains("1.000000 openat(-100, \"/etc/x\", 0, 0)"), "{line}");
+        assert!(
+            line.contains("1.000000 openat(-100, \"/etc/x\", 0, 0)"),
+            "{line}"
+        );
         assert!(
             line.ends_with("= -1 ENOENT (No such file or directory) <0.000017>"),
             "{line}"

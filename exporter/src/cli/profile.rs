@@ -112,8 +112,7 @@ impl Profile {
         }
         let row = self.row_mut(nr);
         row.errors += n;
-        *row
-            .errnos
+        *row.errnos
             .entry(syscall_table::errno_label(errno).into_owned())
             .or_default() += n;
     }
@@ -181,12 +180,13 @@ pub struct DropCounters {
 
 impl DropCounters {
     pub fn take(probes: &mut Probes) -> Result<Self, CliError> {
-        let map = PerCpuArray::try_from(probes.take_map(maps::PROBE_COUNTERS)?).map_err(
-            |source| CliError::Map {
-                map: maps::PROBE_COUNTERS,
-                source,
-            },
-        )?;
+        let map =
+            PerCpuArray::try_from(probes.take_map(maps::PROBE_COUNTERS)?).map_err(|source| {
+                CliError::Map {
+                    map: maps::PROBE_COUNTERS,
+                    source,
+                }
+            })?;
         Ok(Self { map })
     }
 
@@ -229,10 +229,8 @@ impl ProfileReader {
     pub fn poll(&mut self, keep: impl Fn(u64, u32) -> bool) -> Deltas {
         // Exits first: an entry read after its process's exit record holds its final values.
         let mut out = Deltas::default();
-        for item in self.maps.exits.iter() {
-            if let Ok((tgid, exit)) = item {
-                out.exited.push((tgid, exit.comm));
-            }
+        for (tgid, exit) in self.maps.exits.iter().flatten() {
+            out.exited.push((tgid, exit.comm));
         }
         let exited: HashSet<u32> = out.exited.iter().map(|(t, _)| *t).collect();
         let mut stale = Vec::new();

@@ -106,7 +106,10 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub enum Filter {
     /// A cgroup directory and its descendants (ids refreshed by [`Filter::refresh`]).
-    Cgroups { dir: PathBuf, ids: HashSet<u64> },
+    Cgroups {
+        dir: PathBuf,
+        ids: HashSet<u64>,
+    },
     Tgid(u32),
 }
 
@@ -263,9 +266,7 @@ impl Drop for OwnedCgroup {
 /// the directory exists).
 fn populated(dir: &Path) -> bool {
     match std::fs::read_to_string(dir.join("cgroup.events")) {
-        Ok(text) => text
-            .lines()
-            .any(|l| l.trim() == "populated 1"),
+        Ok(text) => text.lines().any(|l| l.trim() == "populated 1"),
         Err(_) => false,
     }
 }
@@ -643,7 +644,12 @@ fn spawn_in_cgroup(argv: &[String], program: &Path, cgroup: &Path) -> Result<i32
     match clone_into_cgroup(argv, program, cgroup) {
         Ok(pid) => Ok(pid),
         // Kernels before 5.7 (no clone3 or no CLONE_INTO_CGROUP).
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOSYS | libc::EINVAL | libc::E2BIG)
+            ) =>
+        {
             tracing::debug!(error = %e, "clone3(CLONE_INTO_CGROUP) unavailable, joining in pre_exec");
             spawn_joining(argv, program, cgroup)
         }

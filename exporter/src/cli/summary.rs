@@ -79,11 +79,7 @@ pub fn sorted_rows(profile: &Profile, key: SortKey) -> Vec<&SyscallRow> {
 }
 
 fn line(pct: f64, total_ns: u64, calls: u64, errors: u64, name: &str) -> String {
-    let usecs = if calls == 0 {
-        0
-    } else {
-        total_ns / calls / 1000
-    };
+    let usecs = total_ns.checked_div(calls).unwrap_or(0) / 1000;
     let errors = if errors == 0 {
         String::new()
     } else {
@@ -111,7 +107,13 @@ pub fn render_table(profile: &Profile, key: SortKey) -> String {
     out.push_str(rule);
     out.push('\n');
     for r in sorted_rows(profile, key) {
-        out.push_str(&line(pct(r.total_ns), r.total_ns, r.calls, r.errors, &r.name));
+        out.push_str(&line(
+            pct(r.total_ns),
+            r.total_ns,
+            r.calls,
+            r.errors,
+            &r.name,
+        ));
         out.push('\n');
     }
     out.push_str(rule);

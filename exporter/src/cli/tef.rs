@@ -409,13 +409,8 @@ impl EventSink for TraceWriter {
                 t.tgid = e.tgid;
             }
             None => {
-                self.threads.insert(
-                    e.tid,
-                    ThreadInfo {
-                        tgid: e.tgid,
-                        comm,
-                    },
-                );
+                self.threads
+                    .insert(e.tid, ThreadInfo { tgid: e.tgid, comm });
             }
         }
         self.cgroups.entry(e.tgid).or_insert(e.cgroup_id);

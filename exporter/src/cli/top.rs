@@ -16,11 +16,8 @@ use std::{
 };
 
 use super::{
-    diagnose::secs,
-    is_tty, parse_duration,
-    profile::ProfileReader,
-    progress::thousands,
-    signals, CliError,
+    diagnose::secs, is_tty, parse_duration, profile::ProfileReader, progress::thousands, signals,
+    CliError,
 };
 use crate::{
     config::Config,
@@ -121,7 +118,10 @@ impl ProbeSource {
     fn start(config: &Config, by: GroupBy) -> Result<Self, CliError> {
         probes::preflight()?;
         let root = cgroups::v2_mount()?;
-        let mut probes = Probes::load(&super::measure::tool_config(config), &LoadOptions::default())?;
+        let mut probes = Probes::load(
+            &super::measure::tool_config(config),
+            &LoadOptions::default(),
+        )?;
         let reader = ProfileReader::attach(&mut probes, "top")?;
         Ok(Self {
             reader,
@@ -286,7 +286,10 @@ pub fn http_get(url: &str) -> Result<String, CliError> {
     if status != "200" {
         return Err(fail(format!("HTTP status {status}")));
     }
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         return Ok(dechunk(body));
     }
     Ok(body.to_string())
@@ -594,7 +597,11 @@ pub fn run(args: &TopArgs, config: &Config) -> Result<u8, CliError> {
     signals::install();
     let signals_at_start = signals::count();
     let interactive = is_tty(1);
-    let raw = if interactive { RawStdin::enable() } else { None };
+    let raw = if interactive {
+        RawStdin::enable()
+    } else {
+        None
+    };
     let keys = raw.is_some();
     let mut stdout = std::io::stdout();
     if interactive {
@@ -671,7 +678,14 @@ mod tests {
                 &[("futex", 5, 0, 600_000_000), ("read", 100, 2, 200_000_000)],
             ),
         ];
-        let f = render_frame(&groups, Duration::from_secs(1), GroupBy::Cgroup, 10, 200, "");
+        let f = render_frame(
+            &groups,
+            Duration::from_secs(1),
+            GroupBy::Cgroup,
+            10,
+            200,
+            "",
+        );
         let lines: Vec<&str> = f.lines().collect();
         assert!(lines[1].contains("SYSCALL-TIME") && lines[1].contains("CGROUP"));
         assert!(lines[2].contains("/big"), "{f}");
