@@ -24,24 +24,22 @@ use tracing_subscriber::EnvFilter;
 /// Always-on eBPF syscall, block-I/O, CPU and GPU metrics for every cgroup and process.
 ///
 /// Run as root (or with CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and scrape
-/// http://127.0.0.1:9812/metrics.
+/// http://127.0.0.1:9812/metrics. The subcommands answer what strace -c, strace -f -T and
+/// bpftrace are used for, for one command, process or cgroup (see `sysscope help summary`).
 #[derive(Debug, Parser)]
 #[command(name = "sysscope", version, about, long_about = None)]
 struct Cli {
     /// Address to serve metrics on (host:port). Loopback by default: expose it deliberately.
-    #[arg(
-        long = "web.listen-address",
-        default_value = "127.0.0.1:9812",
-        global = true
-    )]
+    // The web flags only concern the exporter: not global, so the tools' help stays short.
+    #[arg(long = "web.listen-address", default_value = "127.0.0.1:9812")]
     listen_address: String,
 
     /// Path under which metrics are served.
-    #[arg(long = "web.telemetry-path", default_value = "/metrics", global = true)]
+    #[arg(long = "web.telemetry-path", default_value = "/metrics")]
     telemetry_path: String,
 
     /// TLS and basic-auth configuration (Prometheus exporter-toolkit format).
-    #[arg(long = "web.config.file", global = true)]
+    #[arg(long = "web.config.file")]
     web_config_file: Option<PathBuf>,
 
     /// Configuration file (TOML); see `--print-default-config`.

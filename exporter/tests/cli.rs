@@ -535,3 +535,41 @@ fn help_has_examples() {
     assert_eq!(code, 2, "two targets are refused");
     assert!(err.contains("exactly one target"), "{err}");
 }
+
+#[test]
+fn top_from_a_running_exporter_needs_no_privileges() {
+    if !require_root("top_from_a_running_exporter_needs_no_privileges") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cg = TestCgroup::new("sysscope-test-top-from");
+    let mut work = cg
+        .command(workload_bin())
+        .args(["loop-getppid", "4", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{}/metrics", exporter.port);
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(sysscope_bin())
+        .args([
+            "top", "--from", &url, "--count", "1", "-i", "1s", "-n", "200",
+        ])
+        .output()
+        .unwrap();
+    let _ = work.kill();
+    let _ = work.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains(&cg.rel))
+        .unwrap_or_else(|| panic!("{} not in:\n{text}", cg.rel));
+    assert!(row.contains("getppid"), "{row}");
+}
