@@ -43,10 +43,12 @@ fn within(a: u64, b: u64, ratio: f64) -> bool {
 }
 
 /// Runs sysscope with `args`; returns (exit code, stdout, stderr). cargo's LD_LIBRARY_PATH is
-/// removed so the workload's dynamic loader makes the same calls as from a shell.
+/// removed so the workload's dynamic loader makes the same calls as from a shell, and glibc
+/// keeps one malloc arena so threads map and trim the same memory on every run.
 fn sysscope(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(sysscope_bin())
         .env_remove("LD_LIBRARY_PATH")
+        .env("MALLOC_ARENA_MAX", "1")
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -68,6 +70,10 @@ fn summary_matches_strace_c_f() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    // Both runs use one copy of the workload, so they run exactly the same program.
+    let workload = dir.path().join("sysscope-workload");
+    std::fs::copy(workload_bin(), &workload).unwrap();
+    let workload = workload.to_str().unwrap();
     let steps = |file: &str| -> Vec<String> {
         [
             "getppid",
@@ -94,11 +100,12 @@ fn summary_matches_strace_c_f() {
     let strace_out = dir.path().join("strace.txt");
     let status = Command::new("strace")
         .env_remove("LD_LIBRARY_PATH")
+        .env("MALLOC_ARENA_MAX", "1")
         .arg("-c")
         .arg("-f")
         .arg("-o")
         .arg(&strace_out)
-        .arg(workload_bin())
+        .arg(workload)
         .args(steps(&scratch_file(dir.path(), "a")))
         .status()
         .expect("strace is installed (scripts/setup.sh --test)");
@@ -110,7 +117,7 @@ fn summary_matches_strace_c_f() {
     // The table.
     let b = scratch_file(dir.path(), "b");
     let mut args = vec!["summary", "-q", "--"];
-    args.push(workload_bin());
+    args.push(workload);
     let s = steps(&b);
     args.extend(s.iter().map(String::as_str));
     let (code, table, err) = sysscope(&args);
@@ -138,7 +145,7 @@ fn summary_matches_strace_c_f() {
     // The JSON says the same.
     let c = scratch_file(dir.path(), "c");
     let mut args = vec!["summary", "-q", "--json", "-S", "calls", "--"];
-    args.push(workload_bin());
+    args.push(workload);
     let s = steps(&c);
     args.extend(s.iter().map(String::as_str));
     let (code, json, err) = sysscope(&args);

@@ -67,6 +67,8 @@ pub enum CliError {
     },
     #[error("{what}: {message}")]
     Fetch { what: String, message: String },
+    #[error("interrupted before the measurement started")]
+    Interrupted,
 }
 
 impl CliError {
@@ -83,6 +85,7 @@ impl CliError {
             Self::Usage(_) | Self::NoSuchProcess(_) | Self::NoSuchCgroup { .. } => EXIT_USAGE,
             Self::Probes(ProbeError::MissingCapability { .. }) => EXIT_NO_PERMISSION,
             Self::CommandNotFound(_) | Self::NoSuchFile(_) => EXIT_NOT_FOUND,
+            Self::Interrupted => 130,
             _ => 1,
         }
     }

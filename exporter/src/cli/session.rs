@@ -325,7 +325,10 @@ const REFRESH_EVERY: Duration = Duration::from_millis(500);
 
 impl Session {
     /// Validates the target and, for a command, creates its cgroup (nothing runs yet).
+    /// Ctrl-C is caught from here on, so an interrupted start still removes the cgroup.
     pub fn new(args: &TargetArgs, tool: &str) -> Result<Self, CliError> {
+        signals::install();
+        let signals_at_start = signals::count();
         let given = [
             args.pid.is_some(),
             args.cgroup.is_some(),
@@ -389,7 +392,7 @@ impl Session {
             status: None,
             started: Instant::now(),
             started_ns: super::monotonic_ns(),
-            signals_at_start: 0,
+            signals_at_start,
             first_signal: None,
             last_refresh: Instant::now(),
         })
@@ -429,8 +432,9 @@ impl Session {
 
     /// Starts the clock and, for a command, runs it (the probes must be attached by now).
     pub fn start(&mut self) -> Result<(), CliError> {
-        signals::install();
-        self.signals_at_start = signals::count();
+        if signals::count() > self.signals_at_start {
+            return Err(CliError::Interrupted);
+        }
         // The clock starts before the spawn, so the command's execve lies inside the trace.
         self.started = Instant::now();
         self.started_ns = super::monotonic_ns();
