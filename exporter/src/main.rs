@@ -11,6 +11,7 @@ use std::{
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sysscope::{
+    cli,
     config::Config,
     exposition::{
         http::{self, AppState},
@@ -23,24 +24,22 @@ use tracing_subscriber::EnvFilter;
 /// Always-on eBPF syscall, block-I/O, CPU and GPU metrics for every cgroup and process.
 ///
 /// Run as root (or with CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and scrape
-/// http://127.0.0.1:9812/metrics.
+/// http://127.0.0.1:9812/metrics. The subcommands answer what strace -c, strace -f -T and
+/// bpftrace are used for, for one command, process or cgroup (see `sysscope help summary`).
 #[derive(Debug, Parser)]
 #[command(name = "sysscope", version, about, long_about = None)]
 struct Cli {
     /// Address to serve metrics on (host:port). Loopback by default: expose it deliberately.
-    #[arg(
-        long = "web.listen-address",
-        default_value = "127.0.0.1:9812",
-        global = true
-    )]
+    // The web flags only concern the exporter: not global, so the tools' help stays short.
+    #[arg(long = "web.listen-address", default_value = "127.0.0.1:9812")]
     listen_address: String,
 
     /// Path under which metrics are served.
-    #[arg(long = "web.telemetry-path", default_value = "/metrics", global = true)]
+    #[arg(long = "web.telemetry-path", default_value = "/metrics")]
     telemetry_path: String,
 
     /// TLS and basic-auth configuration (Prometheus exporter-toolkit format).
-    #[arg(long = "web.config.file", global = true)]
+    #[arg(long = "web.config.file")]
     web_config_file: Option<PathBuf>,
 
     /// Configuration file (TOML); see `--print-default-config`.
@@ -68,7 +67,16 @@ struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-enum Command {}
+enum Command {
+    /// Count syscalls of a command, process or cgroup: the `strace -c -f` table, from eBPF.
+    Summary(cli::summary::SummaryArgs),
+    /// Record every syscall of a target as a Perfetto / chrome://tracing timeline (or text).
+    Trace(cli::trace::TraceArgs),
+    /// Measure a target and name its syscall patterns (lock contention, stat storms, ...).
+    Diagnose(cli::diagnose::DiagnoseArgs),
+    /// Live view of the busiest cgroups or processes by syscall time.
+    Top(cli::top::TopArgs),
+}
 
 fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
     let level = match level {
@@ -117,10 +125,24 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command {
-        None if cli.config_check => config_check(&config),
-        None => run_exporter(&cli, config),
+    let tool = match &cli.command {
+        None if cli.config_check => return exit(config_check(&config)),
+        None => return exit(run_exporter(&cli, config)),
+        Some(Command::Summary(args)) => ("summary", cli::summary::run(args, &config)),
+        Some(Command::Trace(args)) => ("trace", cli::trace::run(args, &config)),
+        Some(Command::Diagnose(args)) => ("diagnose", cli::diagnose::run(args, &config)),
+        Some(Command::Top(args)) => ("top", cli::top::run(args, &config)),
     };
+    match tool {
+        (_, Ok(code)) => ExitCode::from(code),
+        (name, Err(e)) => {
+            eprintln!("sysscope {name}: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn exit(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {

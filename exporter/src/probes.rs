@@ -102,6 +102,14 @@ pub fn preflight() -> Result<(), ProbeError> {
 pub struct LoadOptions {
     /// cgroup id the on-demand trace programs follow (0: none).
     pub trace_cgroup_id: u64,
+    /// Whether the trace programs also follow the tgids user space puts in `TRACE_TARGETS`.
+    pub trace_filter_tgids: bool,
+    /// Size of the trace ring buffer in bytes (0: the object's one page; a power of two).
+    pub trace_ring_buffer_bytes: u32,
+    /// Traced calls in flight at once (0: the object's default).
+    pub trace_max_threads: u32,
+    /// The syscall programs count only the target of the trace filter (command-line tools).
+    pub syscalls_target_only: bool,
 }
 
 /// One program as attached (or not) by a collector.
@@ -160,6 +168,18 @@ impl Probes {
             .override_global(globals::SLOW_EVENTS_PER_CPU_PER_SEC, &per_cpu_rate, true);
         if options.trace_cgroup_id != 0 {
             loader.override_global(globals::TRACE_CGROUP_ID, &options.trace_cgroup_id, false);
+        }
+        if options.trace_filter_tgids {
+            loader.override_global(globals::TRACE_FILTER_TGIDS, &1u32, false);
+        }
+        if options.syscalls_target_only {
+            loader.override_global(globals::SYSCALL_TARGET_ONLY, &1u32, false);
+        }
+        if options.trace_ring_buffer_bytes != 0 {
+            loader.map_max_entries(maps::TRACE_EVENTS, options.trace_ring_buffer_bytes);
+        }
+        if options.trace_max_threads != 0 {
+            loader.map_max_entries(maps::TRACE_THREADS, options.trace_max_threads);
         }
         let ebpf = loader.load(PROBES_OBJECT).map_err(ProbeError::Load)?;
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {

@@ -83,6 +83,8 @@ pub mod maps {
     pub const TRACE_EVENTS: &str = "TRACE_EVENTS";
     pub const TRACE_THREADS: &str = "TRACE_THREADS";
     pub const TRACE_TARGETS: &str = "TRACE_TARGETS";
+    pub const TRACE_CGROUPS: &str = "TRACE_CGROUPS";
+    pub const TRACE_PATH_ARGS: &str = "TRACE_PATH_ARGS";
 }
 
 /// Names of the programs in the object file.
@@ -101,7 +103,14 @@ pub mod globals {
     /// `u32`: slow-call events allowed per CPU per second (0 disables slow-call sampling).
     pub const SLOW_EVENTS_PER_CPU_PER_SEC: &str = "SLOW_EVENTS_PER_CPU_PER_SEC";
     /// `u64`: cgroup id whose syscalls the trace programs stream (0: use `TRACE_TARGETS` only).
+    /// Tasks in descendant cgroups match too, through slot 0 of `TRACE_CGROUPS`.
     pub const TRACE_CGROUP_ID: &str = "TRACE_CGROUP_ID";
+    /// `u32`: non-zero when the trace programs also follow the tgids listed in `TRACE_TARGETS`.
+    pub const TRACE_FILTER_TGIDS: &str = "TRACE_FILTER_TGIDS";
+    /// `u32`: non-zero when the syscall programs count only the target the trace filter
+    /// selects (`TRACE_CGROUP_ID`, `TRACE_FILTER_TGIDS`): set by the command-line tools, so a
+    /// busy node cannot fill their maps; 0 (count everything) for the exporter.
+    pub const SYSCALL_TARGET_ONLY: &str = "SYSCALL_TARGET_ONLY";
 }
 
 /// Indices into `PROBE_COUNTERS`, a per-CPU array of `u64`: what the probes could not record.
@@ -296,20 +305,69 @@ pub struct BlockLatencyKey {
     pub _pad: [u8; 3],
 }
 
-/// One syscall of a traced target (`TRACE_EVENTS`), streamed only by `sysscope trace`.
+/// Bytes of a path argument copied into a [`TraceEvent`] (NUL-terminated, truncated beyond).
+pub const TRACE_PATH_LEN: usize = 128;
+
+/// Flags of a [`TraceEvent`].
+pub mod trace_flags {
+    /// `path` holds the string the syscall's path argument pointed to.
+    pub const PATH: u32 = 1;
+    /// The call never returns (`exit`, `exit_group`): recorded at entry, `ret` is meaningless.
+    pub const NO_RETURN: u32 = 2;
+}
+
+/// A traced call in flight (`TRACE_THREADS`, key: tid): entry time, number and arguments,
+/// read at entry because some calls (`execve`) replace the registers by the time they return.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceThread {
+    /// `bpf_ktime_get_ns()` at entry; 0 when no traced call is in flight.
+    pub start_ns: u64,
+    pub nr: u32,
+    pub _pad: u32,
+    pub args: [u64; 6],
+}
+
+/// One syscall of a traced target (`TRACE_EVENTS`), streamed only by `sysscope trace` and
+/// `sysscope diagnose`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceEvent {
+    /// `bpf_ktime_get_ns()` at entry and exit (CLOCK_MONOTONIC); equal for `NO_RETURN` calls.
     pub start_ns: u64,
     pub end_ns: u64,
     pub cgroup_id: u64,
     pub tgid: u32,
     pub tid: u32,
     pub nr: u32,
-    pub _pad: u32,
+    /// Bits of [`trace_flags`].
+    pub flags: u32,
+    /// Return value (negative errno on failure).
     pub ret: i64,
+    /// The six syscall arguments as passed in registers at entry.
     pub args: [u64; 6],
+    /// The calling thread's comm.
     pub comm: [u8; 16],
+    /// The path argument, for syscalls listed in `TRACE_PATH_ARGS` (flag `PATH`).
+    pub path: [u8; TRACE_PATH_LEN],
+}
+
+impl Default for TraceEvent {
+    fn default() -> Self {
+        Self {
+            start_ns: 0,
+            end_ns: 0,
+            cgroup_id: 0,
+            tgid: 0,
+            tid: 0,
+            nr: 0,
+            flags: 0,
+            ret: 0,
+            args: [0; 6],
+            comm: [0; 16],
+            path: [0; TRACE_PATH_LEN],
+        }
+    }
 }
 
 #[cfg(feature = "user")]
@@ -328,6 +386,7 @@ mod pod {
     unsafe impl aya::Pod for BlockStats {}
     unsafe impl aya::Pod for BlockLatencyKey {}
     unsafe impl aya::Pod for TraceEvent {}
+    unsafe impl aya::Pod for TraceThread {}
 }
 
 #[cfg(test)]

@@ -10,6 +10,9 @@
 //! The hot path is one hash lookup at entry and two at exit (thread, stats), no map update when
 //! the entries exist, per-CPU values so no cache line is shared between CPUs, and one array
 //! lookup for the slow-call threshold. Everything else (errors, samples) is off the common path.
+//!
+//! The command-line tools set `SYSCALL_TARGET_ONLY` to count only their target (the trace
+//! filter's, see `trace.rs`); the exporter leaves it 0 and the check folds away at load.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -55,6 +58,16 @@ static SLOW_EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 #[unsafe(no_mangle)]
 static SLOW_EVENTS_PER_CPU_PER_SEC: u32 = 0;
 
+/// Non-zero: count only the target selected by the trace filter; set by the loader.
+#[unsafe(no_mangle)]
+static SYSCALL_TARGET_ONLY: u32 = 0;
+
+#[inline(always)]
+fn counted(pid_tgid: u64) -> bool {
+    let target_only = unsafe { core::ptr::read_volatile(&SYSCALL_TARGET_ONLY) };
+    target_only == 0 || crate::trace::is_target(pid_tgid)
+}
+
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 const MAX_ERRNO: i64 = 4095;
 
@@ -63,6 +76,9 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long id)
     let nr = ctx.arg::<u64>(1) as u32;
     let pid_tgid = bpf_get_current_pid_tgid();
+    if !counted(pid_tgid) {
+        return 0;
+    }
     if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
         // No sys_exit will follow: count the call now, with no duration.
         let key = SyscallKey {
@@ -144,7 +160,7 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     let tid = pid_tgid as u32;
     let tgid = (pid_tgid >> 32) as u32;
     let _ = SYSCALL_THREADS.remove(&tid);
-    if tid == tgid {
+    if tid == tgid && counted(pid_tgid) {
         let exit = ProcessExit {
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
             cgroup_id: unsafe { bpf_get_current_cgroup_id() },

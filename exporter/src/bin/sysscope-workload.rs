@@ -13,6 +13,14 @@
 //!   write-fsync PATH N BS     N writes of BS bytes to PATH, each followed by fsync
 //!   loop-getppid SECS THREADS getppid in a loop on THREADS threads for SECS seconds;
 //!                             prints "calls=<n> ns_per_call=<x>" (the benchmark's load)
+//!   stat PATH N               N newfstatat calls on PATH (a metadata storm)
+//!   open-close PATH N         N openat + close pairs on PATH (open/close churn)
+//!   mmap N KB                 N anonymous mmap + mprotect + munmap of KB KiB
+//!   epoll-wait N MS           N epoll_wait calls with an MS ms timeout on an empty epoll set
+//!   futex-contention T N      T threads each take a shared mutex N times, holding it briefly
+//!                             while the others wait in futex
+//!   small-writes PATH N BS    N writes of BS bytes to PATH (one open, one close)
+//!   getppid-threads T N       T threads each make N getppid calls (T x N in all)
 //!   wait-stdin                block until stdin is closed or a line is read
 //!   join-cgroup DIR           move this process into cgroup DIR (after the dynamic loader ran,
 //!                             so only the steps that follow are counted there)
@@ -30,7 +38,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | read-loop PATH SECS BS | write-fsync PATH N BS |\n         loop-getppid SECS THREADS | stat PATH N | open-close PATH N | mmap N KB |\n         epoll-wait N MS | futex-contention THREADS N | small-writes PATH N BS |\n         getppid-threads T N | wait-stdin"
     );
     std::process::exit(2)
 }
@@ -138,6 +146,60 @@ fn main() {
                     std::process::exit(1)
                 });
                 i += 2;
+            }
+            "stat" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
+                let n = num(args.get(i + 2));
+                stat_storm(&path, n);
+                i += 3;
+            }
+            "open-close" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
+                let n = num(args.get(i + 2));
+                open_close(&path, n);
+                i += 3;
+            }
+            "mmap" => {
+                let n = num(args.get(i + 1));
+                let kb = num(args.get(i + 2)).max(4);
+                mmap_churn(n, kb as usize * 1024);
+                i += 3;
+            }
+            "epoll-wait" => {
+                let n = num(args.get(i + 1));
+                let ms = num(args.get(i + 2));
+                epoll_idle(n, ms as i32);
+                i += 3;
+            }
+            "futex-contention" => {
+                let threads = num(args.get(i + 1)).max(2);
+                let n = num(args.get(i + 2));
+                futex_contention(threads as usize, n);
+                i += 3;
+            }
+            "small-writes" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
+                let n = num(args.get(i + 2));
+                let bs = num(args.get(i + 3)).max(1);
+                small_writes(&path, n, bs as usize);
+                i += 4;
+            }
+            "getppid-threads" => {
+                let threads = num(args.get(i + 1)).max(1);
+                let n = num(args.get(i + 2));
+                let handles: Vec<_> = (0..threads)
+                    .map(|_| {
+                        std::thread::spawn(move || {
+                            for _ in 0..n {
+                                getppid();
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.join().unwrap();
+                }
+                i += 3;
             }
             "wait-stdin" => {
                 let mut line = String::new();
@@ -277,4 +339,126 @@ fn loop_getppid(duration: Duration, threads: usize) {
     // Per-thread cost: wall time x threads / calls.
     let ns = elapsed.as_nanos() as f64 * threads as f64 / total.max(1) as f64;
     println!("calls={total} ns_per_call={ns:.1} threads={threads}");
+}
+
+fn stat_storm(path: &str, n: u64) {
+    let cpath = CString::new(path).unwrap();
+    // SAFETY: an all-zero stat buffer is valid to pass for the kernel to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    for _ in 0..n {
+        // SAFETY: valid path and buffer.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_newfstatat,
+                libc::AT_FDCWD,
+                cpath.as_ptr(),
+                &mut st as *mut libc::stat,
+                0,
+            )
+        };
+        assert_eq!(r, 0, "stat {path}");
+    }
+}
+
+fn open_close(path: &str, n: u64) {
+    let cpath = CString::new(path).unwrap();
+    for _ in 0..n {
+        // SAFETY: valid path; the descriptor is closed right after.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                cpath.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
+        assert!(fd >= 0, "open {path}");
+        // SAFETY: closing the descriptor just opened.
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+}
+
+fn mmap_churn(n: u64, len: usize) {
+    for _ in 0..n {
+        // SAFETY: an anonymous private mapping, made read-only, then unmapped; never touched.
+        unsafe {
+            let p = libc::syscall(
+                libc::SYS_mmap,
+                std::ptr::null_mut::<libc::c_void>(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert!(p != -1, "mmap");
+            libc::syscall(libc::SYS_mprotect, p, len, libc::PROT_READ);
+            libc::syscall(libc::SYS_munmap, p, len);
+        }
+    }
+}
+
+fn epoll_idle(n: u64, ms: i32) {
+    // SAFETY: epoll_create1 has no pointer arguments.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(ep >= 0, "epoll_create1");
+    // SAFETY: an all-zero epoll_event is valid.
+    let mut events: [libc::epoll_event; 4] = unsafe { std::mem::zeroed() };
+    for _ in 0..n {
+        // SAFETY: valid epoll fd and buffer; nothing is registered, so it times out.
+        unsafe {
+            libc::syscall(libc::SYS_epoll_wait, ep, events.as_mut_ptr(), 4, ms);
+        }
+    }
+    // SAFETY: closing our descriptor.
+    unsafe { libc::close(ep) };
+}
+
+fn futex_contention(threads: usize, n: u64) {
+    let lock = Arc::new(std::sync::Mutex::new(0u64));
+    let start = Arc::new(std::sync::Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let lock = lock.clone();
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..n {
+                    let mut guard = lock.lock().unwrap();
+                    // Hold the lock for a few microseconds of work so the others must wait.
+                    let mut x = *guard;
+                    for k in 0..2000u64 {
+                        x = std::hint::black_box(
+                            x.wrapping_mul(6364136223846793005).wrapping_add(k),
+                        );
+                    }
+                    *guard = x;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+fn small_writes(path: &str, n: u64, bs: usize) {
+    let cpath = CString::new(path).unwrap();
+    // SAFETY: valid path and flags.
+    let fd = unsafe {
+        libc::open(
+            cpath.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            0o644,
+        )
+    };
+    assert!(fd >= 0, "open {path}");
+    let buf = vec![b'x'; bs];
+    for _ in 0..n {
+        // SAFETY: buf holds bs bytes.
+        let r = unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), bs) };
+        assert_eq!(r as usize, bs, "write {path}");
+    }
+    // SAFETY: closing our descriptor.
+    unsafe { libc::close(fd) };
 }

@@ -137,7 +137,45 @@ pub fn fold_buckets(
     out
 }
 
-fn sum_per_cpu(values: &PerCpuValues<SyscallStats>) -> SyscallStats {
+/// The syscall probes' maps, with the probes attached: what the collector reads, and what the
+/// command-line tools (`sysscope summary`, `top`, ...) read with their own filters.
+pub struct SyscallMaps {
+    pub stats: PerCpuHashMap<MapData, SyscallKey, SyscallStats>,
+    pub errors: PerCpuHashMap<MapData, ErrnoKey, u64>,
+    pub exits: BpfHashMap<MapData, u32, ProcessExit>,
+}
+
+impl SyscallMaps {
+    /// Takes the maps and attaches `sched_process_exit`, `sys_exit` and `sys_enter`, in that
+    /// order, recording them under `collector`.
+    pub fn attach(probes: &mut Probes, collector: &'static str) -> Result<Self, ProbeError> {
+        let take = |probes: &mut Probes, name: &'static str| probes.take_map(name);
+        let map_err = |name: &'static str| {
+            move |source| ProbeError::Map {
+                map: name.into(),
+                source,
+            }
+        };
+        let stats = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_STATS)?)
+            .map_err(map_err(maps::SYSCALL_STATS))?;
+        let errors = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_ERRORS)?)
+            .map_err(map_err(maps::SYSCALL_ERRORS))?;
+        let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
+            .map_err(map_err(maps::PROCESS_EXITS))?;
+        // Exit tracking first, so no process can exit unseen once syscalls are counted.
+        probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
+        probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
+        probes.attach_raw_tracepoint(collector, programs::SYS_ENTER, "sys_enter")?;
+        Ok(Self {
+            stats,
+            errors,
+            exits,
+        })
+    }
+}
+
+/// Sum over CPUs of one `SYSCALL_STATS` value.
+pub fn sum_per_cpu(values: &PerCpuValues<SyscallStats>) -> SyscallStats {
     let mut total = SyscallStats::ZERO;
     for v in values.iter() {
         total.sum_ns = total.sum_ns.wrapping_add(v.sum_ns);
@@ -150,7 +188,7 @@ fn sum_per_cpu(values: &PerCpuValues<SyscallStats>) -> SyscallStats {
 
 /// What changed between two reads of an entry. An entry that went backwards was deleted and
 /// re-created in between: everything it holds now is new.
-fn delta(prev: &SyscallStats, cur: &SyscallStats) -> SyscallStats {
+pub fn delta(prev: &SyscallStats, cur: &SyscallStats) -> SyscallStats {
     let went_back = cur.sum_ns < prev.sum_ns
         || cur
             .buckets
@@ -194,23 +232,11 @@ impl SyscallCollector {
                 }
             }
         }
-        let take = |probes: &mut Probes, name: &'static str| probes.take_map(name);
-        let map_err = |name: &'static str| {
-            move |source| ProbeError::Map {
-                map: name.into(),
-                source,
-            }
-        };
-        let stats = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_STATS)?)
-            .map_err(map_err(maps::SYSCALL_STATS))?;
-        let errors = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_ERRORS)?)
-            .map_err(map_err(maps::SYSCALL_ERRORS))?;
-        let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
-            .map_err(map_err(maps::PROCESS_EXITS))?;
-        // Exit tracking first, so no process can exit unseen once syscalls are counted.
-        probes.attach_raw_tracepoint(NAME, programs::PROCESS_EXIT, "sched_process_exit")?;
-        probes.attach_raw_tracepoint(NAME, programs::SYS_EXIT, "sys_exit")?;
-        probes.attach_raw_tracepoint(NAME, programs::SYS_ENTER, "sys_enter")?;
+        let SyscallMaps {
+            stats,
+            errors,
+            exits,
+        } = SyscallMaps::attach(probes, NAME)?;
         let limits = &config.limits;
         Ok(Self {
             stats,

@@ -1,0 +1,337 @@
+//! The measured syscall profile of a target: calls, errors (by errno), time and latency
+//! buckets per syscall, read from the syscall probes' maps (`SYSCALL_STATS`,
+//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`], the collector's own reader.
+//!
+//! The probes count every process of the node; [`ProfileReader::poll`] keeps what matches
+//! the target's filter and, like the exporter, reclaims the entries of exited processes once
+//! read (their values stay in the totals), so a long run over many short-lived processes
+//! never fills the kernel map. Drops the probes counted are read from `PROBE_COUNTERS`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use aya::maps::{MapData, PerCpuArray};
+use serde::Serialize;
+use sysscope_abi::{counters, hist, maps, ErrnoKey, SyscallKey, SyscallStats};
+
+use super::CliError;
+use crate::{
+    collectors::syscalls::{delta, sum_per_cpu, SyscallMaps},
+    probes::Probes,
+    syscall_table,
+};
+
+/// Totals of one syscall.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SyscallRow {
+    pub nr: u32,
+    pub name: String,
+    pub calls: u64,
+    pub errors: u64,
+    /// Wall time spent inside the call (entry to exit), summed over calls.
+    pub total_ns: u64,
+    /// Calls per kernel latency bucket (see `sysscope_abi::hist`).
+    #[serde(skip)]
+    pub buckets: [u64; hist::HIST_BUCKETS],
+    /// Errors by errno name.
+    pub errnos: BTreeMap<String, u64>,
+}
+
+impl SyscallRow {
+    pub fn new(nr: u32) -> Self {
+        Self {
+            nr,
+            name: syscall_table::label(nr).into_owned(),
+            calls: 0,
+            errors: 0,
+            total_ns: 0,
+            buckets: [0; hist::HIST_BUCKETS],
+            errnos: BTreeMap::new(),
+        }
+    }
+
+    /// Mean duration in ns (0 without calls).
+    pub fn avg_ns(&self) -> f64 {
+        if self.calls == 0 {
+            0.0
+        } else {
+            self.total_ns as f64 / self.calls as f64
+        }
+    }
+
+    /// Upper bound (ns) of the bucket holding the `q` quantile of the calls, `None` without
+    /// calls or when it lies in the unbounded last bucket.
+    pub fn quantile_upper_ns(&self, q: f64) -> Option<u64> {
+        let total: u64 = self.buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = (q * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (k, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return hist::upper_bound_ns(k);
+            }
+        }
+        None
+    }
+}
+
+/// The profile of a target: one row per syscall seen.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Profile {
+    pub rows: BTreeMap<u32, SyscallRow>,
+    /// Processes (tgids) seen making syscalls.
+    pub processes: HashSet<u32>,
+}
+
+impl Profile {
+    pub fn row_mut(&mut self, nr: u32) -> &mut SyscallRow {
+        self.rows.entry(nr).or_insert_with(|| SyscallRow::new(nr))
+    }
+
+    /// Adds a stats delta of `nr`.
+    pub fn add_stats(&mut self, tgid: u32, nr: u32, d: &SyscallStats) {
+        let n = d.count();
+        if n == 0 && d.sum_ns == 0 {
+            return;
+        }
+        self.processes.insert(tgid);
+        let row = self.row_mut(nr);
+        row.calls += n;
+        row.total_ns += d.sum_ns;
+        for (t, b) in row.buckets.iter_mut().zip(d.buckets.iter()) {
+            *t += *b;
+        }
+    }
+
+    /// Adds `n` errors `errno` of `nr`.
+    pub fn add_errors(&mut self, nr: u32, errno: u16, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let row = self.row_mut(nr);
+        row.errors += n;
+        *row.errnos
+            .entry(syscall_table::errno_label(errno).into_owned())
+            .or_default() += n;
+    }
+
+    pub fn total_calls(&self) -> u64 {
+        self.rows.values().map(|r| r.calls).sum()
+    }
+
+    pub fn total_errors(&self) -> u64 {
+        self.rows.values().map(|r| r.errors).sum()
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.rows.values().map(|r| r.total_ns).sum()
+    }
+
+    /// The row of syscall `name`, if it was seen.
+    pub fn get(&self, name: &str) -> Option<&SyscallRow> {
+        let nr = syscall_table::number(name)?;
+        self.rows.get(&nr)
+    }
+
+    /// Builds a profile from (name, calls, errors, total ns) rows: synthetic profiles for tests.
+    pub fn from_rows(rows: &[(&str, u64, u64, u64)]) -> Self {
+        let mut p = Self::default();
+        for &(name, calls, errors, total_ns) in rows {
+            let nr = syscall_table::number(name).unwrap_or_else(|| panic!("syscall {name}"));
+            let row = p.row_mut(nr);
+            row.calls = calls;
+            row.errors = errors;
+            row.total_ns = total_ns;
+            if calls > 0 {
+                row.buckets[hist::bucket_index(total_ns / calls)] = calls;
+            }
+        }
+        p.processes.insert(1);
+        p
+    }
+}
+
+/// What changed since the previous poll, per kernel key, for keys the filter kept.
+#[derive(Debug, Default)]
+pub struct Deltas {
+    pub stats: Vec<(SyscallKey, SyscallStats)>,
+    pub errors: Vec<(ErrnoKey, u64)>,
+    /// Processes that exited since the previous poll, with their comm at exit.
+    pub exited: Vec<(u32, [u8; 16])>,
+}
+
+/// Drops the probes counted while the tool ran (node-wide: the maps are shared by all).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ProbeDrops {
+    /// Syscalls not counted: the stats or errors map was full.
+    pub map_full: u64,
+    /// Calls whose entry time could not be kept: the thread map was full.
+    pub threads_full: u64,
+    /// Trace records lost: the ring buffer was full.
+    pub trace_ring_buffer_full: u64,
+}
+
+/// Reads `PROBE_COUNTERS` (what the probes could not record).
+pub struct DropCounters {
+    map: PerCpuArray<MapData, u64>,
+}
+
+impl DropCounters {
+    pub fn take(probes: &mut Probes) -> Result<Self, CliError> {
+        let map =
+            PerCpuArray::try_from(probes.take_map(maps::PROBE_COUNTERS)?).map_err(|source| {
+                CliError::Map {
+                    map: maps::PROBE_COUNTERS,
+                    source,
+                }
+            })?;
+        Ok(Self { map })
+    }
+
+    fn get(&self, index: u32) -> u64 {
+        self.map
+            .get(&index, 0)
+            .map(|v| v.iter().fold(0u64, |a, x| a.wrapping_add(*x)))
+            .unwrap_or(0)
+    }
+
+    pub fn read(&self) -> ProbeDrops {
+        ProbeDrops {
+            map_full: self.get(counters::SYSCALL_STATS_FULL)
+                + self.get(counters::SYSCALL_ERRORS_FULL),
+            threads_full: self.get(counters::SYSCALL_THREADS_FULL),
+            trace_ring_buffer_full: self.get(counters::TRACE_RINGBUF_FULL),
+        }
+    }
+}
+
+/// Incremental reader of the syscall maps.
+pub struct ProfileReader {
+    maps: SyscallMaps,
+    last: HashMap<SyscallKey, SyscallStats>,
+    last_errors: HashMap<ErrnoKey, u64>,
+}
+
+impl ProfileReader {
+    /// Attaches the syscall probes and takes their maps.
+    pub fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
+        Ok(Self {
+            maps: SyscallMaps::attach(probes, tool)?,
+            last: HashMap::new(),
+            last_errors: HashMap::new(),
+        })
+    }
+
+    /// Reads every entry; returns what changed for the entries `keep` accepts, and reclaims
+    /// the entries of processes that have exited.
+    pub fn poll(&mut self, keep: impl Fn(u64, u32) -> bool) -> Deltas {
+        // Exits first: an entry read after its process's exit record holds its final values.
+        let mut out = Deltas::default();
+        for (tgid, exit) in self.maps.exits.iter().flatten() {
+            out.exited.push((tgid, exit.comm));
+        }
+        let exited: HashSet<u32> = out.exited.iter().map(|(t, _)| *t).collect();
+        let mut stale = Vec::new();
+        for item in self.maps.stats.iter() {
+            let Ok((key, per_cpu)) = item else { continue };
+            let gone = exited.contains(&key.tgid);
+            if keep(key.cgroup_id, key.tgid) {
+                let cur = sum_per_cpu(&per_cpu);
+                let prev = self.last.get(&key).copied().unwrap_or(SyscallStats::ZERO);
+                let d = delta(&prev, &cur);
+                if d.count() > 0 || d.sum_ns > 0 {
+                    out.stats.push((key, d));
+                }
+                if gone {
+                    self.last.remove(&key);
+                } else {
+                    self.last.insert(key, cur);
+                }
+            }
+            if gone {
+                stale.push(key);
+            }
+        }
+        let mut stale_errors = Vec::new();
+        for item in self.maps.errors.iter() {
+            let Ok((key, per_cpu)) = item else { continue };
+            let gone = exited.contains(&key.tgid);
+            if keep(key.cgroup_id, key.tgid) {
+                let cur = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+                let prev = self.last_errors.get(&key).copied().unwrap_or(0);
+                let d = if cur < prev { cur } else { cur - prev };
+                if d > 0 {
+                    out.errors.push((key, d));
+                }
+                if gone {
+                    self.last_errors.remove(&key);
+                } else {
+                    self.last_errors.insert(key, cur);
+                }
+            }
+            if gone {
+                stale_errors.push(key);
+            }
+        }
+        for key in stale {
+            let _ = self.maps.stats.remove(&key);
+        }
+        for key in stale_errors {
+            let _ = self.maps.errors.remove(&key);
+        }
+        for tgid in exited {
+            let _ = self.maps.exits.remove(&tgid);
+        }
+        out
+    }
+
+    /// Polls and adds the target's deltas to `profile`; returns the calls added.
+    pub fn poll_into(&mut self, profile: &mut Profile, keep: impl Fn(u64, u32) -> bool) -> u64 {
+        let d = self.poll(keep);
+        let mut calls = 0;
+        for (key, s) in &d.stats {
+            calls += s.count();
+            profile.add_stats(key.tgid, key.nr, s);
+        }
+        for (key, n) in &d.errors {
+            profile.add_errors(key.nr as u32, key.errno, *n);
+        }
+        calls
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_accumulates_deltas_and_errors() {
+        let mut p = Profile::default();
+        let mut s = SyscallStats::ZERO;
+        s.sum_ns = 3000;
+        s.buckets[1] = 2;
+        s.buckets[2] = 1;
+        let openat = syscall_table::number("openat").unwrap();
+        p.add_stats(10, openat, &s);
+        p.add_stats(11, openat, &s);
+        p.add_errors(openat, 2, 4);
+        let row = p.get("openat").unwrap();
+        assert_eq!((row.calls, row.total_ns, row.errors), (6, 6000, 4));
+        assert_eq!(row.errnos["ENOENT"], 4);
+        assert_eq!(row.avg_ns(), 1000.0);
+        assert_eq!(p.processes.len(), 2);
+        // 4 of 6 calls in bucket 1 (< 2.048 µs): the median's bound is bucket 1's.
+        assert_eq!(row.quantile_upper_ns(0.5), hist::upper_bound_ns(1));
+        assert_eq!(row.quantile_upper_ns(1.0), hist::upper_bound_ns(2));
+    }
+
+    #[test]
+    fn synthetic_profiles() {
+        let p = Profile::from_rows(&[("read", 10, 1, 5000), ("futex", 2, 0, 1000)]);
+        assert_eq!(p.total_calls(), 12);
+        assert_eq!(p.total_ns(), 6000);
+        assert_eq!(p.total_errors(), 1);
+    }
+}

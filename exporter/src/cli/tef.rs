@@ -1,0 +1,515 @@
+//! Writers of `sysscope trace` output: Trace Event Format JSON (what Perfetto UI and
+//! `chrome://tracing` open) and a `strace -f -T`-like text log.
+//!
+//! TEF layout: one `X` slice per syscall on its thread's track (`pid` = tgid, `tid` = tid,
+//! `ts`/`dur` in µs since the trace started, args: arguments, return value, errno, path),
+//! `M` metadata naming every process and thread (and labelling processes with their cgroup),
+//! `C` counter tracks for the node's CPU utilisation (and GPUs when NVML is present) on a
+//! "node" process (pid 0), and `otherData` with the clock, the target and what was dropped.
+//! Records are streamed to the file as they arrive, so memory stays flat; metadata comes last.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::Write,
+};
+
+use sysscope_abi::{trace_flags, TraceEvent};
+
+use super::{events::EventSink, format};
+use crate::{
+    metadata::cgroups::{self, CgroupResolver},
+    syscall_table,
+};
+
+/// Pid of the synthetic process that carries the node's counter tracks.
+pub const NODE_PID: u32 = 0;
+
+/// The output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    TraceEventJson,
+    Text,
+}
+
+/// What the writer knows about a thread, for the metadata events.
+#[derive(Debug, Clone)]
+struct ThreadInfo {
+    tgid: u32,
+    comm: String,
+}
+
+/// Samples the node's CPU utilisation from /proc/stat.
+#[derive(Debug, Default)]
+pub struct CpuSampler {
+    /// Per line ("cpu", "cpu0", ...): the jiffies of each mode at the previous sample.
+    last: HashMap<String, Vec<u64>>,
+}
+
+/// Modes of a /proc/stat cpu line, in order.
+pub const CPU_MODES: [&str; 8] = [
+    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
+];
+
+impl CpuSampler {
+    /// Utilisation (%) per mode of every cpu line since the previous call (empty the first
+    /// time): `("cpu", [("user", 12.5), ...])`, then one line per CPU.
+    pub fn sample(&mut self, proc_stat: &str) -> Vec<(String, Vec<(&'static str, f64)>)> {
+        let mut out = Vec::new();
+        for line in proc_stat.lines().filter(|l| l.starts_with("cpu")) {
+            let mut fields = line.split_whitespace();
+            let Some(name) = fields.next() else { continue };
+            let values: Vec<u64> = fields
+                .take(CPU_MODES.len())
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            if values.len() < CPU_MODES.len() {
+                continue;
+            }
+            if let Some(prev) = self.last.get(name) {
+                let deltas: Vec<u64> = values
+                    .iter()
+                    .zip(prev)
+                    .map(|(a, b)| a.saturating_sub(*b))
+                    .collect();
+                let total: u64 = deltas.iter().sum();
+                if total > 0 {
+                    let modes = CPU_MODES
+                        .iter()
+                        .zip(&deltas)
+                        .map(|(m, d)| (*m, *d as f64 * 100.0 / total as f64))
+                        .collect();
+                    out.push((name.to_string(), modes));
+                }
+            }
+            self.last.insert(name.to_string(), values);
+        }
+        out
+    }
+}
+
+/// GPU utilisation through NVML, when the library and a GPU are present.
+pub struct GpuSampler {
+    nvml: nvml_wrapper::Nvml,
+    devices: u32,
+}
+
+impl GpuSampler {
+    /// `None` when NVML cannot be loaded (no NVIDIA driver) or sees no GPU.
+    pub fn open() -> Option<Self> {
+        let nvml = nvml_wrapper::Nvml::init().ok()?;
+        let devices = nvml.device_count().ok()?;
+        (devices > 0).then_some(Self { nvml, devices })
+    }
+
+    /// (gpu index, utilisation %, memory-controller utilisation %).
+    pub fn sample(&self) -> Vec<(u32, f64, f64)> {
+        (0..self.devices)
+            .filter_map(|i| {
+                let d = self.nvml.device_by_index(i).ok()?;
+                let u = d.utilization_rates().ok()?;
+                Some((i, u.gpu as f64, u.memory as f64))
+            })
+            .collect()
+    }
+}
+
+/// Counts kept by the writer, for the summary line and `otherData`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Syscall slices written.
+    pub written: u64,
+    /// Records received beyond `--max-events`.
+    pub over_limit: u64,
+    /// Counter samples written.
+    pub counter_samples: u64,
+}
+
+/// The trace writer: an [`EventSink`] streaming to `out`.
+pub struct TraceWriter {
+    out: Box<dyn Write>,
+    format: Format,
+    base_ns: u64,
+    max_events: u64,
+    stats: WriterStats,
+    first: bool,
+    threads: BTreeMap<u32, ThreadInfo>,
+    cgroups: HashMap<u32, u64>,
+    error: Option<std::io::Error>,
+    cpu: Option<CpuSampler>,
+    gpu: Option<GpuSampler>,
+    sample_every_ns: u64,
+    next_sample_ns: u64,
+}
+
+impl std::fmt::Debug for TraceWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceWriter")
+            .field("format", &self.format)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `ns` as µs with three decimals, the unit of TEF timestamps.
+fn micros(ns: u64) -> String {
+    format!("{}.{:03}", ns / 1000, ns % 1000)
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).expect("strings serialize")
+}
+
+impl TraceWriter {
+    /// `counters_every_ns`: CPU (and GPU) sampling period, 0 for none.
+    pub fn new(
+        out: Box<dyn Write>,
+        format: Format,
+        max_events: u64,
+        counters_every_ns: u64,
+    ) -> Self {
+        let (cpu, gpu) = if counters_every_ns > 0 && format == Format::TraceEventJson {
+            (Some(CpuSampler::default()), GpuSampler::open())
+        } else {
+            (None, None)
+        };
+        let mut w = Self {
+            out,
+            format,
+            base_ns: 0,
+            max_events,
+            stats: WriterStats::default(),
+            first: true,
+            threads: BTreeMap::new(),
+            cgroups: HashMap::new(),
+            error: None,
+            cpu,
+            gpu,
+            sample_every_ns: counters_every_ns,
+            next_sample_ns: 0,
+        };
+        if format == Format::TraceEventJson {
+            w.raw("{\"traceEvents\":[\n");
+        }
+        w
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        self.stats
+    }
+
+    fn raw(&mut self, s: &str) {
+        if self.error.is_none() {
+            if let Err(e) = self.out.write_all(s.as_bytes()) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    /// Writes one JSON event, with the separator the array needs.
+    fn json_event(&mut self, body: &str) {
+        let sep = if self.first { "" } else { ",\n" };
+        self.first = false;
+        let s = format!("{sep}{body}");
+        self.raw(&s);
+    }
+
+    fn slice(&mut self, e: &TraceEvent) {
+        let name = format::name_of(e);
+        let ts = micros(e.start_ns.saturating_sub(self.base_ns));
+        let dur = micros(e.end_ns.saturating_sub(e.start_ns));
+        let mut args = format!("\"args\":{}", json_str(&format::format_args(e)));
+        if e.flags & trace_flags::NO_RETURN == 0 {
+            if let Some(errno) = format::errno_of(e.ret) {
+                args.push_str(&format!(
+                    ",\"ret\":-1,\"errno\":{}",
+                    json_str(&syscall_table::errno_label(errno))
+                ));
+            } else {
+                let ret = format::format_return(e.nr, e.ret);
+                // Numbers stay numbers; addresses are hex strings.
+                let ret = if ret.starts_with("0x") {
+                    json_str(&ret)
+                } else {
+                    ret
+                };
+                args.push_str(&format!(",\"ret\":{ret}"));
+            }
+        }
+        if let Some(p) = format::path_of(e) {
+            args.push_str(&format!(",\"path\":{}", json_str(&p)));
+        }
+        let body = format!(
+            "{{\"ph\":\"X\",\"cat\":\"syscall\",\"name\":{},\"pid\":{},\"tid\":{},\"ts\":{ts},\"dur\":{dur},\"args\":{{{args}}}}}",
+            json_str(&name),
+            e.tgid,
+            e.tid
+        );
+        self.json_event(&body);
+    }
+
+    fn counter(&mut self, name: &str, ts_ns: u64, values: &[(&str, f64)]) {
+        let args = values
+            .iter()
+            .map(|(k, v)| format!("{}:{v:.2}", json_str(k)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let body = format!(
+            "{{\"ph\":\"C\",\"name\":{},\"pid\":{NODE_PID},\"tid\":{NODE_PID},\"ts\":{},\"args\":{{{args}}}}}",
+            json_str(name),
+            micros(ts_ns.saturating_sub(self.base_ns))
+        );
+        self.json_event(&body);
+        self.stats.counter_samples += 1;
+    }
+
+    fn sample_counters(&mut self, now_ns: u64) {
+        if let Some(cpu) = self.cpu.as_mut() {
+            let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+            let lines = cpu.sample(&text);
+            for (name, modes) in lines {
+                if name == "cpu" {
+                    let values: Vec<(&str, f64)> = modes
+                        .iter()
+                        .filter(|(m, _)| *m != "idle")
+                        .map(|(m, v)| (*m, *v))
+                        .collect();
+                    self.counter("CPU utilization (%)", now_ns, &values);
+                } else {
+                    let busy: f64 = modes
+                        .iter()
+                        .filter(|(m, _)| *m != "idle" && *m != "iowait")
+                        .map(|(_, v)| v)
+                        .sum();
+                    self.counter(&format!("{name} busy (%)"), now_ns, &[("busy", busy)]);
+                }
+            }
+        }
+        let gpu_samples = self.gpu.as_ref().map(|g| g.sample()).unwrap_or_default();
+        for (i, util, mem) in gpu_samples {
+            self.counter(
+                &format!("gpu{i} utilization (%)"),
+                now_ns,
+                &[("gpu", util), ("memory", mem)],
+            );
+        }
+    }
+
+    /// Writes the metadata and the closing part, and flushes. `other` is merged into
+    /// `otherData`.
+    pub fn finish(mut self, other: serde_json::Value) -> Result<WriterStats, std::io::Error> {
+        if self.sample_every_ns > 0 {
+            // One last sample, so even a run shorter than the period has its counters.
+            self.sample_counters(super::monotonic_ns());
+        }
+        match self.format {
+            Format::TraceEventJson => {
+                let threads = std::mem::take(&mut self.threads);
+                let mut processes: BTreeMap<u32, String> = BTreeMap::new();
+                for (tid, t) in &threads {
+                    // The process is named after its main thread, else after any thread.
+                    if *tid == t.tgid || !processes.contains_key(&t.tgid) {
+                        processes.insert(t.tgid, t.comm.clone());
+                    }
+                }
+                if self.cpu.is_some() || self.gpu.is_some() {
+                    processes.insert(NODE_PID, "node".to_string());
+                }
+                let mut resolver = None;
+                for (pid, name) in &processes {
+                    let body = format!(
+                        "{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":{pid},\"tid\":{pid},\"args\":{{\"name\":{}}}}}",
+                        json_str(name)
+                    );
+                    self.json_event(&body);
+                    if let Some(cg) = self.cgroups.get(pid).copied() {
+                        let label = cgroup_label(&mut resolver, cg);
+                        let body = format!(
+                            "{{\"ph\":\"M\",\"name\":\"process_labels\",\"pid\":{pid},\"tid\":{pid},\"args\":{{\"labels\":{}}}}}",
+                            json_str(&label)
+                        );
+                        self.json_event(&body);
+                    }
+                }
+                for (tid, t) in &threads {
+                    let body = format!(
+                        "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+                        t.tgid,
+                        json_str(&t.comm)
+                    );
+                    self.json_event(&body);
+                }
+                let mut data = serde_json::json!({
+                    "tool": "sysscope trace",
+                    "version": crate::agent::VERSION,
+                    "clock": "CLOCK_MONOTONIC",
+                    "start_monotonic_ns": self.base_ns,
+                    "events_written": self.stats.written,
+                    "dropped_over_max_events": self.stats.over_limit,
+                });
+                if let (Some(obj), serde_json::Value::Object(extra)) = (data.as_object_mut(), other)
+                {
+                    obj.extend(extra);
+                }
+                let tail = format!(
+                    "\n],\n\"displayTimeUnit\":\"ns\",\n\"otherData\":{}\n}}\n",
+                    data
+                );
+                self.raw(&tail);
+            }
+            Format::Text => {
+                let line = format!(
+                    "# sysscope trace: {} calls written, {} over --max-events, {}\n",
+                    self.stats.written, self.stats.over_limit, other
+                );
+                self.raw(&line);
+            }
+        }
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.out.flush()?;
+        Ok(self.stats)
+    }
+}
+
+/// "cgroup=/path" for a cgroup id, when it can be resolved.
+fn cgroup_label(resolver: &mut Option<CgroupResolver>, id: u64) -> String {
+    if resolver.is_none() {
+        *resolver = cgroups::v2_mount().ok().map(CgroupResolver::new);
+    }
+    match resolver.as_mut().map(|r| r.resolve(id)) {
+        Some(path) if &*path != cgroups::UNRESOLVED => format!("cgroup={path}"),
+        _ => format!("cgroup_id={id}"),
+    }
+}
+
+impl EventSink for TraceWriter {
+    fn start(&mut self, start_ns: u64) {
+        self.base_ns = start_ns;
+        self.next_sample_ns = start_ns;
+        if self.sample_every_ns > 0 {
+            self.sample_counters(start_ns);
+            self.next_sample_ns = start_ns + self.sample_every_ns;
+        }
+    }
+
+    fn event(&mut self, e: &TraceEvent) {
+        if self.stats.written >= self.max_events {
+            self.stats.over_limit += 1;
+            return;
+        }
+        self.stats.written += 1;
+        // The latest comm wins: a thread that execs is renamed.
+        let comm = format::comm_of(e);
+        match self.threads.get_mut(&e.tid) {
+            Some(t) => {
+                if t.comm != comm {
+                    t.comm = comm;
+                }
+                t.tgid = e.tgid;
+            }
+            None => {
+                self.threads
+                    .insert(e.tid, ThreadInfo { tgid: e.tgid, comm });
+            }
+        }
+        self.cgroups.entry(e.tgid).or_insert(e.cgroup_id);
+        match self.format {
+            Format::TraceEventJson => self.slice(e),
+            Format::Text => {
+                let mut line = format::strace_line(e, self.base_ns);
+                line.push('\n');
+                self.raw(&line);
+            }
+        }
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        if self.sample_every_ns > 0 && now_ns >= self.next_sample_ns {
+            self.sample_counters(now_ns);
+            self.next_sample_ns = now_ns + self.sample_every_ns;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// A Write that keeps what was written, shared with the test.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn ev(tgid: u32, tid: u32, name: &str, start: u64, dur: u64, ret: i64) -> TraceEvent {
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"work");
+        TraceEvent {
+            start_ns: start,
+            end_ns: start + dur,
+            tgid,
+            tid,
+            nr: syscall_table::number(name).unwrap(),
+            ret,
+            comm,
+            ..TraceEvent::default()
+        }
+    }
+
+    #[test]
+    fn writes_valid_trace_event_json() {
+        let buf = Shared::default();
+        let mut w = TraceWriter::new(Box::new(buf.clone()), Format::TraceEventJson, 2, 0);
+        w.start(1_000_000);
+        w.event(&ev(10, 10, "getppid", 1_001_500, 250, 1));
+        w.event(&ev(10, 11, "openat", 1_002_000, 1000, -2));
+        w.event(&ev(10, 11, "close", 1_003_000, 100, 0));
+        let stats = w.finish(serde_json::json!({"target": "x"})).unwrap();
+        assert_eq!(stats.written, 2);
+        assert_eq!(stats.over_limit, 1);
+        let v: serde_json::Value = serde_json::from_slice(&buf.0.lock().unwrap()).unwrap();
+        let events = v["traceEvents"].as_array().unwrap();
+        let slices: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+        assert_eq!(slices.len(), 2);
+        assert_eq!(slices[0]["name"], "getppid");
+        assert_eq!(slices[0]["ts"].as_f64().unwrap(), 1.5);
+        assert_eq!(slices[0]["dur"].as_f64().unwrap(), 0.25);
+        assert_eq!(slices[1]["args"]["errno"], "ENOENT");
+        let meta: Vec<_> = events.iter().filter(|e| e["ph"] == "M").collect();
+        assert!(meta
+            .iter()
+            .any(|m| m["name"] == "process_name" && m["pid"] == 10 && m["args"]["name"] == "work"));
+        assert_eq!(
+            meta.iter().filter(|m| m["name"] == "thread_name").count(),
+            2
+        );
+        assert_eq!(v["otherData"]["dropped_over_max_events"], 1);
+        assert_eq!(v["otherData"]["target"], "x");
+    }
+
+    #[test]
+    fn cpu_utilisation_from_proc_stat() {
+        let mut s = CpuSampler::default();
+        let a = "cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0 0 0\n";
+        let b = "cpu  150 0 150 900 0 0 0 0 0 0\ncpu0 150 0 150 900 0 0 0 0 0 0\n";
+        assert!(s.sample(a).is_empty());
+        let out = s.sample(b);
+        assert_eq!(out.len(), 2);
+        let (name, modes) = &out[0];
+        assert_eq!(name, "cpu");
+        let get = |m: &str| modes.iter().find(|(k, _)| *k == m).unwrap().1;
+        assert_eq!(get("user"), 25.0);
+        assert_eq!(get("system"), 25.0);
+        assert_eq!(get("idle"), 50.0);
+    }
+}

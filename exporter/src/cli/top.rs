@@ -1,0 +1,730 @@
+//! `sysscope top`: a live view of the busiest cgroups (or processes) by syscall time over the
+//! last interval, with their top syscalls.
+//!
+//! It loads the syscall probes itself and reads `SYSCALL_STATS`/`SYSCALL_ERRORS` each interval
+//! through the same reader as `summary` (exited processes reclaimed), or, with `--from URL`,
+//! reads a running exporter's `/metrics` (`sysscope_syscall_duration_seconds_sum`,
+//! `sysscope_syscalls_total`, `sysscope_syscall_errors_total`) and needs no privileges.
+//! On a terminal it redraws in place (ANSI) and quits on `q` or Ctrl-C; otherwise it prints
+//! one frame per interval.
+
+use std::{
+    collections::HashMap,
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use super::{
+    diagnose::secs, is_tty, parse_duration, profile::ProfileReader, progress::thousands, signals,
+    CliError,
+};
+use crate::{
+    config::Config,
+    metadata::{cgroups, Labeler},
+    probes::{self, LoadOptions, Probes},
+    syscall_table,
+};
+
+const EXAMPLES: &str = "\
+Examples:
+  sysscope top                         # busiest cgroups, refreshed every second
+  sysscope top --by process -n 20      # busiest processes
+  sysscope top --count 3 > frames.txt  # three frames, no terminal needed
+  sysscope top --from http://127.0.0.1:9812/metrics   # from a running exporter, no root
+
+Columns: syscall time spent in the interval (summed over threads, so it can exceed the
+interval), that time as a share of the interval, calls and errors per second, and the
+syscalls taking the most time. Press q or Ctrl-C to quit.";
+
+/// What a row stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum GroupBy {
+    /// One row per cgroup.
+    #[default]
+    Cgroup,
+    /// One row per process (pid; by name with --from, where pids are not exported by default).
+    Process,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = EXAMPLES)]
+pub struct TopArgs {
+    /// Refresh interval.
+    #[arg(short = 'i', long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    pub interval: Duration,
+
+    /// Rows by cgroup or by process.
+    #[arg(long, value_enum, default_value_t = GroupBy::Cgroup)]
+    pub by: GroupBy,
+
+    /// Rows to show.
+    #[arg(short = 'n', long, value_name = "N", default_value_t = 15)]
+    pub limit: usize,
+
+    /// Stop after this many frames (0: until q or Ctrl-C).
+    #[arg(short = 'c', long, value_name = "N", default_value_t = 0)]
+    pub count: u64,
+
+    /// Read a running sysscope exporter's metrics (http://host:port/metrics) instead of
+    /// loading probes.
+    #[arg(long, value_name = "URL")]
+    pub from: Option<String>,
+}
+
+/// Usage of one syscall by one group over an interval.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub calls: u64,
+    pub errors: u64,
+    pub time_ns: u64,
+}
+
+/// A group (cgroup or process) and its usage per syscall name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupUsage {
+    /// Row label: the cgroup path, or "pid comm".
+    pub label: String,
+    /// Secondary column: the process's cgroup when grouping by process.
+    pub detail: String,
+    pub syscalls: HashMap<String, Usage>,
+}
+
+impl GroupUsage {
+    pub fn total(&self) -> Usage {
+        self.syscalls.values().fold(Usage::default(), |a, u| Usage {
+            calls: a.calls + u.calls,
+            errors: a.errors + u.errors,
+            time_ns: a.time_ns + u.time_ns,
+        })
+    }
+}
+
+/// Where frames come from.
+trait Source {
+    /// Usage since the previous call.
+    fn sample(&mut self) -> Result<Vec<GroupUsage>, CliError>;
+}
+
+/// The probes, loaded by `top` itself.
+struct ProbeSource {
+    reader: ProfileReader,
+    labeler: Labeler,
+    by: GroupBy,
+    _probes: Probes,
+}
+
+impl ProbeSource {
+    fn start(config: &Config, by: GroupBy) -> Result<Self, CliError> {
+        probes::preflight()?;
+        let root = cgroups::v2_mount()?;
+        let mut probes = Probes::load(
+            &super::measure::tool_config(config),
+            &LoadOptions::default(),
+        )?;
+        let reader = ProfileReader::attach(&mut probes, "top")?;
+        Ok(Self {
+            reader,
+            labeler: Labeler::new(root, false),
+            by,
+            _probes: probes,
+        })
+    }
+}
+
+impl Source for ProbeSource {
+    fn sample(&mut self) -> Result<Vec<GroupUsage>, CliError> {
+        let d = self.reader.poll(|_, _| true);
+        self.labeler.new_cycle();
+        for (tgid, comm) in &d.exited {
+            self.labeler.comms.set_exited(*tgid, comm);
+        }
+        let mut groups: HashMap<String, GroupUsage> = HashMap::new();
+        let key_of = |labeler: &mut Labeler, cgroup_id: u64, tgid: u32| {
+            let cg = labeler.cgroup(cgroup_id).path.to_string();
+            match self.by {
+                GroupBy::Cgroup => (cg.clone(), cg, String::new()),
+                GroupBy::Process => {
+                    let comm = labeler.comms.resolve(tgid);
+                    (format!("{tgid}"), format!("{tgid} {comm}"), cg)
+                }
+            }
+        };
+        for (key, s) in &d.stats {
+            let (k, label, detail) = key_of(&mut self.labeler, key.cgroup_id, key.tgid);
+            let g = groups.entry(k).or_insert_with(|| GroupUsage {
+                label,
+                detail,
+                ..GroupUsage::default()
+            });
+            let u = g
+                .syscalls
+                .entry(syscall_table::label(key.nr).into_owned())
+                .or_default();
+            u.calls += s.count();
+            u.time_ns += s.sum_ns;
+        }
+        for (key, n) in &d.errors {
+            let (k, label, detail) = key_of(&mut self.labeler, key.cgroup_id, key.tgid);
+            let g = groups.entry(k).or_insert_with(|| GroupUsage {
+                label,
+                detail,
+                ..GroupUsage::default()
+            });
+            g.syscalls
+                .entry(syscall_table::label(key.nr as u32).into_owned())
+                .or_default()
+                .errors += n;
+        }
+        for (tgid, _) in &d.exited {
+            self.labeler.comms.forget(*tgid);
+        }
+        Ok(groups.into_values().collect())
+    }
+}
+
+/// A running exporter's /metrics.
+struct MetricsSource {
+    url: String,
+    by: GroupBy,
+    last: Option<HashMap<(String, String, String), Usage>>,
+}
+
+/// One sample of the exposition: name, labels, value.
+pub type Sample = (String, HashMap<String, String>, f64);
+
+/// Parses the sample lines of the Prometheus text format (enough for sysscope's own output).
+pub fn parse_exposition(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, rest) = match line.find(['{', ' ']) {
+            Some(i) => line.split_at(i),
+            None => continue,
+        };
+        let mut labels = HashMap::new();
+        let mut rest = rest;
+        if let Some(r) = rest.strip_prefix('{') {
+            let mut chars = r.char_indices();
+            let mut key = String::new();
+            let mut end = r.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '}' => {
+                        end = i + 1;
+                        break;
+                    }
+                    ',' | ' ' => {}
+                    '=' => {
+                        let _ = chars.next(); // opening quote
+                        let mut val = String::new();
+                        while let Some((_, c)) = chars.next() {
+                            match c {
+                                '\\' => match chars.next().map(|x| x.1) {
+                                    Some('n') => val.push('\n'),
+                                    Some(o) => val.push(o),
+                                    None => {}
+                                },
+                                '"' => break,
+                                o => val.push(o),
+                            }
+                        }
+                        labels.insert(std::mem::take(&mut key), val);
+                    }
+                    o => key.push(o),
+                }
+            }
+            rest = &r[end.min(r.len())..];
+        }
+        let Some(value) = rest.split_whitespace().next() else {
+            continue;
+        };
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => match v.parse() {
+                Ok(v) => v,
+                Err(_) => continue,
+            },
+        };
+        out.push((name.to_string(), labels, value));
+    }
+    out
+}
+
+/// GET over plain HTTP/1.0 (the exporter serves loopback by default; no TLS here).
+pub fn http_get(url: &str) -> Result<String, CliError> {
+    let fail = |message: String| CliError::Fetch {
+        what: format!("GET {url}"),
+        message,
+    };
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| fail("only http:// URLs are supported".into()))?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/metrics"),
+    };
+    let mut s = TcpStream::connect(host).map_err(|e| fail(e.to_string()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| fail(e.to_string()))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain; version=0.0.4\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).map_err(|e| fail(e.to_string()))?;
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| fail("malformed HTTP response".into()))?;
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        return Err(fail(format!("HTTP status {status}")));
+    }
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return Ok(dechunk(body));
+    }
+    Ok(body.to_string())
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Cumulative usage per (group key, detail, syscall) from an exposition.
+fn cumulative(samples: &[Sample], by: GroupBy) -> HashMap<(String, String, String), Usage> {
+    let mut out: HashMap<(String, String, String), Usage> = HashMap::new();
+    for (name, labels, value) in samples {
+        let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        let (group, detail) = match by {
+            GroupBy::Cgroup => (get("cgroup"), String::new()),
+            GroupBy::Process => match labels.get("pid") {
+                Some(pid) => (format!("{pid} {}", get("comm")), get("cgroup")),
+                None => (get("comm"), get("cgroup")),
+            },
+        };
+        let key = (group, detail, get("syscall"));
+        match name.as_str() {
+            "sysscope_syscalls_total" => out.entry(key).or_default().calls += *value as u64,
+            "sysscope_syscall_errors_total" => out.entry(key).or_default().errors += *value as u64,
+            "sysscope_syscall_duration_seconds_sum" => {
+                out.entry(key).or_default().time_ns += (*value * 1e9) as u64
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What changed between two cumulative readings, grouped.
+fn usage_delta(
+    prev: &HashMap<(String, String, String), Usage>,
+    cur: &HashMap<(String, String, String), Usage>,
+) -> Vec<GroupUsage> {
+    let mut groups: HashMap<(String, String), GroupUsage> = HashMap::new();
+    for (key, u) in cur {
+        let p = prev.get(key).cloned().unwrap_or_default();
+        let d = Usage {
+            calls: u.calls.saturating_sub(p.calls),
+            errors: u.errors.saturating_sub(p.errors),
+            time_ns: u.time_ns.saturating_sub(p.time_ns),
+        };
+        if d == Usage::default() {
+            continue;
+        }
+        let g = groups
+            .entry((key.0.clone(), key.1.clone()))
+            .or_insert_with(|| GroupUsage {
+                label: key.0.clone(),
+                detail: key.1.clone(),
+                ..GroupUsage::default()
+            });
+        g.syscalls.insert(key.2.clone(), d);
+    }
+    groups.into_values().collect()
+}
+
+impl Source for MetricsSource {
+    fn sample(&mut self) -> Result<Vec<GroupUsage>, CliError> {
+        let text = http_get(&self.url)?;
+        let cur = cumulative(&parse_exposition(&text), self.by);
+        let out = match &self.last {
+            Some(prev) => usage_delta(prev, &cur),
+            None => Vec::new(),
+        };
+        self.last = Some(cur);
+        Ok(out)
+    }
+}
+
+/// Terminal width, 120 when unknown.
+fn terminal_width() -> usize {
+    // SAFETY: TIOCGWINSZ fills a winsize; failure leaves it zeroed.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
+    if ok && ws.ws_col > 0 {
+        ws.ws_col as usize
+    } else {
+        120
+    }
+}
+
+fn truncate(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// One frame of text: a header and the busiest groups.
+pub fn render_frame(
+    groups: &[GroupUsage],
+    interval: Duration,
+    by: GroupBy,
+    limit: usize,
+    width: usize,
+    note: &str,
+) -> String {
+    let secs_f = interval.as_secs_f64().max(1e-9);
+    let mut sorted: Vec<(&GroupUsage, Usage)> = groups.iter().map(|g| (g, g.total())).collect();
+    sorted.sort_by(|a, b| {
+        b.1.time_ns
+            .cmp(&a.1.time_ns)
+            .then_with(|| b.1.calls.cmp(&a.1.calls))
+            .then_with(|| a.0.label.cmp(&b.0.label))
+    });
+    let all: Usage = sorted.iter().fold(Usage::default(), |a, (_, u)| Usage {
+        calls: a.calls + u.calls,
+        errors: a.errors + u.errors,
+        time_ns: a.time_ns + u.time_ns,
+    });
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut out = String::new();
+    out.push_str(&truncate(
+        &format!(
+            "sysscope top - {:02}:{:02}:{:02} UTC - every {} - by {} - {} syscalls/s, {} in syscalls{}",
+            now / 3600 % 24,
+            now / 60 % 60,
+            now % 60,
+            secs(interval.as_nanos() as f64),
+            match by {
+                GroupBy::Cgroup => "cgroup",
+                GroupBy::Process => "process",
+            },
+            thousands((all.calls as f64 / secs_f) as u64),
+            secs(all.time_ns as f64),
+            note
+        ),
+        width,
+    ));
+    out.push('\n');
+    let (label_head, detail_head) = match by {
+        GroupBy::Cgroup => ("CGROUP", ""),
+        GroupBy::Process => ("PROCESS", "CGROUP"),
+    };
+    // Columns as wide as the longest label shown (cgroup paths can be long), within limits.
+    let shown = sorted.iter().take(limit);
+    let label_w = shown
+        .clone()
+        .map(|(g, _)| g.label.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(label_head.len(), 64);
+    let detail_w = if by == GroupBy::Process {
+        shown
+            .map(|(g, _)| g.detail.chars().count())
+            .max()
+            .unwrap_or(0)
+            .clamp(detail_head.len(), 48)
+    } else {
+        0
+    };
+    let mut header = format!(
+        "{:>12} {:>7} {:>10} {:>8}  {:<label_w$}",
+        "SYSCALL-TIME", "%TIME", "CALLS/S", "ERRS/S", label_head
+    );
+    if detail_w > 0 {
+        header.push_str(&format!(" {detail_head:<detail_w$}"));
+    }
+    header.push_str(" TOP SYSCALLS");
+    out.push_str(&truncate(&header, width));
+    out.push('\n');
+    if sorted.is_empty() {
+        out.push_str("(no syscalls in this interval)\n");
+    }
+    for (g, total) in sorted.iter().take(limit) {
+        let mut top: Vec<(&String, &Usage)> = g.syscalls.iter().collect();
+        top.sort_by(|a, b| b.1.time_ns.cmp(&a.1.time_ns).then_with(|| a.0.cmp(b.0)));
+        let tops = top
+            .iter()
+            .take(3)
+            .map(|(name, u)| {
+                let share = if total.time_ns > 0 {
+                    u.time_ns as f64 * 100.0 / total.time_ns as f64
+                } else {
+                    0.0
+                };
+                format!("{name} {share:.0}%")
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut line = format!(
+            "{:>12} {:>6.1}% {:>10} {:>8}  {:<label_w$}",
+            secs(total.time_ns as f64),
+            total.time_ns as f64 * 100.0 / (secs_f * 1e9),
+            thousands((total.calls as f64 / secs_f).round() as u64),
+            thousands((total.errors as f64 / secs_f).round() as u64),
+            truncate(&g.label, label_w),
+        );
+        if detail_w > 0 {
+            line.push_str(&format!(" {:<detail_w$}", truncate(&g.detail, detail_w)));
+        }
+        line.push(' ');
+        line.push_str(&tops);
+        out.push_str(&truncate(&line, width));
+        out.push('\n');
+    }
+    out
+}
+
+/// Puts a terminal's stdin in non-canonical, no-echo mode; restores it on drop.
+struct RawStdin {
+    saved: libc::termios,
+}
+
+impl RawStdin {
+    fn enable() -> Option<Self> {
+        if !is_tty(0) {
+            return None;
+        }
+        // SAFETY: tcgetattr/tcsetattr on stdin with a termios we own.
+        unsafe {
+            let mut t: libc::termios = std::mem::zeroed();
+            if libc::tcgetattr(0, &mut t) != 0 {
+                return None;
+            }
+            let saved = t;
+            // ISIG stays on: Ctrl-C still raises SIGINT, which the loop handles.
+            t.c_lflag &= !(libc::ICANON | libc::ECHO);
+            t.c_cc[libc::VMIN] = 0;
+            t.c_cc[libc::VTIME] = 0;
+            libc::tcsetattr(0, libc::TCSANOW, &t);
+            Some(Self { saved })
+        }
+    }
+}
+
+impl Drop for RawStdin {
+    fn drop(&mut self) {
+        // SAFETY: restoring the settings read in enable().
+        unsafe { libc::tcsetattr(0, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// Waits `d`, returning early (true) when the user asked to quit.
+fn wait_or_quit(d: Duration, keys: bool, signals_at_start: usize) -> bool {
+    let until = Instant::now() + d;
+    loop {
+        if signals::count() > signals_at_start {
+            return true;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let step = left.min(Duration::from_millis(100));
+        if keys {
+            let mut fds = libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd on stdin.
+            let r = unsafe { libc::poll(&mut fds, 1, step.as_millis() as i32) };
+            if r > 0 {
+                let mut buf = [0u8; 16];
+                let n = std::io::stdin().read(&mut buf).unwrap_or(0);
+                if buf[..n].iter().any(|b| matches!(b, b'q' | b'Q' | 3)) {
+                    return true;
+                }
+            }
+        } else {
+            std::thread::sleep(step);
+        }
+    }
+}
+
+pub fn run(args: &TopArgs, config: &Config) -> Result<u8, CliError> {
+    if args.interval < Duration::from_millis(100) {
+        return Err(CliError::Usage("--interval must be at least 100ms".into()));
+    }
+    let mut source: Box<dyn Source> = match &args.from {
+        Some(url) => {
+            let mut s = MetricsSource {
+                url: url.clone(),
+                by: args.by,
+                last: None,
+            };
+            // The first reading is the baseline (and checks the URL now).
+            s.sample()?;
+            Box::new(s)
+        }
+        None => Box::new(ProbeSource::start(config, args.by)?),
+    };
+    signals::install();
+    let signals_at_start = signals::count();
+    let interactive = is_tty(1);
+    let raw = if interactive {
+        RawStdin::enable()
+    } else {
+        None
+    };
+    let keys = raw.is_some();
+    let mut stdout = std::io::stdout();
+    if interactive {
+        // Alternate screen, hidden cursor.
+        let _ = write!(stdout, "\x1b[?1049h\x1b[?25l");
+    }
+    let note = if keys { " - q to quit" } else { "" };
+    let mut frames = 0u64;
+    let mut last = Instant::now();
+    let result = loop {
+        if wait_or_quit(args.interval, keys, signals_at_start) {
+            break Ok(0);
+        }
+        let groups = match source.sample() {
+            Ok(g) => g,
+            Err(e) => break Err(e),
+        };
+        let elapsed = last.elapsed();
+        last = Instant::now();
+        let width = if interactive { terminal_width() } else { 200 };
+        let frame = render_frame(&groups, elapsed, args.by, args.limit, width, note);
+        let written = if interactive {
+            write!(stdout, "\x1b[H\x1b[2J{frame}")
+        } else {
+            writeln!(stdout, "{frame}")
+        };
+        if written.and_then(|_| stdout.flush()).is_err() {
+            // stdout closed (e.g. piped into head): a normal way to stop.
+            break Ok(0);
+        }
+        frames += 1;
+        if args.count > 0 && frames >= args.count {
+            break Ok(0);
+        }
+    };
+    if interactive {
+        let _ = write!(stdout, "\x1b[?25h\x1b[?1049l");
+        let _ = stdout.flush();
+    }
+    drop(raw);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(label: &str, rows: &[(&str, u64, u64, u64)]) -> GroupUsage {
+        GroupUsage {
+            label: label.into(),
+            detail: String::new(),
+            syscalls: rows
+                .iter()
+                .map(|(n, c, e, t)| {
+                    (
+                        n.to_string(),
+                        Usage {
+                            calls: *c,
+                            errors: *e,
+                            time_ns: *t,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn frames_sort_by_time_and_show_top_syscalls() {
+        let groups = vec![
+            group("/small", &[("read", 10, 0, 1_000)]),
+            group(
+                "/big",
+                &[("futex", 5, 0, 600_000_000), ("read", 100, 2, 200_000_000)],
+            ),
+        ];
+        let f = render_frame(
+            &groups,
+            Duration::from_secs(1),
+            GroupBy::Cgroup,
+            10,
+            200,
+            "",
+        );
+        let lines: Vec<&str> = f.lines().collect();
+        assert!(lines[1].contains("SYSCALL-TIME") && lines[1].contains("CGROUP"));
+        assert!(lines[2].contains("/big"), "{f}");
+        assert!(lines[2].contains("80.0%"), "{f}");
+        assert!(lines[2].contains("futex 75%, read 25%"), "{f}");
+        assert!(lines[3].contains("/small"));
+        let f = render_frame(&groups, Duration::from_secs(1), GroupBy::Cgroup, 1, 200, "");
+        assert!(!f.contains("/small"));
+    }
+
+    #[test]
+    fn exposition_deltas() {
+        let a = "# HELP x\nsysscope_syscalls_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 10\n\
+                 sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 0.5\n";
+        let b = "sysscope_syscalls_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 25\n\
+                 sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 0.75\n\
+                 sysscope_syscall_errors_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\",errno=\"EAGAIN\"} 3\n";
+        let pa = cumulative(&parse_exposition(a), GroupBy::Cgroup);
+        let pb = cumulative(&parse_exposition(b), GroupBy::Cgroup);
+        let d = usage_delta(&pa, &pb);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].label, "/a");
+        assert_eq!(
+            d[0].syscalls["read"],
+            Usage {
+                calls: 15,
+                errors: 3,
+                time_ns: 250_000_000
+            }
+        );
+        let by_proc = cumulative(&parse_exposition(b), GroupBy::Process);
+        assert!(by_proc.keys().any(|k| k.0 == "x" && k.1 == "/a"));
+    }
+
+    #[test]
+    fn label_escapes() {
+        let s = parse_exposition("m{a=\"x\\\"y\",b=\"1\\n2\"} 4 1700000000\n");
+        assert_eq!(s[0].1["a"], "x\"y");
+        assert_eq!(s[0].1["b"], "1\n2");
+        assert_eq!(s[0].2, 4.0);
+    }
+}

@@ -1,0 +1,582 @@
+//! The command-line tools on the real kernel with the real probes: `summary` against
+//! `strace -c -f` on the same deterministic command, `trace` output parsed as Trace Event
+//! Format with exact slice counts, `diagnose` naming each scripted pattern first, `top`
+//! showing a workload's cgroup, and the privilege check.
+
+mod common;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use common::*;
+
+/// (calls, errors) per syscall from a `strace -c` style table (strace's or sysscope's).
+fn parse_c_table(text: &str) -> BTreeMap<String, (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "% time seconds usecs/call calls [errors] syscall"
+        if f.len() < 5 || f[0].starts_with('-') || f[0] == "%" {
+            continue;
+        }
+        let Ok(calls) = f[3].parse::<u64>() else {
+            continue;
+        };
+        let (errors, name) = if f.len() >= 6 {
+            (f[4].parse().unwrap_or(0), f[5])
+        } else {
+            (0, f[4])
+        };
+        if name != "total" {
+            out.insert(name.to_string(), (calls, errors));
+        }
+    }
+    out
+}
+
+fn within(a: u64, b: u64, ratio: f64) -> bool {
+    (a as f64 - b as f64).abs() <= ratio * a.max(b) as f64
+}
+
+/// Runs sysscope with `args`; returns (exit code, stdout, stderr). cargo's LD_LIBRARY_PATH is
+/// removed so the workload's dynamic loader makes the same calls as from a shell, and glibc
+/// keeps one malloc arena so threads map and trim the same memory on every run.
+fn sysscope(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(sysscope_bin())
+        .env_remove("LD_LIBRARY_PATH")
+        .env("MALLOC_ARENA_MAX", "1")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sysscope");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch_file(dir: &Path, name: &str) -> String {
+    dir.join(name).to_str().unwrap().to_string()
+}
+
+#[test]
+fn summary_matches_strace_c_f() {
+    if !require_root("summary_matches_strace_c_f") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Both runs use one copy of the workload, so they run exactly the same program.
+    let workload = dir.path().join("sysscope-workload");
+    std::fs::copy(workload_bin(), &workload).unwrap();
+    let workload = workload.to_str().unwrap();
+    let steps = |file: &str| -> Vec<String> {
+        [
+            "getppid",
+            "20000",
+            "openat-missing",
+            "500",
+            "write-fsync",
+            file,
+            "40",
+            "100",
+            "stat",
+            "/",
+            "300",
+            "getppid-threads",
+            "3",
+            "5000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+
+    // Ground truth: strace -c -f on the same command.
+    let strace_out = dir.path().join("strace.txt");
+    let status = Command::new("strace")
+        .env_remove("LD_LIBRARY_PATH")
+        .env("MALLOC_ARENA_MAX", "1")
+        .arg("-c")
+        .arg("-f")
+        .arg("-o")
+        .arg(&strace_out)
+        .arg(workload)
+        .args(steps(&scratch_file(dir.path(), "a")))
+        .status()
+        .expect("strace is installed (scripts/setup.sh --test)");
+    assert!(status.success());
+    let truth = parse_c_table(&std::fs::read_to_string(&strace_out).unwrap());
+    // 20000 on the main thread, 3 x 5000 on three threads: -f follows threads.
+    assert_eq!(truth.get("getppid"), Some(&(35000, 0)), "strace: {truth:?}");
+
+    // The table.
+    let b = scratch_file(dir.path(), "b");
+    let mut args = vec!["summary", "-q", "--"];
+    args.push(workload);
+    let s = steps(&b);
+    args.extend(s.iter().map(String::as_str));
+    let (code, table, err) = sysscope(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(table.starts_with("% time     seconds  usecs/call     calls    errors syscall\n"));
+    assert!(table.trim_end().ends_with("total"), "{table}");
+    let ours = parse_c_table(&table);
+    assert_eq!(ours.get("getppid"), Some(&(35000, 0)), "{table}");
+    assert_eq!(ours.get("openat").map(|r| r.1), Some(500), "{table}");
+    assert_eq!(ours.get("fsync"), Some(&(40, 0)), "{table}");
+    for name in truth.keys().chain(ours.keys()) {
+        let t = truth.get(name).copied().unwrap_or((0, 0));
+        let o = ours.get(name).copied().unwrap_or((0, 0));
+        if t.0 >= 10 || o.0 >= 10 {
+            assert!(
+                within(t.0, o.0, 0.02),
+                "{name}: strace {} calls, sysscope {}\nstrace: {truth:?}\nsysscope: {ours:?}",
+                t.0,
+                o.0
+            );
+            assert_eq!(t.1, o.1, "{name}: errors strace {} sysscope {}", t.1, o.1);
+        }
+    }
+
+    // The JSON says the same.
+    let c = scratch_file(dir.path(), "c");
+    let mut args = vec!["summary", "-q", "--json", "-S", "calls", "--"];
+    args.push(workload);
+    let s = steps(&c);
+    args.extend(s.iter().map(String::as_str));
+    let (code, json, err) = sysscope(&args);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("--json parses");
+    let rows = v["syscalls"].as_array().unwrap();
+    assert_eq!(rows[0]["syscall"], "getppid", "sorted by calls");
+    let get = |name: &str| rows.iter().find(|r| r["syscall"] == name).unwrap();
+    assert_eq!(get("getppid")["calls"], 35000);
+    assert_eq!(get("openat")["errnos"]["ENOENT"], 500);
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["target"]["kind"], "command");
+    let total: u64 = rows.iter().map(|r| r["calls"].as_u64().unwrap()).sum();
+    assert_eq!(v["total"]["calls"].as_u64().unwrap(), total);
+}
+
+#[test]
+fn summary_propagates_exit_codes_and_removes_its_cgroup() {
+    if !require_root("summary_propagates_exit_codes_and_removes_its_cgroup") {
+        return;
+    }
+    let child = Command::new(sysscope_bin())
+        .args(["summary", "-q", "--", "sh", "-c", "exit 7"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    assert!(!cgroup_root()
+        .join(format!("sysscope-summary-{pid}"))
+        .exists());
+    // A missing command fails before anything runs, like a shell.
+    let (code, _, err) = sysscope(&["summary", "--", "surely-not-a-command-xyz"]);
+    assert_eq!(code, 127, "{err}");
+    assert!(err.contains("command not found"), "{err}");
+}
+
+/// Starts `sysscope args` with stderr piped and waits for its "measuring" line.
+// The caller waits for the child it gets back.
+#[allow(clippy::zombie_processes)]
+fn start_measuring(args: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
+    let mut child = Command::new(sysscope_bin())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if err.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait().unwrap();
+            panic!("sysscope exited before measuring: {status}");
+        }
+        if line.contains("measuring") {
+            return (child, err);
+        }
+    }
+}
+
+#[test]
+fn summary_of_a_pid_and_of_a_cgroup() {
+    if !require_root("summary_of_a_pid_and_of_a_cgroup") {
+        return;
+    }
+    let cg = TestCgroup::new("sysscope-test-cli-targets");
+    // The workload waits for a line, makes 3000 getppid calls, waits again, then exits.
+    let mut work = cg
+        .command(workload_bin())
+        .args(["wait-stdin", "getppid", "3000", "wait-stdin"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = work.id().to_string();
+    let (by_pid, _e1) = start_measuring(&["summary", "--json", "--pid", &pid]);
+    let (by_cgroup, _e2) = start_measuring(&["summary", "--json", "--cgroup", &cg.rel]);
+    let mut stdin = work.stdin.take().unwrap();
+    writeln!(stdin).unwrap();
+    drop(stdin);
+    assert!(work.wait().unwrap().success());
+
+    // --pid ends when the process is gone.
+    let out = by_pid.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stopped"], "target gone");
+    let calls = |v: &serde_json::Value, name: &str| {
+        v["syscalls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["syscall"] == name)
+            .map(|r| r["calls"].as_u64().unwrap())
+    };
+    assert_eq!(calls(&v, "getppid"), Some(3000), "{v}");
+
+    // --cgroup runs until Ctrl-C (SIGINT), then prints what it saw.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(by_cgroup.id() as i32, libc::SIGINT) };
+    let out = by_cgroup.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stopped"], "interrupted");
+    assert_eq!(calls(&v, "getppid"), Some(3000), "{v}");
+    assert_eq!(v["target"]["cgroup"], cg.rel.as_str());
+}
+
+fn trace_json(path: &Path) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).expect("trace parses as JSON");
+    let events = v["traceEvents"].as_array().expect("traceEvents").clone();
+    (v, events)
+}
+
+#[test]
+fn trace_writes_trace_event_format_with_exact_slices() {
+    if !require_root("trace_writes_trace_event_format_with_exact_slices") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace.json");
+    const N: usize = 2000;
+    const M: usize = 7;
+    let (code, _, err) = sysscope(&[
+        "trace",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        workload_bin(),
+        "getppid",
+        &N.to_string(),
+        "openat-missing",
+        &M.to_string(),
+        "futex-contention",
+        "3",
+        "50",
+        "sleep",
+        "3",
+        "100",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("nothing dropped"), "{err}");
+    let (v, events) = trace_json(&out);
+    let pid = v["otherData"]["target"]["pid"].as_u64().unwrap();
+    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    for s in &slices {
+        assert!(s["ts"].as_f64().unwrap() >= 0.0 && s["dur"].as_f64().unwrap() >= 0.0);
+        assert_eq!(
+            s["pid"].as_u64(),
+            Some(pid),
+            "only the target is traced: {s}"
+        );
+        assert!(s["tid"].as_u64().is_some() && s["name"].is_string());
+    }
+    let named = |n: &str| slices.iter().filter(|s| s["name"] == n).count();
+    assert_eq!(named("getppid"), N);
+    let failed: Vec<_> = slices
+        .iter()
+        .filter(|s| s["name"] == "openat" && s["args"]["errno"] == "ENOENT")
+        .collect();
+    assert_eq!(failed.len(), M);
+    assert_eq!(
+        failed[0]["args"]["path"],
+        format!("/nonexistent-sysscope/{pid}").as_str()
+    );
+    assert_eq!(named("execve"), 1);
+    // Metadata: the process and each of its threads (main + 3 workers) are named.
+    let meta = |kind: &str| -> Vec<&serde_json::Value> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["name"] == kind)
+            .collect()
+    };
+    let procs = meta("process_name");
+    assert!(procs
+        .iter()
+        .any(|e| e["pid"].as_u64() == Some(pid) && e["args"]["name"] == WORKLOAD_COMM));
+    let threads: Vec<_> = meta("thread_name")
+        .into_iter()
+        .filter(|e| e["pid"].as_u64() == Some(pid))
+        .collect();
+    assert!(threads.len() >= 4, "{threads:?}");
+    let tids: std::collections::BTreeSet<u64> =
+        slices.iter().map(|s| s["tid"].as_u64().unwrap()).collect();
+    assert_eq!(tids.len(), threads.len());
+    // CPU counter tracks (sampled every 100 ms over a run of 300 ms and more) on the node
+    // track, and the drop accounting.
+    let cpu: Vec<_> = events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "CPU utilization (%)")
+        .collect();
+    assert!(cpu.len() >= 2, "{cpu:?}");
+    let user = cpu[0]["args"]["user"].as_f64().unwrap();
+    assert!((0.0..=100.0).contains(&user));
+    assert!(procs
+        .iter()
+        .any(|e| e["pid"] == 0 && e["args"]["name"] == "node"));
+    assert_eq!(named("nanosleep"), 3);
+    assert_eq!(v["otherData"]["dropped_ring_buffer_full"], 0);
+    assert_eq!(v["otherData"]["dropped_over_max_events"], 0);
+    assert_eq!(
+        v["otherData"]["events_written"].as_u64().unwrap() as usize,
+        slices.len()
+    );
+}
+
+#[test]
+fn trace_limits_and_text_log() {
+    if !require_root("trace_limits_and_text_log") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("limited.json");
+    let (code, _, err) = sysscope(&[
+        "trace",
+        "-q",
+        "--max-events",
+        "100",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        workload_bin(),
+        "getppid",
+        "500",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (v, events) = trace_json(&out);
+    let slices = events.iter().filter(|e| e["ph"] == "X").count();
+    assert_eq!(slices, 100);
+    let over = v["otherData"]["dropped_over_max_events"].as_u64().unwrap();
+    assert!(over >= 400, "{over}");
+    assert!(err.contains("over --max-events"), "{err}");
+
+    let (code, text, err) = sysscope(&[
+        "trace",
+        "-q",
+        "--text",
+        "-o",
+        "-",
+        "--",
+        workload_bin(),
+        "getppid",
+        "321",
+        "openat-missing",
+        "3",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.iter().filter(|l| l.contains(" getppid() = ")).count(),
+        321
+    );
+    let enoent: Vec<_> = lines
+        .iter()
+        .filter(|l| {
+            l.contains("openat(") && l.contains("= -1 ENOENT (No such file or directory) <")
+        })
+        .collect();
+    assert_eq!(enoent.len(), 3, "{text}");
+    assert!(
+        enoent[0].contains("\"/nonexistent-sysscope/"),
+        "{}",
+        enoent[0]
+    );
+    assert!(lines.last().unwrap().starts_with("# sysscope trace:"));
+}
+
+#[test]
+fn diagnose_names_each_scripted_pattern_first() {
+    if !require_root("diagnose_names_each_scripted_pattern_first") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = scratch_file(dir.path(), "data");
+    std::fs::write(&data, vec![7u8; 4 << 20]).unwrap();
+    let fsync_file = scratch_file(dir.path(), "fsync");
+    let small = scratch_file(dir.path(), "small");
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("futex-contention", vec!["futex-contention", "4", "1500"]),
+        ("metadata-storm", vec!["stat", "/", "20000"]),
+        ("metadata-storm", vec!["openat-missing", "5000"]),
+        ("open-close-churn", vec!["open-close", &data, "3000"]),
+        (
+            "read-dominated",
+            vec!["read-file", &data, "67108864", "65536"],
+        ),
+        ("tiny-transfers", vec!["read-file", &data, "320000", "16"]),
+        ("tiny-transfers", vec!["small-writes", &small, "20000", "8"]),
+        ("mmap-heavy", vec!["mmap", "2000", "64"]),
+        ("epoll-idle", vec!["epoll-wait", "20", "10"]),
+        ("sleep-loop", vec!["sleep", "20", "5"]),
+        (
+            "fsync-per-write",
+            vec!["write-fsync", &fsync_file, "100", "100"],
+        ),
+    ];
+    for (expected, steps) in cases {
+        let mut args = vec!["diagnose", "-q", "--json", "--"];
+        args.push(workload_bin());
+        args.extend(steps.iter().copied());
+        let (code, out, err) = sysscope(&args);
+        assert_eq!(code, 0, "{steps:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("diagnose --json parses");
+        let verdicts = v["verdicts"].as_array().unwrap();
+        assert!(!verdicts.is_empty(), "{steps:?}: no verdict\n{out}");
+        assert_eq!(
+            verdicts[0]["id"], expected,
+            "{steps:?} should be diagnosed as {expected} first:\n{out}"
+        );
+        assert!(!verdicts[0]["evidence"].as_array().unwrap().is_empty());
+        assert!(verdicts[0]["fix"].as_str().unwrap().len() > 20);
+    }
+    // The text form says the same thing, with evidence and a fix.
+    let (code, text, _) = sysscope(&["diagnose", "-q", "--", workload_bin(), "sleep", "20", "5"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("1. [sleep-loop]"), "{text}");
+    assert!(
+        text.contains("evidence:") && text.contains("fix:"),
+        "{text}"
+    );
+}
+
+#[test]
+fn top_shows_the_busy_cgroup_without_a_terminal() {
+    if !require_root("top_shows_the_busy_cgroup_without_a_terminal") {
+        return;
+    }
+    let cg = TestCgroup::new("sysscope-test-top");
+    let mut work = cg
+        .command(workload_bin())
+        .args(["loop-getppid", "4", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (code, out, err) = sysscope(&["top", "--count", "2", "--interval", "700ms", "-n", "200"]);
+    let _ = work.kill();
+    let _ = work.wait();
+    assert_eq!(code, 0, "{err}");
+    // Two frames, each with a header; the workload's cgroup with getppid as its top syscall.
+    assert_eq!(out.matches("sysscope top - ").count(), 2, "{out}");
+    let row = out
+        .lines()
+        .rev()
+        .find(|l| l.contains(&cg.rel))
+        .unwrap_or_else(|| panic!("{} not in:\n{out}", cg.rel));
+    assert!(row.contains("getppid"), "{row}");
+}
+
+#[test]
+fn tools_say_when_they_lack_privileges() {
+    if !require_root("tools_say_when_they_lack_privileges") {
+        return;
+    }
+    for tool in ["summary", "trace", "diagnose"] {
+        let out = Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(sysscope_bin())
+            .args([tool, "-o", "/dev/null", "--", "true"])
+            .output()
+            .expect("setpriv (util-linux)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(77), "{tool}: {err}");
+        assert!(
+            err.contains("CAP_BPF") && err.contains("run as root"),
+            "{err}"
+        );
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(sysscope_bin())
+        .args(["top", "--count", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(77));
+}
+
+#[test]
+fn help_has_examples() {
+    for tool in ["summary", "trace", "diagnose", "top"] {
+        let (code, out, _) = sysscope(&[tool, "--help"]);
+        assert_eq!(code, 0);
+        assert!(out.contains("Examples:"), "{tool} --help:\n{out}");
+    }
+    let (code, _, err) = sysscope(&["summary", "--pid", "1", "--", "true"]);
+    assert_eq!(code, 2, "two targets are refused");
+    assert!(err.contains("exactly one target"), "{err}");
+}
+
+#[test]
+fn top_from_a_running_exporter_needs_no_privileges() {
+    if !require_root("top_from_a_running_exporter_needs_no_privileges") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cg = TestCgroup::new("sysscope-test-top-from");
+    let mut work = cg
+        .command(workload_bin())
+        .args(["loop-getppid", "4", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{}/metrics", exporter.port);
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(sysscope_bin())
+        .args([
+            "top", "--from", &url, "--count", "1", "-i", "1s", "-n", "200",
+        ])
+        .output()
+        .unwrap();
+    let _ = work.kill();
+    let _ = work.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = text
+        .lines()
+        .find(|l| l.contains(&cg.rel))
+        .unwrap_or_else(|| panic!("{} not in:\n{text}", cg.rel));
+    assert!(row.contains("getppid"), "{row}");
+}
