@@ -93,7 +93,10 @@ fn main() {
                     tv_sec: (ms / 1000) as libc::time_t,
                     tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
                 };
+                // The time actually slept (a loaded machine oversleeps), for tests to compare with.
+                let mut slept = Duration::ZERO;
                 for _ in 0..n {
+                    let t = Instant::now();
                     // SAFETY: valid timespec; a signal interruption would only shorten the sleep.
                     unsafe {
                         libc::syscall(
@@ -102,7 +105,9 @@ fn main() {
                             std::ptr::null_mut::<libc::timespec>(),
                         )
                     };
+                    slept += t.elapsed();
                 }
+                println!("slept_ns={}", slept.as_nanos());
                 i += 3;
             }
             "slow-pipe-read" => {

@@ -315,9 +315,13 @@ impl SyscallCollector {
             });
             entry.seen = generation;
             let d = delta(&entry.last, &cur);
-            entry.last = cur;
             if d.count() > 0 || d.sum_ns > 0 || entry.target.is_none() {
-                let workload = labeler.workload(key.cgroup_id, key.tgid);
+                // A cgroup newer than this cycle's walk: keep the values for the next cycle
+                // (and the entry in the kernel) rather than attribute them to no cgroup.
+                let Some(workload) = labeler.try_workload(key.cgroup_id, key.tgid) else {
+                    continue;
+                };
+                entry.last = cur;
                 let target = self.budget.route(&(workload, key.nr), cost, Self::fold);
                 let totals = self
                     .series
@@ -331,6 +335,8 @@ impl SyscallCollector {
                     totals.last_change = now;
                 }
                 entry.target = Some(target);
+            } else {
+                entry.last = cur;
             }
             if reclaim.contains(&key.tgid) {
                 to_delete.push(key);
@@ -361,9 +367,11 @@ impl SyscallCollector {
             } else {
                 cur - entry.last
             };
-            entry.last = cur;
             if d > 0 || entry.target.is_none() {
-                let workload = labeler.workload(key.cgroup_id, key.tgid);
+                let Some(workload) = labeler.try_workload(key.cgroup_id, key.tgid) else {
+                    continue;
+                };
+                entry.last = cur;
                 let (w, nr) = self
                     .budget
                     .route(&(workload, key.nr as u32), cost, Self::fold);
@@ -380,6 +388,8 @@ impl SyscallCollector {
                     totals.last_change = now;
                 }
                 entry.target = Some(target);
+            } else {
+                entry.last = cur;
             }
             if reclaim.contains(&key.tgid) {
                 to_delete.push(key);
@@ -443,10 +453,14 @@ impl Collector for SyscallCollector {
             self.error_entries.remove(&key);
         }
         {
+            // Entries deferred this cycle (cgroup too new) still need the exit-time name.
+            let remaining: HashSet<u32> = self.entries.keys().map(|k| k.tgid).collect();
             let mut labeler = self.labeler.lock().expect("labeler lock");
             for tgid in &exited {
                 let _ = self.exits.remove(tgid);
-                labeler.comms.forget(*tgid);
+                if !remaining.contains(tgid) {
+                    labeler.comms.forget(*tgid);
+                }
             }
         }
         // Entries deleted behind our back (none expected) no longer exist.

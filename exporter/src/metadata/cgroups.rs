@@ -96,6 +96,16 @@ pub fn v2_mount() -> Result<PathBuf, CgroupError> {
 /// Label value used for a cgroup id that no longer exists and was never seen.
 pub const UNRESOLVED: &str = "(unresolved)";
 
+/// What is known of a cgroup id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    Known(Arc<str>),
+    /// Not found by this cycle's walk, which may predate the cgroup: ask again next cycle.
+    Pending,
+    /// Removed before its path could be read.
+    Gone,
+}
+
 /// cgroup id -> path, rebuilt from a walk of the hierarchy when an unknown id shows up.
 #[derive(Debug)]
 pub struct CgroupResolver {
@@ -128,25 +138,38 @@ impl CgroupResolver {
         self.scanned_this_cycle = false;
     }
 
-    /// The path of cgroup `id`. An unknown id walks the hierarchy (once per cycle); an id no
-    /// walk finds yields `UNRESOLVED` and is not looked for again for a while.
+    /// The path of cgroup `id`, or `UNRESOLVED` while it is not known (see [`Self::lookup`]).
     pub fn resolve(&mut self, id: u64) -> Arc<str> {
+        match self.lookup(id) {
+            Resolution::Known(p) => p,
+            Resolution::Pending | Resolution::Gone => Arc::from(UNRESOLVED),
+        }
+    }
+
+    /// Looks cgroup `id` up. An unknown id walks the hierarchy, once per cycle: if that walk
+    /// (made now, after the kernel saw the id) does not find it, the cgroup is gone. If the
+    /// cycle's walk was made earlier, the cgroup may be newer than the walk: `Pending`, and the
+    /// next cycle decides. Gone ids are not looked for again for a while.
+    pub fn lookup(&mut self, id: u64) -> Resolution {
         if let Some(p) = self.paths.get(&id) {
-            return p.clone();
+            return Resolution::Known(p.clone());
         }
         if let Some(at) = self.missing.get(&id) {
             if at.elapsed() < self.retry_missing {
-                return Arc::from(UNRESOLVED);
+                return Resolution::Gone;
             }
         }
-        if !self.scanned_this_cycle {
-            self.rescan();
-            if let Some(p) = self.paths.get(&id) {
-                return p.clone();
+        if self.scanned_this_cycle {
+            return Resolution::Pending;
+        }
+        self.rescan();
+        match self.paths.get(&id) {
+            Some(p) => Resolution::Known(p.clone()),
+            None => {
+                self.missing.insert(id, Instant::now());
+                Resolution::Gone
             }
         }
-        self.missing.insert(id, Instant::now());
-        Arc::from(UNRESOLVED)
     }
 
     /// Walks the hierarchy, adding every cgroup found; ids of removed cgroups are kept so
@@ -275,9 +298,10 @@ mod tests {
         assert_eq!(&*r.resolve(id_root), "/");
         assert_eq!(&*r.resolve(id_b), "/a/b");
         assert_eq!(&*r.resolve(id_c), "/c");
-        // A directory created later resolves in the next cycle.
+        // A directory created after this cycle's walk is pending, then resolves next cycle.
         std::fs::create_dir_all(dir.path().join("d")).unwrap();
         let id_d = id_of(&dir.path().join("d")).unwrap();
+        assert_eq!(r.lookup(id_d), Resolution::Pending);
         r.new_cycle();
         assert_eq!(&*r.resolve(id_d), "/d");
         // Removed directories keep their label until retained away.
@@ -285,6 +309,7 @@ mod tests {
         assert_eq!(&*r.resolve(id_d), "/d");
         r.retain(|_| false);
         r.new_cycle();
+        assert_eq!(r.lookup(id_d), Resolution::Gone);
         assert_eq!(&*r.resolve(id_d), UNRESOLVED);
         assert_eq!(&*r.resolve(id_b), "/a/b");
     }

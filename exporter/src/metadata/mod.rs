@@ -136,6 +136,18 @@ impl Labeler {
         labels
     }
 
+    /// The workload of a kernel (cgroup id, tgid) pair, or `None` while its cgroup is too new
+    /// to be known: the caller should keep the values and ask again next cycle rather than
+    /// attribute them to `(unresolved)`.
+    pub fn try_workload(&mut self, cgroup_id: u64, tgid: u32) -> Option<Workload> {
+        if !self.labels.contains_key(&cgroup_id)
+            && self.cgroups.lookup(cgroup_id) == cgroups::Resolution::Pending
+        {
+            return None;
+        }
+        Some(self.workload(cgroup_id, tgid))
+    }
+
     /// The workload a kernel (cgroup id, tgid) pair belongs to.
     pub fn workload(&mut self, cgroup_id: u64, tgid: u32) -> Workload {
         Workload {
