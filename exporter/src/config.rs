@@ -185,7 +185,7 @@ impl Default for CpuConfig {
         Self {
             enabled: true,
             cgroups: true,
-            max_cgroups: 2000,
+            max_cgroups: 1000,
         }
     }
 }
@@ -387,12 +387,7 @@ impl Config {
             16,
             1_048_576,
         )?;
-        ranged(
-            "cpu.max_cgroups",
-            self.cpu.max_cgroups as u64,
-            1,
-            1_000_000,
-        )?;
+        ranged("cpu.max_cgroups", self.cpu.max_cgroups as u64, 1, 1_000_000)?;
         if self.gpu.nvml_library.trim().is_empty() {
             return Err(invalid(
                 "gpu.nvml_library",

@@ -18,9 +18,10 @@
 use std::{
     borrow::Cow,
     collections::{BTreeMap, VecDeque},
-    os::unix::fs::MetadataExt,
+    os::unix::fs::{DirEntryExt, MetadataExt},
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 use prometheus_client::{
@@ -179,66 +180,147 @@ struct CgroupCpu {
     stat: CgroupCpuStat,
 }
 
+/// A cgroup directory to read: (directory, path relative to the v2 root, cgroup id).
+type CgroupDir = (PathBuf, String, u64);
+
 /// Reads `cpu.stat` of up to `max` cgroups, breadth first in name order.
+///
+/// Listing directories costs as much as reading them, so the hierarchy is walked again only
+/// when the root's `cgroup.stat` counts a different number of descendants (cgroups were
+/// created or removed), or after [`WALK_INTERVAL`] in case a removal and a creation cancelled
+/// out; otherwise the cgroups found by the last walk are read again.
 #[derive(Debug)]
 struct CgroupReader {
     root: PathBuf,
     max: usize,
+    /// The cgroups found by the last walk, in walk order.
+    dirs: Vec<CgroupDir>,
+    walked: Option<(Instant, Option<u64>)>,
     /// By cgroup id: a directory re-created under the same path is a new cgroup (its counters
     /// restart), and only directories that exist now are read.
     read: BTreeMap<u64, CgroupCpu>,
     skipped: u64,
+    buf: Vec<u8>,
 }
 
+/// The hierarchy is walked at least this often.
+const WALK_INTERVAL: Duration = Duration::from_secs(60);
+
 impl CgroupReader {
-    fn refresh(&mut self, labeler: &SharedLabeler) -> Result<(), CpuError> {
+    fn new(root: PathBuf, max: usize) -> Self {
+        Self {
+            root,
+            max: max.max(1),
+            dirs: Vec::new(),
+            walked: None,
+            read: BTreeMap::new(),
+            skipped: 0,
+            buf: vec![0u8; 4096],
+        }
+    }
+
+    /// `nr_descendants` of the root's `cgroup.stat`.
+    fn descendants(&mut self) -> Option<u64> {
+        let text = read_small(&self.root.join("cgroup.stat"), &mut self.buf)?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("nr_descendants "))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Lists up to `max` cgroups breadth first, children in name order; counts the rest of
+    /// the queue as skipped.
+    fn walk(&mut self) -> Result<(), CpuError> {
         let root_meta = std::fs::metadata(&self.root).map_err(|source| CpuError::Read {
             path: self.root.display().to_string(),
             source,
         })?;
-        let mut read = BTreeMap::new();
-        let mut queue: VecDeque<(PathBuf, String, u64)> = VecDeque::new();
+        let mut dirs = Vec::new();
+        let mut queue: VecDeque<CgroupDir> = VecDeque::new();
         queue.push_back((self.root.clone(), "/".into(), root_meta.ino()));
-        let mut labeler = labeler.lock().expect("labeler lock");
-        while let Some((dir, rel, id)) = queue.pop_front() {
-            if read.len() >= self.max {
-                queue.push_front((dir, rel, id));
+        while dirs.len() < self.max {
+            let Some((dir, rel, id)) = queue.pop_front() else {
                 break;
-            }
+            };
             // A cgroup removed since its parent was listed is simply gone.
-            let Ok(text) = std::fs::read_to_string(dir.join("cpu.stat")) else {
-                continue;
-            };
-            let Some(stat) = parse_cpu_stat(&text) else {
-                continue;
-            };
-            let labels = labeler.cgroup_at(id, &rel);
-            read.insert(id, CgroupCpu { labels, stat });
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
-            let mut children: Vec<(String, PathBuf)> = entries
+            // The directory entry's inode is the cgroup id: no stat per child.
+            let mut children: Vec<(String, PathBuf, u64)> = entries
                 .flatten()
                 .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        e.path(),
+                        e.ino(),
+                    )
+                })
                 .collect();
             children.sort_unstable();
-            for (name, path) in children {
-                let Ok(meta) = std::fs::metadata(&path) else {
-                    continue;
-                };
+            for (name, path, child) in children {
                 let child_rel = if rel == "/" {
                     format!("/{name}")
                 } else {
                     format!("{rel}/{name}")
                 };
-                queue.push_back((path, child_rel, meta.ino()));
+                queue.push_back((path, child_rel, child));
             }
+            dirs.push((dir, rel, id));
         }
         self.skipped = queue.len() as u64;
+        self.dirs = dirs;
+        Ok(())
+    }
+
+    fn refresh(&mut self, labeler: &SharedLabeler) -> Result<(), CpuError> {
+        let descendants = self.descendants();
+        let stale = match self.walked {
+            None => true,
+            Some((at, before)) => {
+                at.elapsed() >= WALK_INTERVAL || descendants.is_none() || before != descendants
+            }
+        };
+        if stale {
+            self.walk()?;
+            self.walked = Some((Instant::now(), descendants));
+        }
+        let mut read = BTreeMap::new();
+        let mut labeler = labeler.lock().expect("labeler lock");
+        let mut gone = false;
+        for (dir, rel, id) in &self.dirs {
+            match read_small(&dir.join("cpu.stat"), &mut self.buf).and_then(parse_cpu_stat) {
+                Some(stat) => {
+                    let labels = labeler.cgroup_at(*id, rel);
+                    read.insert(*id, CgroupCpu { labels, stat });
+                }
+                None => gone = true,
+            }
+        }
+        if gone {
+            // Removed between two walks: walk again next time.
+            self.walked = None;
+        }
         self.read = read;
         Ok(())
     }
+}
+
+/// Reads a small pseudo-file in one `read` (open, read, close: `read_to_string` also stats
+/// the file and reads again for the end, which per cgroup adds up).
+fn read_small<'a>(path: &Path, buf: &'a mut Vec<u8>) -> Option<&'a str> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut len = 0;
+    loop {
+        let n = file.read(&mut buf[len..]).ok()?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    std::str::from_utf8(&buf[..len]).ok()
 }
 
 pub struct CpuCollector {
@@ -292,12 +374,7 @@ impl CpuCollector {
             proc_stat,
             prev: BTreeMap::new(),
             ratios: BTreeMap::new(),
-            cgroups: cgroup_root.map(|root| CgroupReader {
-                root,
-                max: max_cgroups.max(1),
-                read: BTreeMap::new(),
-                skipped: 0,
-            }),
+            cgroups: cgroup_root.map(|root| CgroupReader::new(root, max_cgroups)),
             labeler,
         })
     }
@@ -372,8 +449,7 @@ impl Collector for CpuCollector {
             )?;
             let mut labels: Vec<(&'static str, Cow<'_, str>)> = Vec::with_capacity(6);
             for cg in cgroups.read.values() {
-                for (mode, usec) in [("user", cg.stat.user_usec), ("system", cg.stat.system_usec)]
-                {
+                for (mode, usec) in [("user", cg.stat.user_usec), ("system", cg.stat.system_usec)] {
                     labels.clear();
                     labels.push(("cgroup", Cow::Borrowed(&cg.labels.path)));
                     for (k, v) in &cg.labels.extra {
@@ -436,7 +512,11 @@ intr 746811 0 0 0
     fn parses_per_cpu_lines_with_their_numbers() {
         let cpus = parse_proc_stat(STAT_A, "stat").unwrap();
         let numbers: Vec<u32> = cpus.iter().map(|(c, _)| *c).collect();
-        assert_eq!(numbers, [0, 1, 3], "the total line and softirq are not CPUs");
+        assert_eq!(
+            numbers,
+            [0, 1, 3],
+            "the total line and softirq are not CPUs"
+        );
         assert_eq!(
             cpus[0].1,
             CpuTicks([32780, 0, 10243, 95460, 632, 0, 33, 21])
@@ -510,8 +590,18 @@ intr 746811 0 0 0
         );
     }
 
+    /// A labeler that derives a `pod_uid` for /b, as the Kubernetes deriver does for pods.
     fn labeler(root: &Path) -> SharedLabeler {
-        Arc::new(Mutex::new(Labeler::new(root.to_path_buf(), false)))
+        let derive = |path: &str| {
+            if path == "/b" {
+                vec![("pod_uid", Arc::from("uid-b"))]
+            } else {
+                Vec::new()
+            }
+        };
+        Arc::new(Mutex::new(
+            Labeler::new(root.to_path_buf(), false).with_deriver(Box::new(derive)),
+        ))
     }
 
     /// Encodes the collector through a registry, as a scrape does.
@@ -575,34 +665,67 @@ intr 746811 0 0 0
         sorted.sort_unstable();
         assert_eq!(sorted, ["/", "/a", "/b"]);
         assert_eq!(cgs.skipped, 1);
-        let b = cgs
-            .read
-            .values()
-            .find(|c| &*c.labels.path == "/b")
-            .unwrap();
+        let b = cgs.read.values().find(|c| &*c.labels.path == "/b").unwrap();
         assert_eq!(b.stat.user_usec, 4_000_000);
         assert_eq!(b.stat.system_usec, 250_000);
         let (text, mut c) = encode(c);
         for line in [
             "sysscope_cpu_utilization_ratio{cpu=\"1\",mode=\"idle\"} 0.6",
             "sysscope_cpu_utilization_ratio{cpu=\"0\",mode=\"user\"} 1.0",
-            "sysscope_cgroup_cpu_seconds_total{cgroup=\"/b\",mode=\"user\"} 4.0",
-            "sysscope_cgroup_cpu_seconds_total{cgroup=\"/b\",mode=\"system\"} 0.25",
+            "sysscope_cgroup_cpu_seconds_total{cgroup=\"/b\",pod_uid=\"uid-b\",mode=\"user\"} 4.0",
+            "sysscope_cgroup_cpu_seconds_total{cgroup=\"/b\",pod_uid=\"uid-b\",mode=\"system\"} 0.25",
             "sysscope_cgroup_cpu_seconds_total{cgroup=\"/\",mode=\"user\"} 9.0",
             "sysscope_cgroup_cpu_skipped_cgroups 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }
 
-        // A removed cgroup disappears; CPU 1 going offline removes its series.
-        std::fs::remove_file(cg.join("b/cpu.stat")).unwrap();
+        // A removed cgroup disappears, and the cgroup the cap had left out now fits (without
+        // a cgroup.stat in this fake root, every refresh walks). CPU 1 going offline removes
+        // its series.
+        std::fs::remove_dir_all(cg.join("b")).unwrap();
         std::fs::write(&stat, STAT_B.replace("cpu1 ", "xcpu1 ")).unwrap();
         c.refresh().unwrap();
-        let cgs = c.cgroups.as_ref().unwrap();
-        assert!(cgs.read.values().all(|c| &*c.labels.path != "/b"));
-        assert!(cgs.read.values().any(|c| &*c.labels.path == "/a/x"));
-        assert_eq!(cgs.skipped, 0);
+        let paths = |c: &CpuCollector| {
+            let mut p: Vec<String> = c
+                .cgroups
+                .as_ref()
+                .unwrap()
+                .read
+                .values()
+                .map(|c| c.labels.path.to_string())
+                .collect();
+            p.sort_unstable();
+            p
+        };
+        assert_eq!(paths(&c), ["/", "/a", "/a/x"]);
         assert!(!c.ratios.contains_key(&1));
+        assert_eq!(c.cgroups.as_ref().unwrap().skipped, 0);
+
+        // Between walks only known cgroups are read: a new one shows up once the root's
+        // cgroup.stat counts it.
+        std::fs::write(
+            cg.join("cgroup.stat"),
+            "nr_descendants 2\nnr_dying_descendants 0\n",
+        )
+        .unwrap();
+        c.refresh().unwrap(); // walks: the count is new
+        std::fs::create_dir(cg.join("c")).unwrap();
+        write_cpu_stat(&cg.join("c"), 1, 1);
+        c.refresh().unwrap();
+        assert_eq!(
+            paths(&c),
+            ["/", "/a", "/a/x"],
+            "no walk while the count is unchanged"
+        );
+        std::fs::write(
+            cg.join("cgroup.stat"),
+            "nr_descendants 3\nnr_dying_descendants 0\n",
+        )
+        .unwrap();
+        c.refresh().unwrap();
+        assert_eq!(paths(&c), ["/", "/a", "/c"], "breadth first, capped at 3");
+        assert_eq!(c.cgroups.as_ref().unwrap().skipped, 1);
 
         // An unreadable /proc/stat fails the refresh (collector down) but keeps the cgroups.
         std::fs::remove_file(&stat).unwrap();

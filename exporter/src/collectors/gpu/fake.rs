@@ -7,9 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::error::NvmlError;
 
-use super::{
-    Connect, DeviceReading, GpuError, Nvml, ProcessMemory, ProcessReading, ProcessSample,
-};
+use super::{Connect, DeviceReading, GpuError, Nvml, ProcessMemory, ProcessReading, ProcessSample};
 
 /// A failure the fake can inject, turned into NVML's own error at each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -460,7 +460,10 @@ impl Collector for GpuCollector {
         for (uuid, d) in &mut self.devices {
             if !seen.contains(uuid) {
                 if d.up {
-                    problems.push(format!("gpu {} ({uuid}): no longer listed by NVML", d.index));
+                    problems.push(format!(
+                        "gpu {} ({uuid}): no longer listed by NVML",
+                        d.index
+                    ));
                 }
                 Self::set_down(d, uuid, "no longer listed by NVML");
             }
@@ -647,6 +650,9 @@ mod tests {
         let me = std::process::id();
         let path = read_proc_cgroup(std::path::Path::new("/proc"), me).unwrap();
         assert!(path.starts_with('/'), "{path}");
-        assert_eq!(read_proc_cgroup(std::path::Path::new("/proc"), u32::MAX), None);
+        assert_eq!(
+            read_proc_cgroup(std::path::Path::new("/proc"), u32::MAX),
+            None
+        );
     }
 }
