@@ -29,7 +29,7 @@ use prometheus_client::{
     metrics::MetricType,
 };
 
-use super::{Collector, CollectorError, Health};
+use super::{Collector, CollectorError};
 use crate::{config::Config, metadata::SharedLabeler, series::CgroupLabels};
 
 pub const NAME: &str = "cpu";
@@ -471,10 +471,6 @@ impl Collector for CpuCollector {
             )?
             .encode_gauge(&(cgroups.skipped as i64))?;
         Ok(())
-    }
-
-    fn health(&self) -> Health {
-        Health::default()
     }
 }
 
