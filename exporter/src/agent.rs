@@ -92,6 +92,8 @@ struct Slot {
     name: &'static str,
     collector: Option<Box<dyn Collector>>,
     up: bool,
+    /// Failed at start: its collector, if any, only tells why (never refreshed, always down).
+    failed: bool,
 }
 
 /// Version and revision baked in at build time.
@@ -148,6 +150,7 @@ impl Agent {
             name: collector.name(),
             collector: Some(collector),
             up: true,
+            failed: false,
         });
     }
 
@@ -157,6 +160,19 @@ impl Agent {
             name,
             collector: None,
             up: false,
+            failed: true,
+        });
+    }
+
+    /// Records a collector that could not start but still exports what it knows about why
+    /// (e.g. the GPU collector's count of GPUs on the PCI bus): exported as down, encoded,
+    /// never refreshed.
+    pub fn add_failed_with(&mut self, collector: Box<dyn Collector>) {
+        self.slots.push(Slot {
+            name: collector.name(),
+            collector: Some(collector),
+            up: false,
+            failed: true,
         });
     }
 
@@ -176,6 +192,9 @@ impl Agent {
     /// Refreshes every collector; a failure marks that collector down until it succeeds again.
     pub fn refresh(&mut self) {
         for slot in &mut self.slots {
+            if slot.failed {
+                continue;
+            }
             if let Some(c) = slot.collector.as_mut() {
                 match c.refresh() {
                     Ok(()) => slot.up = true,

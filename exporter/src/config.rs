@@ -175,6 +175,9 @@ pub struct CpuConfig {
     pub enabled: bool,
     /// Adds `sysscope_cgroup_cpu_seconds_total` from each cgroup's `cpu.stat`.
     pub cgroups: bool,
+    /// cgroups whose `cpu.stat` is read per refresh at most (breadth first, so parents, which
+    /// include their children's time, come first); the rest are counted, not read.
+    pub max_cgroups: usize,
 }
 
 impl Default for CpuConfig {
@@ -182,6 +185,7 @@ impl Default for CpuConfig {
         Self {
             enabled: true,
             cgroups: true,
+            max_cgroups: 1000,
         }
     }
 }
@@ -383,6 +387,14 @@ impl Config {
             16,
             1_048_576,
         )?;
+        ranged("cpu.max_cgroups", self.cpu.max_cgroups as u64, 1, 1_000_000)?;
+        if self.gpu.nvml_library.trim().is_empty() {
+            return Err(invalid(
+                "gpu.nvml_library",
+                "must name a library (set gpu.enabled = false to turn the GPU collector off)"
+                    .into(),
+            ));
+        }
         if self.block_io.tracepoints.is_empty() {
             return Err(invalid(
                 "block_io.tracepoints",
@@ -628,6 +640,16 @@ mod tests {
         assert_eq!(t[nr("read")], 0);
         assert_eq!(t[nr("write")], 20_000_000);
         assert_eq!(t[nr("epoll_wait")], 0, "excluded by default");
+    }
+
+    #[test]
+    fn cpu_and_gpu_keys_are_validated() {
+        let e = err("[cpu]\nmax_cgroups = 0\n");
+        assert!(e.contains("cpu.max_cgroups"), "{e}");
+        let e = err("[gpu]\nnvml_library = \" \"\n");
+        assert!(e.contains("gpu.nvml_library"), "{e}");
+        let c = Config::parse("[cpu]\nmax_cgroups = 10\n", "x").unwrap();
+        assert_eq!(c.cpu.max_cgroups, 10);
     }
 
     #[test]

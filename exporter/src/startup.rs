@@ -5,7 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::{
     agent::Agent,
-    collectors::syscalls::{self, SyscallCollector},
+    collectors::{
+        cpu::{self, CpuCollector},
+        gpu::{self, GpuCollector, GpuError},
+        syscalls::{self, SyscallCollector},
+    },
     config::Config,
     metadata::{
         cgroups,
@@ -57,6 +61,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
     let mut report = StartReport::default();
     let mut started: Vec<Box<dyn crate::collectors::Collector>> = Vec::new();
     let mut failed: Vec<&'static str> = Vec::new();
+    let mut failed_with: Vec<Box<dyn crate::collectors::Collector>> = Vec::new();
 
     // The pod watch feeds the labeler, so it starts first; it never waits for the API.
     let mut pods = None;
@@ -86,12 +91,46 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
         }
     }
 
+    if config.cpu.enabled {
+        match CpuCollector::start(config, labeler.clone()) {
+            Ok(c) => started.push(Box::new(c)),
+            Err(e) => {
+                tracing::error!(collector = cpu::NAME, error = %e, "collector failed to start");
+                report.failed.push((cpu::NAME, e.to_string()));
+                failed.push(cpu::NAME);
+            }
+        }
+    }
+
+    if config.gpu.enabled {
+        let c = GpuCollector::start(config, labeler.clone());
+        match c.connect_error() {
+            // No NVML: down for good (restart once the driver is installed). It still exports
+            // how many NVIDIA GPUs the PCI bus has, so a node without any is not alerted on.
+            Some(e @ GpuError::LibraryMissing { .. }) => {
+                let why = e.to_string();
+                if c.pci_devices() == 0 {
+                    tracing::info!(collector = gpu::NAME, reason = %why, "GPU collector off: no NVIDIA GPU on the PCI bus and no NVML library");
+                } else {
+                    tracing::error!(collector = gpu::NAME, gpus = c.pci_devices(), reason = %why, "GPU collector off: NVIDIA GPUs on the PCI bus but no NVML library");
+                    report.failed.push((gpu::NAME, why));
+                }
+                failed_with.push(Box::new(c));
+            }
+            // NVML loads but does not answer yet (e.g. the driver is still loading): it retries.
+            _ => started.push(Box::new(c)),
+        }
+    }
+
     let mut agent = Agent::new(Some(probes));
     for c in started {
         agent.add(c);
     }
     for name in failed {
         agent.add_failed(name);
+    }
+    for c in failed_with {
+        agent.add_failed_with(c);
     }
     Ok((agent, labeler, report))
 }

@@ -22,6 +22,8 @@
 //!   small-writes PATH N BS    N writes of BS bytes to PATH (one open, one close)
 //!   getppid-threads T N       T threads each make N getppid calls (T x N in all)
 //!   wait-stdin                block until stdin is closed or a line is read
+//!   pin-cpu N                 run the following steps on CPU N only (sched_setaffinity)
+//!   spin MS                   compute in user space, without syscalls, for MS ms of wall time
 //!   join-cgroup DIR           move this process into cgroup DIR (after the dynamic loader ran,
 //!                             so only the steps that follow are counted there)
 //! ```
@@ -38,7 +40,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | read-loop PATH SECS BS | write-fsync PATH N BS |\n         loop-getppid SECS THREADS | stat PATH N | open-close PATH N | mmap N KB |\n         epoll-wait N MS | futex-contention THREADS N | small-writes PATH N BS |\n         getppid-threads T N | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | read-loop PATH SECS BS | write-fsync PATH N BS |\n         loop-getppid SECS THREADS | stat PATH N | open-close PATH N | mmap N KB |\n         epoll-wait N MS | futex-contention THREADS N | small-writes PATH N BS |\n         getppid-threads T N | pin-cpu N | spin MS | wait-stdin"
     );
     std::process::exit(2)
 }
@@ -206,6 +208,14 @@ fn main() {
                 }
                 i += 3;
             }
+            "pin-cpu" => {
+                pin_cpu(num(args.get(i + 1)) as usize);
+                i += 2;
+            }
+            "spin" => {
+                spin(Duration::from_millis(num(args.get(i + 1))));
+                i += 2;
+            }
             "wait-stdin" => {
                 let mut line = String::new();
                 let _ = std::io::stdin().lock().read_line(&mut line);
@@ -213,6 +223,35 @@ fn main() {
             }
             _ => usage(),
         }
+    }
+}
+
+fn pin_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it for
+    // cpu < CPU_SETSIZE, checked first.
+    let r = unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            usage();
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        eprintln!("pin-cpu {cpu}: {}", std::io::Error::last_os_error());
+        std::process::exit(1);
+    }
+}
+
+/// Busy user-space work: the clock is read through the vDSO, so no syscall is made.
+fn spin(d: Duration) {
+    let start = Instant::now();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    while start.elapsed() < d {
+        for _ in 0..10_000 {
+            x = x.rotate_left(7) ^ x.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        }
+        std::hint::black_box(x);
     }
 }
 

@@ -5,6 +5,8 @@
 //! reason in the log, and every other collector keeps running; one whose refresh fails is
 //! down for that scrape and retried on the next.
 
+pub mod cpu;
+pub mod gpu;
 pub mod syscalls;
 
 use prometheus_client::encoding::DescriptorEncoder;

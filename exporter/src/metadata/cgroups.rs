@@ -203,6 +203,13 @@ impl CgroupResolver {
         }
     }
 
+    /// Records the path of `id` found by another walk of the hierarchy (e.g. the CPU
+    /// collector's), so resolving it does not walk the hierarchy again.
+    pub fn learn(&mut self, id: u64, path: &str) {
+        self.missing.remove(&id);
+        self.paths.entry(id).or_insert_with(|| Arc::from(path));
+    }
+
     /// Forgets ids that are not in `keep` and whose directory is gone, bounding the cache.
     pub fn retain(&mut self, keep: impl Fn(u64) -> bool) {
         let root = self.root.clone();

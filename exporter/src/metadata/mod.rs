@@ -148,6 +148,15 @@ impl Labeler {
         Some(self.workload(cgroup_id, tgid))
     }
 
+    /// Labels of cgroup `id` whose path (relative to the v2 root) the caller already knows,
+    /// e.g. from its own walk of the hierarchy: no walk of the labeler's own.
+    pub fn cgroup_at(&mut self, id: u64, path: &str) -> Arc<CgroupLabels> {
+        if !self.labels.contains_key(&id) {
+            self.cgroups.learn(id, path);
+        }
+        self.cgroup(id)
+    }
+
     /// The workload a kernel (cgroup id, tgid) pair belongs to.
     pub fn workload(&mut self, cgroup_id: u64, tgid: u32) -> Workload {
         Workload {
