@@ -88,7 +88,7 @@ fn latency_histogram_of_known_sleeps() {
         .expect("spawn workload");
     assert!(out.status.success());
     // Ground truth: what the child measured around its own calls (a loaded machine oversleeps).
-    let slept_ns: f64 = String::from_utf8_lossy(&out.stdout)
+    let slept_ns: f64 = String::from_utf8_lossy(&out.stderr)
         .trim()
         .strip_prefix("slept_ns=")
         .and_then(|v| v.parse().ok())

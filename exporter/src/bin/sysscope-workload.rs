@@ -95,7 +95,7 @@ fn main() {
                     tv_sec: (ms / 1000) as libc::time_t,
                     tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
                 };
-                // The time actually slept (a loaded machine oversleeps), for tests to compare with.
+                // The time actually slept (a loaded machine oversleeps), on stderr for tests.
                 let mut slept = Duration::ZERO;
                 for _ in 0..n {
                     let t = Instant::now();
@@ -109,7 +109,7 @@ fn main() {
                     };
                     slept += t.elapsed();
                 }
-                println!("slept_ns={}", slept.as_nanos());
+                eprintln!("slept_ns={}", slept.as_nanos());
                 i += 3;
             }
             "slow-pipe-read" => {
