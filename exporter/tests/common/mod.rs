@@ -205,6 +205,11 @@ pub const TEST_CONFIG: &str = "[collection]\nmin_interval = \"0s\"\n";
 impl Exporter {
     /// Starts the exporter with `config` (TOML) and extra flags, and waits until it is ready.
     pub fn start(config: &str, extra_args: &[&str]) -> Self {
+        Self::start_with_env(config, extra_args, &[])
+    }
+
+    /// Like [`Exporter::start`], with extra environment variables (e.g. `OTEL_*`).
+    pub fn start_with_env(config: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("sysscope.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -213,6 +218,7 @@ impl Exporter {
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg(format!("--config.file={}", config_path.display()))
             .args(extra_args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
