@@ -10,7 +10,8 @@
 //! span exporter when an endpoint is configured (`crate::exposition::otlp::traces`), the
 //! recent-calls store served at [`recent::ROUTE`], and the exemplar store that links latency
 //! buckets to spans ([`exemplars`]).
-//! Metrics: `sysscope_spans_exported_total{destination="otlp"|"local"}`,
+//! Metrics: `sysscope_spans_exported_total{destination="otlp"|"local"}` (local only without an
+//! OTLP endpoint; the recent calls are served either way),
 //! `sysscope_spans_dropped_total{reason="export_queue_full"|"export_failed"|"malformed"}`.
 
 pub mod args;
@@ -78,7 +79,9 @@ impl Sinks {
         if let Some(otlp) = &self.otlp {
             otlp.push(call.to_span_data(&self.scope));
         }
-        if self.recent.push(call) {
+        // The recent calls are always kept, but they are the destination (and counted) only
+        // without an OTLP endpoint, so `exported` never counts one span twice.
+        if self.recent.push(call) && self.otlp.is_none() {
             Stats::add(&self.stats.exported_local, 1);
         }
     }
@@ -118,7 +121,7 @@ impl SlowCalls {
             _ => None,
         };
         stats.local.store(
-            config.slow_calls.recent_capacity > 0,
+            otlp.is_none() && config.slow_calls.recent_capacity > 0,
             std::sync::atomic::Ordering::Relaxed,
         );
         let sinks = Arc::new(Sinks {
