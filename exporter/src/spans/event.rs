@@ -20,7 +20,11 @@ use sysscope_abi::SlowCallEvent;
 
 use super::{args, clock::WallClock};
 use crate::{
-    metadata::{cgroups::UNRESOLVED, processes::comm_from_bytes, SharedLabeler},
+    metadata::{
+        cgroups::UNRESOLVED,
+        processes::{comm_from_bytes, UNKNOWN_COMM},
+        SharedLabeler,
+    },
     syscall_table,
 };
 
@@ -283,15 +287,19 @@ impl Enricher {
         };
 
         attrs.push(("process.pid", i64::from(ev.tgid).into()));
+        // The executable's name; once the process is gone, its name as last known, or the
+        // calling thread's as the kernel saw it.
+        let thread_name = comm_from_bytes(&ev.comm);
         attrs.push((
             "process.executable.name",
             match &ctx.exe {
                 Some(exe) => AttrValue::from(exe.as_str()),
-                None => AttrValue::from(workload.comm.clone()),
+                None if &*workload.comm != UNKNOWN_COMM => AttrValue::from(workload.comm.clone()),
+                None => AttrValue::from(thread_name.clone()),
             },
         ));
         attrs.push(("thread.id", i64::from(ev.tid).into()));
-        attrs.push(("thread.name", AttrValue::from(comm_from_bytes(&ev.comm))));
+        attrs.push(("thread.name", AttrValue::from(thread_name)));
         if &*workload.cgroup.path != UNRESOLVED {
             // The semantic convention's form: the cgroup v2 line of /proc/<pid>/cgroup.
             let line = format!("0::{}", workload.cgroup.path);
