@@ -109,8 +109,12 @@ pub struct Agent {
     probe_counters: Option<PerCpuArray<MapData, u64>>,
     counter_values: Vec<u64>,
     extra_health: Vec<Box<dyn Fn() -> Health + Send>>,
+    extra_families: Vec<ExtraFamilies>,
     last_scrape: Duration,
 }
+
+/// Encodes self-metric families of a source that is not a collector.
+pub type ExtraFamilies = Box<dyn Fn(&mut DescriptorEncoder<'_>) -> std::fmt::Result + Send>;
 
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,6 +144,7 @@ impl Agent {
             probe_counters,
             counter_values: vec![0; counters::COUNT as usize],
             extra_health: Vec::new(),
+            extra_families: Vec::new(),
             last_scrape: Duration::ZERO,
         }
     }
@@ -179,6 +184,11 @@ impl Agent {
     /// Adds a source of self-health that is not a collector (e.g. the span exporter).
     pub fn add_health(&mut self, source: Box<dyn Fn() -> Health + Send>) {
         self.extra_health.push(source);
+    }
+
+    /// Adds self-metric families of a source that is not a collector (e.g. OTLP export).
+    pub fn add_families(&mut self, source: ExtraFamilies) {
+        self.extra_families.push(source);
     }
 
     pub fn probes(&self) -> Option<&Probes> {
@@ -384,6 +394,9 @@ impl Agent {
                     .encode_family(&[("family", *fam)])?
                     .encode_counter::<NoLabelSet, _, u64>(n, None)?;
             }
+        }
+        for extra in &self.extra_families {
+            extra(encoder)?;
         }
         encoder
             .encode_descriptor(

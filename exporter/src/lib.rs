@@ -3,7 +3,8 @@
 //!
 //! Data flows one way: probes (`ebpf/probes`) -> kernel maps -> [`collectors`] ->
 //! [`agent`] -> [`exposition`]. [`probes`] loads and attaches the eBPF object, [`metadata`]
-//! turns kernel ids into labels, [`series`] bounds cardinality, [`config`] is the TOML file.
+//! turns kernel ids into labels, [`series`] bounds cardinality, [`config`] is the TOML file,
+//! [`spans`] turns sampled slow syscalls into spans.
 
 pub mod agent;
 pub mod cli;
@@ -13,5 +14,6 @@ pub mod exposition;
 pub mod metadata;
 pub mod probes;
 pub mod series;
+pub mod spans;
 pub mod startup;
 pub mod syscall_table;

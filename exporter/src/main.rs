@@ -15,9 +15,10 @@ use sysscope::{
     config::Config,
     exposition::{
         http::{self, AppState},
+        otlp,
         scrape::Scraper,
     },
-    startup,
+    spans, startup,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -85,8 +86,10 @@ fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
             anyhow::bail!("--log.level: `{other}` is not one of error, warn, info, debug, trace")
         }
     };
-    let filter = EnvFilter::try_from_env("SYSSCOPE_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(format!("sysscope={level},warn")));
+    // opentelemetry-otlp logs every failed export; sysscope logs outages once and counts them.
+    let filter = EnvFilter::try_from_env("SYSSCOPE_LOG").unwrap_or_else(|_| {
+        EnvFilter::new(format!("sysscope={level},opentelemetry-otlp=error,warn"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -203,15 +206,52 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
     runtime.block_on(async move {
         // Bind first: a busy port is the cheapest failure to report.
         let listener = http::bind(&cli.listen_address).await?;
-        let (agent, _labeler, _report) = startup::start(&config)?;
+        let otlp_settings =
+            otlp::config::Settings::from_env(config.kubernetes.node_name.as_deref())?;
+        let (mut agent, labeler, mut report) = startup::start(&config)?;
+        // Slow-call spans (and their self-metrics), before the agent is shared.
+        let otlp_stats = Arc::new(otlp::Stats::default());
+        let slow_calls = spans::SlowCalls::start(
+            &config,
+            &otlp_settings,
+            labeler,
+            report.slow_events.take(),
+            otlp_stats.clone(),
+        )?;
+        agent.add_health(otlp_stats.health());
+        {
+            let stats = otlp_stats.clone();
+            let traces = slow_calls.sinks().otlp.is_some();
+            let metrics = otlp_settings.metrics.is_some();
+            agent.add_families(Box::new(move |e| stats.encode(e, traces, metrics)));
+        }
         let agent = Arc::new(std::sync::Mutex::new(agent));
         let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
+        scraper.set_openmetrics_annotator(slow_calls.annotator());
+        let mut routes = BTreeMap::new();
+        let (slow_calls_path, slow_calls_route) = slow_calls.route();
+        routes.insert(slow_calls_path, slow_calls_route);
         let state = Arc::new(AppState {
             scraper: scraper.clone(),
             telemetry_path: cli.telemetry_path.clone(),
             ready: false.into(),
-            routes: BTreeMap::new(),
+            routes,
         });
+        let metric_push = match &otlp_settings.metrics {
+            Some(settings) => Some(otlp::metrics::MetricPush::start(
+                otlp::metrics::PushOptions {
+                    settings: settings.clone(),
+                    resource: otlp_settings.resource.clone(),
+                    interval: otlp_settings.metric_interval,
+                    export_timeout: otlp_settings.metric_export_timeout,
+                    started: std::time::SystemTime::now(),
+                },
+                scraper.clone(),
+                otlp_stats.clone(),
+                Some(tokio::runtime::Handle::current()),
+            )?),
+            None => None,
+        };
 
         let background = {
             let scraper = scraper.clone();
@@ -238,6 +278,14 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
         );
         http::serve(listener, state, shutdown, Duration::from_secs(3)).await;
         background.abort();
+        // Send what is queued (bounded), off the async threads: the exporters block.
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(push) = metric_push {
+                push.shutdown(Duration::from_secs(1));
+            }
+            slow_calls.shutdown(Duration::from_secs(2));
+        })
+        .await;
         // Dropping the agent detaches every program and closes every map.
         drop(scraper);
         if let Ok(agent) = Arc::try_unwrap(agent) {

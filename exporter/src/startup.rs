@@ -31,6 +31,9 @@ pub enum StartError {
 #[derive(Debug, Default)]
 pub struct StartReport {
     pub failed: Vec<(&'static str, String)>,
+    /// The slow-call ring buffer (`SLOW_EVENTS`) for the span pipeline, taken here because the
+    /// agent owns the probes afterwards; `None` when slow calls are off or not sampled.
+    pub slow_events: Option<aya::maps::Map>,
 }
 
 /// Builds the labeler every collector shares.
@@ -119,6 +122,14 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
             }
             // NVML loads but does not answer yet (e.g. the driver is still loading): it retries.
             _ => started.push(Box::new(c)),
+        }
+    }
+
+    // Slow calls are only sampled when the syscall probes run (they set the thresholds).
+    if config.slow_calls.enabled && started.iter().any(|c| c.name() == syscalls::NAME) {
+        match probes.take_map(sysscope_abi::maps::SLOW_EVENTS) {
+            Ok(map) => report.slow_events = Some(map),
+            Err(e) => tracing::error!(error = %e, "slow-call spans unavailable"),
         }
     }
 

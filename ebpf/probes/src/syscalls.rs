@@ -248,7 +248,9 @@ fn sample_slow_call(
     };
     let window = unsafe { &mut *window };
     if end_ns.wrapping_sub(window.window_start_ns) >= NSEC_PER_SEC {
-        window.window_start_ns = end_ns;
+        // Windows start on whole seconds of CLOCK_MONOTONIC, the same on every CPU, so the
+        // node-wide bound holds for each second: at most (per-CPU budget x CPUs) events.
+        window.window_start_ns = end_ns - end_ns % NSEC_PER_SEC;
         window.events = 0;
     }
     if window.events >= limit {

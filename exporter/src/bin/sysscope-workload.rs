@@ -8,6 +8,12 @@
 //!   openat-missing N          N openat calls that fail with ENOENT
 //!   sleep N MS                N nanosleep calls of MS milliseconds
 //!   slow-pipe-read N MS       N reads of a pipe that another thread fills MS ms later
+//!   slow-pipe-read-timed N MS the same, then prints "read_ns=<n>" per read (its duration as
+//!                             measured here) and leaves the pipe open until the process exits
+//!   slow-pipe-burst N MS      N threads each block in a read of its own pipe; at least MS ms
+//!                             later, early in a second of CLOCK_MONOTONIC (100-400 ms past
+//!                             it), all pipes are filled at once: N slow reads ending together
+//!                             (the pipes stay open until the process exits)
 //!   read-file PATH BYTES BS   read BYTES of PATH in BS-byte read calls (looping over the file)
 //!   read-loop PATH SECS BS    read PATH in BS-byte calls, over and over, for SECS seconds
 //!   write-fsync PATH N BS     N writes of BS bytes to PATH, each followed by fsync
@@ -40,7 +46,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         read-file PATH BYTES BS | read-loop PATH SECS BS | write-fsync PATH N BS |\n         loop-getppid SECS THREADS | stat PATH N | open-close PATH N | mmap N KB |\n         epoll-wait N MS | futex-contention THREADS N | small-writes PATH N BS |\n         getppid-threads T N | pin-cpu N | spin MS | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | wait-stdin"
     );
     std::process::exit(2)
 }
@@ -115,7 +121,19 @@ fn main() {
             "slow-pipe-read" => {
                 let n = num(args.get(i + 1));
                 let ms = num(args.get(i + 2));
-                slow_pipe_read(n, ms);
+                slow_pipe_read(n, ms, false);
+                i += 3;
+            }
+            "slow-pipe-read-timed" => {
+                let n = num(args.get(i + 1));
+                let ms = num(args.get(i + 2));
+                slow_pipe_read(n, ms, true);
+                i += 3;
+            }
+            "slow-pipe-burst" => {
+                let n = num(args.get(i + 1));
+                let ms = num(args.get(i + 2));
+                slow_pipe_burst(n, ms);
                 i += 3;
             }
             "read-file" => {
@@ -255,7 +273,9 @@ fn spin(d: Duration) {
     }
 }
 
-fn slow_pipe_read(n: u64, ms: u64) {
+/// `timed`: measure each read, print the durations afterwards, and keep the descriptors open
+/// (so whoever looks them up in /proc while the process lives still finds them).
+fn slow_pipe_read(n: u64, ms: u64, timed: bool) {
     let mut fds = [0i32; 2];
     // SAFETY: fds has room for two descriptors.
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
@@ -272,17 +292,84 @@ fn slow_pipe_read(n: u64, ms: u64) {
         }
     });
     let mut buf = [0u8; 1];
+    // Timing reads the vDSO clock (no syscall); the durations are printed afterwards.
+    let mut took = Vec::new();
     for _ in 0..n {
         go_tx.send(()).unwrap();
+        let started = Instant::now();
         // SAFETY: reads one byte into a valid buffer; blocks until the writer's byte arrives.
         let r = unsafe { libc::syscall(libc::SYS_read, rd, buf.as_mut_ptr(), 1usize) };
+        if timed {
+            took.push(started.elapsed());
+        }
         assert_eq!(r, 1, "pipe read");
     }
     writer.join().unwrap();
+    if timed {
+        for t in took {
+            println!("read_ns={}", t.as_nanos());
+        }
+        return;
+    }
     // SAFETY: closing descriptors we own.
     unsafe {
         libc::close(rd);
         libc::close(wr);
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn slow_pipe_burst(n: u64, ms: u64) {
+    let ready = Arc::new(std::sync::Barrier::new(n as usize + 1));
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for _ in 0..n {
+        let mut fds = [0i32; 2];
+        // SAFETY: fds has room for two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+        let (rd, wr) = (fds[0], fds[1]);
+        writers.push(wr);
+        let ready = ready.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut buf = [0u8; 1];
+            ready.wait();
+            // SAFETY: reads one byte into a valid buffer; blocks until the byte arrives.
+            let r = unsafe { libc::syscall(libc::SYS_read, rd, buf.as_mut_ptr(), 1usize) };
+            assert_eq!(r, 1, "pipe read");
+            // The read end stays open until the process exits (for /proc lookups).
+        }));
+    }
+    ready.wait();
+    std::thread::sleep(Duration::from_millis(ms));
+    // Start the burst 100-400 ms into a second of CLOCK_MONOTONIC, so that all the reads end
+    // within one second as the kernel's rate limiter counts them (whole seconds).
+    loop {
+        let frac = monotonic_ns() % 1_000_000_000;
+        if (100_000_000..400_000_000).contains(&frac) {
+            break;
+        }
+        let wait = if frac < 100_000_000 {
+            100_000_000 - frac
+        } else {
+            1_100_000_000 - frac
+        };
+        std::thread::sleep(Duration::from_nanos(wait));
+    }
+    for wr in &writers {
+        // SAFETY: writes one byte from a valid buffer to our pipe.
+        unsafe { libc::write(*wr, b"x".as_ptr().cast(), 1) };
+    }
+    for r in readers {
+        r.join().unwrap();
     }
 }
 

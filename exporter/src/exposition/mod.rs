@@ -1,6 +1,7 @@
 //! How metrics leave the agent: the HTTP endpoint (Prometheus text 0.0.4 and OpenMetrics)
-//! and, later in the pipeline, OTLP.
+//! and OTLP (slow-call spans, metrics push).
 
 pub mod format;
 pub mod http;
+pub mod otlp;
 pub mod scrape;

@@ -4,7 +4,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -26,6 +26,9 @@ impl PromCollector for AgentView {
     }
 }
 
+/// Rewrites the OpenMetrics text after encoding (adds exemplars the encoder cannot build).
+pub type Annotator = Arc<dyn Fn(&mut String) + Send + Sync>;
+
 #[derive(Default)]
 struct Cache {
     refreshed_at: Option<Instant>,
@@ -37,6 +40,7 @@ pub struct Scraper {
     registry: Registry,
     min_interval: Duration,
     cache: Mutex<Cache>,
+    annotator: OnceLock<Annotator>,
 }
 
 impl std::fmt::Debug for Scraper {
@@ -56,7 +60,13 @@ impl Scraper {
             registry,
             min_interval,
             cache: Mutex::new(Cache::default()),
+            annotator: OnceLock::new(),
         }
+    }
+
+    /// Sets the annotator applied to OpenMetrics bodies (once; later calls are ignored).
+    pub fn set_openmetrics_annotator(&self, annotator: Annotator) {
+        let _ = self.annotator.set(annotator);
     }
 
     pub fn agent(&self) -> &Arc<Mutex<Agent>> {
@@ -84,7 +94,12 @@ impl Scraper {
         // Encoding into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut om, &self.registry);
         let body = match format {
-            Format::OpenMetrics => Bytes::from(om),
+            Format::OpenMetrics => {
+                if let Some(annotate) = self.annotator.get() {
+                    annotate(&mut om);
+                }
+                Bytes::from(om)
+            }
             Format::PrometheusText => Bytes::from(openmetrics_to_prometheus_text(&om)),
         };
         self.agent

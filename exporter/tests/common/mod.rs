@@ -208,7 +208,7 @@ impl Exporter {
         Self::start_with_env(config, extra_args, &[])
     }
 
-    /// Like [`Exporter::start`], with extra environment variables for the exporter.
+    /// Like [`Exporter::start`], with extra environment variables (e.g. `OTEL_*`).
     pub fn start_with_env(config: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("sysscope.toml");

@@ -1,0 +1,272 @@
+//! A reader for the OpenMetrics text sysscope itself writes (prometheus-client's encoder):
+//! metric families with their type, help and unit, samples with unescaped labels, and
+//! exemplars. It is what lets the OTLP metrics push and the exemplar annotator reuse the one
+//! exposition every collector already produces, instead of a second encoding path.
+
+/// Metric types of the OpenMetrics text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    Unknown,
+}
+
+impl Kind {
+    fn parse(s: &str) -> Kind {
+        match s {
+            "counter" => Kind::Counter,
+            "gauge" => Kind::Gauge,
+            "histogram" => Kind::Histogram,
+            "info" => Kind::Info,
+            _ => Kind::Unknown,
+        }
+    }
+}
+
+/// An exemplar attached to a sample (` # {labels} value [timestamp]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exemplar {
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+    pub timestamp: Option<f64>,
+}
+
+/// One sample line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+    pub exemplar: Option<Exemplar>,
+}
+
+impl Sample {
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find_map(|(k, v)| (k == name).then_some(v.as_str()))
+    }
+}
+
+/// A metric family: its descriptor lines and samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Family {
+    pub name: String,
+    pub kind: Kind,
+    pub help: String,
+    pub unit: String,
+    pub samples: Vec<Sample>,
+}
+
+fn parse_value(s: &str) -> Option<f64> {
+    match s {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        v => v.parse().ok(),
+    }
+}
+
+/// Parses `{a="x",b="y"}` at the start of `s`; returns the pairs and the rest after `}`.
+fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
+    let mut rest = s.strip_prefix('{')?;
+    let mut labels = Vec::new();
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        if let Some(after) = rest.strip_prefix('}') {
+            return Some((labels, after));
+        }
+        let eq = rest.find('=')?;
+        let name = rest[..eq].trim().to_string();
+        rest = rest[eq + 1..].strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                '"' => break i,
+                other => value.push(other),
+            }
+        };
+        labels.push((name, value));
+        rest = &rest[end + 1..];
+    }
+}
+
+/// Parses one sample line (not a comment).
+pub fn parse_sample(line: &str) -> Option<Sample> {
+    let line = line.trim_end_matches(['\n', '\r']);
+    let name_end = line.find(['{', ' '])?;
+    let name = line[..name_end].to_string();
+    let (labels, rest) = if line[name_end..].starts_with('{') {
+        parse_labels(&line[name_end..])?
+    } else {
+        (Vec::new(), &line[name_end..])
+    };
+    let rest = rest.trim_start();
+    let (sample_part, exemplar_part) = match rest.find(" # ") {
+        Some(i) => (&rest[..i], Some(&rest[i + 3..])),
+        None => (rest, None),
+    };
+    let value = parse_value(sample_part.split_whitespace().next()?)?;
+    let exemplar = exemplar_part.and_then(|e| {
+        let (labels, rest) = parse_labels(e.trim_start())?;
+        let mut parts = rest.split_whitespace();
+        let value = parse_value(parts.next()?)?;
+        let timestamp = parts.next().and_then(parse_value);
+        Some(Exemplar {
+            labels,
+            value,
+            timestamp,
+        })
+    });
+    Some(Sample {
+        name,
+        labels,
+        value,
+        exemplar,
+    })
+}
+
+/// Parses a whole exposition into families, in order. Samples that do not parse are skipped.
+pub fn parse_families(text: &str) -> Vec<Family> {
+    let mut families: Vec<Family> = Vec::new();
+    let family_named = |families: &mut Vec<Family>, name: &str| -> usize {
+        if let Some(i) = families.iter().rposition(|f| f.name == name) {
+            return i;
+        }
+        families.push(Family {
+            name: name.to_string(),
+            kind: Kind::Unknown,
+            help: String::new(),
+            unit: String::new(),
+            samples: Vec::new(),
+        });
+        families.len() - 1
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut parts = rest.splitn(3, ' ');
+            let (Some(what), Some(name)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let arg = parts.next().unwrap_or("");
+            match what {
+                "TYPE" => {
+                    let i = family_named(&mut families, name);
+                    families[i].kind = Kind::parse(arg);
+                }
+                "HELP" => {
+                    let i = family_named(&mut families, name);
+                    families[i].help = arg.replace("\\n", "\n").replace("\\\\", "\\");
+                }
+                "UNIT" => {
+                    let i = family_named(&mut families, name);
+                    families[i].unit = arg.to_string();
+                }
+                _ => {}
+            }
+            continue;
+        }
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some(sample) = parse_sample(line) else {
+            continue;
+        };
+        // Samples follow their family's descriptor; the last family is theirs.
+        match families.last_mut() {
+            Some(f) if sample.name.starts_with(f.name.as_str()) => f.samples.push(sample),
+            _ => {
+                let i = family_named(&mut families, &sample.name.clone());
+                families[i].samples.push(sample);
+            }
+        }
+    }
+    families
+}
+
+/// Escapes a label value the way the text formats quote it.
+pub fn escape_label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A canonical text key for a label set: sorted by name, values escaped and quoted.
+pub fn label_key<'a>(labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut pairs: Vec<(&str, &str)> = labels.into_iter().collect();
+    pairs.sort_unstable();
+    let mut key = String::new();
+    for (i, (k, v)) in pairs.iter().enumerate() {
+        if i > 0 {
+            key.push(',');
+        }
+        key.push_str(k);
+        key.push_str("=\"");
+        key.push_str(&escape_label_value(v));
+        key.push('"');
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_with_escapes_and_exemplars() {
+        let s = parse_sample(
+            r#"x_bucket{le="0.5",cgroup="/a \"b\"\\c",comm="p"} 7 # {trace_id="ab",span_id="cd"} 0.25 1700000000.5"#,
+        )
+        .unwrap();
+        assert_eq!(s.name, "x_bucket");
+        assert_eq!(s.label("cgroup"), Some(r#"/a "b"\c"#));
+        assert_eq!(s.label("le"), Some("0.5"));
+        assert_eq!(s.value, 7.0);
+        let e = s.exemplar.unwrap();
+        assert_eq!(e.labels[0], ("trace_id".into(), "ab".into()));
+        assert_eq!((e.value, e.timestamp), (0.25, Some(1_700_000_000.5)));
+        let plain = parse_sample("up 1").unwrap();
+        assert_eq!((plain.name.as_str(), plain.value), ("up", 1.0));
+        assert!(plain.labels.is_empty());
+        assert_eq!(
+            parse_sample("h_bucket{le=\"+Inf\"} 3").unwrap().label("le"),
+            Some("+Inf")
+        );
+        assert!(parse_sample("garbage").is_none());
+    }
+
+    #[test]
+    fn families_group_samples() {
+        let text = "# HELP a_total_things Things.\n# TYPE a_total_things counter\na_total_things_total{x=\"1\"} 3\n# HELP h Latency.\n# TYPE h histogram\n# UNIT h seconds\nh_sum 1.5\nh_count 2\nh_bucket{le=\"1.0\"} 1\nh_bucket{le=\"+Inf\"} 2\n# EOF\n";
+        let f = parse_families(text);
+        assert_eq!(f.len(), 2);
+        assert_eq!((f[0].kind, f[0].samples.len()), (Kind::Counter, 1));
+        assert_eq!(f[1].kind, Kind::Histogram);
+        assert_eq!(f[1].unit, "seconds");
+        assert_eq!(f[1].help, "Latency.");
+        assert_eq!(f[1].samples.len(), 4);
+    }
+
+    #[test]
+    fn label_keys_are_canonical() {
+        let a = label_key([("b", "2"), ("a", "x\"y")]);
+        let b = label_key([("a", "x\"y"), ("b", "2")]);
+        assert_eq!(a, b);
+        assert_eq!(a, r#"a="x\"y",b="2""#);
+    }
+}

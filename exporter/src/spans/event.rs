@@ -1,0 +1,532 @@
+//! One slow call: the kernel's record (`SlowCallEvent` from `SLOW_EVENTS`) decoded, given its
+//! process, cgroup and file context, and expressed as an OpenTelemetry span (and as JSON for
+//! the local endpoint). Attribute names follow DESIGN.md: semantic-convention names where one
+//! exists, `sysscope.syscall.*` for the rest.
+
+use std::{
+    borrow::Cow,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::{Duration, UNIX_EPOCH},
+};
+
+use opentelemetry::{
+    trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState},
+    InstrumentationScope, KeyValue,
+};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+use rand::Rng;
+use sysscope_abi::SlowCallEvent;
+
+use super::{args, clock::WallClock};
+use crate::{
+    metadata::{
+        cgroups::UNRESOLVED,
+        processes::{comm_from_bytes, UNKNOWN_COMM},
+        SharedLabeler,
+    },
+    syscall_table,
+};
+
+/// Largest errno the kernel returns as a negative value.
+const MAX_ERRNO: i64 = 4095;
+
+/// A span attribute value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    Int(i64),
+    Str(Arc<str>),
+}
+
+impl From<i64> for AttrValue {
+    fn from(v: i64) -> Self {
+        AttrValue::Int(v)
+    }
+}
+
+impl From<&str> for AttrValue {
+    fn from(v: &str) -> Self {
+        AttrValue::Str(Arc::from(v))
+    }
+}
+
+impl From<Arc<str>> for AttrValue {
+    fn from(v: Arc<str>) -> Self {
+        AttrValue::Str(v)
+    }
+}
+
+/// A slow call with its context: what a span carries, independent of where it goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlowCall {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    /// The syscall name (`read`), or `syscall_<nr>` for numbers the table lacks.
+    pub name: Cow<'static, str>,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    /// Duration measured in the kernel (exit minus entry, CLOCK_MONOTONIC).
+    pub duration_ns: u64,
+    /// errno name when the call failed.
+    pub error: Option<Cow<'static, str>>,
+    pub attributes: Vec<(&'static str, AttrValue)>,
+}
+
+impl SlowCall {
+    pub fn trace_id_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+
+    pub fn span_id_hex(&self) -> String {
+        hex(&self.span_id)
+    }
+
+    pub fn attribute(&self, key: &str) -> Option<&AttrValue> {
+        self.attributes
+            .iter()
+            .find_map(|(k, v)| (*k == key).then_some(v))
+    }
+
+    /// The span as the OpenTelemetry SDK's exporters take it: a root span of its own trace
+    /// (the application's trace context is not visible to the kernel), kind internal.
+    pub fn to_span_data(&self, scope: &InstrumentationScope) -> SpanData {
+        let attributes = self
+            .attributes
+            .iter()
+            .map(|(k, v)| match v {
+                AttrValue::Int(i) => KeyValue::new(*k, *i),
+                AttrValue::Str(s) => KeyValue::new(*k, s.to_string()),
+            })
+            .collect();
+        SpanData {
+            span_context: SpanContext::new(
+                TraceId::from_bytes(self.trace_id),
+                SpanId::from_bytes(self.span_id),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: self.name.clone(),
+            start_time: UNIX_EPOCH + Duration::from_nanos(self.start_unix_ns),
+            end_time: UNIX_EPOCH + Duration::from_nanos(self.end_unix_ns),
+            attributes,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: match &self.error {
+                Some(e) => Status::error(e.clone()),
+                None => Status::Unset,
+            },
+            instrumentation_scope: scope.clone(),
+        }
+    }
+
+    /// The JSON served at the local endpoint.
+    pub fn to_json(&self) -> serde_json::Value {
+        let attributes: serde_json::Map<String, serde_json::Value> = self
+            .attributes
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    AttrValue::Int(i) => serde_json::Value::from(*i),
+                    AttrValue::Str(s) => serde_json::Value::from(s.as_ref()),
+                };
+                (k.to_string(), v)
+            })
+            .collect();
+        serde_json::json!({
+            "name": self.name,
+            "trace_id": self.trace_id_hex(),
+            "span_id": self.span_id_hex(),
+            "start_time": super::clock::rfc3339(self.start_unix_ns),
+            "end_time": super::clock::rfc3339(self.end_unix_ns),
+            "start_time_unix_nano": self.start_unix_ns,
+            "end_time_unix_nano": self.end_unix_ns,
+            "duration_seconds": self.duration_ns as f64 / 1e9,
+            "status": if self.error.is_some() { "error" } else { "unset" },
+            "attributes": attributes,
+        })
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Decodes one ring-buffer record; `None` when it is too short to be a `SlowCallEvent`.
+pub fn decode(record: &[u8]) -> Option<SlowCallEvent> {
+    if record.len() < std::mem::size_of::<SlowCallEvent>() {
+        return None;
+    }
+    // SAFETY: the record holds at least size_of::<SlowCallEvent>() bytes, the type is
+    // #[repr(C)] plain integers (every bit pattern is valid), and read_unaligned makes no
+    // alignment assumption about the ring buffer's memory.
+    Some(unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<SlowCallEvent>()) })
+}
+
+/// What can only be read from `/proc` while the process is still there: taken as soon as the
+/// record is read, before anything that may wait (the labeler lock, a blocking thread).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcContext {
+    /// Base name of `/proc/<pid>/exe`.
+    pub exe: Option<String>,
+    /// The descriptor the call used (or returned), if it is one.
+    pub fd: Option<i32>,
+    /// Where that descriptor points (`/proc/<pid>/task/<tid>/fd/<fd>`, or the process's table
+    /// once the thread is gone), when resolved.
+    pub fd_path: Option<String>,
+}
+
+impl ProcContext {
+    /// Reads the context of `ev` under `proc_root` (`/proc`). Paths only when `resolve_paths`.
+    pub fn capture(ev: &SlowCallEvent, resolve_paths: bool, proc_root: &Path) -> Self {
+        let name = syscall_table::label(ev.nr);
+        let spec = args::spec_of(&name);
+        let failed = ev.ret < 0 && ev.ret >= -MAX_ERRNO;
+        let fd = if spec.ret_fd {
+            (!failed && (0..=i32::MAX as i64).contains(&ev.ret)).then_some(ev.ret as i32)
+        } else {
+            spec.fd
+                .and_then(|i| ev.args.get(i).copied())
+                .and_then(args::as_fd)
+        };
+        // The calling thread's table first (it may have unshared it); the process's when the
+        // thread is gone already (threads normally share one table).
+        let fd_path = match fd {
+            Some(fd) if resolve_paths && !spec.consumes_fd => {
+                readlink_lossy(&proc_root.join(format!("{}/task/{}/fd/{fd}", ev.tgid, ev.tid)))
+                    .or_else(|| readlink_lossy(&proc_root.join(format!("{}/fd/{fd}", ev.tgid))))
+            }
+            _ => None,
+        };
+        let exe = std::fs::read_link(proc_root.join(format!("{}/exe", ev.tgid)))
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+        Self { exe, fd, fd_path }
+    }
+}
+
+/// A slow call and the label set of the latency series it was counted in (for exemplars).
+#[derive(Debug, Clone)]
+pub struct Enriched {
+    pub call: SlowCall,
+    /// `(label, value)` pairs of `sysscope_syscall_duration_seconds` for this call's workload.
+    pub series_labels: Vec<(&'static str, String)>,
+}
+
+/// Turns kernel records into [`SlowCall`]s: wall-clock times, process and cgroup context
+/// (through the labeler the collectors share, so spans and metrics name workloads alike) and,
+/// when enabled, the path behind the file descriptor.
+pub struct Enricher {
+    labeler: SharedLabeler,
+    clock: WallClock,
+    resolve_paths: bool,
+    proc_root: PathBuf,
+}
+
+impl std::fmt::Debug for Enricher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enricher")
+            .field("resolve_paths", &self.resolve_paths)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Enricher {
+    pub fn new(labeler: SharedLabeler, resolve_paths: bool) -> Self {
+        Self::with_proc_root(labeler, resolve_paths, WallClock::default(), "/proc".into())
+    }
+
+    pub fn with_proc_root(
+        labeler: SharedLabeler,
+        resolve_paths: bool,
+        clock: WallClock,
+        proc_root: PathBuf,
+    ) -> Self {
+        Self {
+            labeler,
+            clock,
+            resolve_paths,
+            proc_root,
+        }
+    }
+
+    /// Captures the `/proc` context now and enriches (for callers with nothing to wait on).
+    pub fn enrich(&mut self, ev: &SlowCallEvent) -> Enriched {
+        let ctx = ProcContext::capture(ev, self.resolve_paths, &self.proc_root);
+        self.enrich_with(ev, ctx)
+    }
+
+    /// Whether descriptor paths are resolved.
+    pub fn resolve_paths(&self) -> bool {
+        self.resolve_paths
+    }
+
+    pub fn proc_root(&self) -> &Path {
+        &self.proc_root
+    }
+
+    /// Builds the slow call from the record and the context captured when it was read.
+    pub fn enrich_with(&mut self, ev: &SlowCallEvent, ctx: ProcContext) -> Enriched {
+        self.clock.maybe_refresh();
+        let name = syscall_table::label(ev.nr);
+        let spec = args::spec_of(&name);
+        let mut attrs: Vec<(&'static str, AttrValue)> = Vec::with_capacity(20);
+
+        let workload = {
+            let mut labeler = self.labeler.lock().expect("labeler lock");
+            // The collectors walk the cgroup hierarchy at most once per cycle and remember ids
+            // a walk did not find. A slow call can be the first sight of a new cgroup, between
+            // two cycles: opening a cycle first lets that lookup walk the hierarchy instead of
+            // marking a live cgroup as missing for everyone. Known ids never walk.
+            labeler.new_cycle();
+            labeler.workload(ev.cgroup_id, ev.tgid)
+        };
+
+        attrs.push(("process.pid", i64::from(ev.tgid).into()));
+        // The executable's name; once the process is gone, its name as last known, or the
+        // calling thread's as the kernel saw it.
+        let thread_name = comm_from_bytes(&ev.comm);
+        attrs.push((
+            "process.executable.name",
+            match &ctx.exe {
+                Some(exe) => AttrValue::from(exe.as_str()),
+                None if &*workload.comm != UNKNOWN_COMM => AttrValue::from(workload.comm.clone()),
+                None => AttrValue::from(thread_name.clone()),
+            },
+        ));
+        attrs.push(("thread.id", i64::from(ev.tid).into()));
+        attrs.push(("thread.name", AttrValue::from(thread_name)));
+        if &*workload.cgroup.path != UNRESOLVED {
+            // The semantic convention's form: the cgroup v2 line of /proc/<pid>/cgroup.
+            let line = format!("0::{}", workload.cgroup.path);
+            attrs.push(("process.linux.cgroup", AttrValue::from(line.as_str())));
+        }
+        for (label, value) in &workload.cgroup.extra {
+            let key = match *label {
+                "container_id" => "container.id",
+                "pod_uid" => "k8s.pod.uid",
+                "pod" => "k8s.pod.name",
+                "namespace" => "k8s.namespace.name",
+                "container" => "k8s.container.name",
+                _ => continue,
+            };
+            attrs.push((key, AttrValue::from(value.clone())));
+        }
+        attrs.push(("sysscope.syscall.nr", i64::from(ev.nr).into()));
+
+        let failed = ev.ret < 0 && ev.ret >= -MAX_ERRNO;
+        let arg = |i: usize| ev.args.get(i).copied().unwrap_or(0);
+        if let Some(fd) = ctx.fd {
+            attrs.push(("sysscope.syscall.fd", i64::from(fd).into()));
+        }
+        if let Some(path) = &ctx.fd_path {
+            attrs.push(("file.path", AttrValue::from(path.as_str())));
+        }
+        if spec.ret_bytes && !failed && ev.ret >= 0 {
+            attrs.push(("sysscope.syscall.bytes", ev.ret.into()));
+        }
+        if let Some(i) = spec.size {
+            attrs.push((
+                "sysscope.syscall.requested_bytes",
+                (arg(i).min(i64::MAX as u64) as i64).into(),
+            ));
+        }
+        if let Some(i) = spec.flags {
+            attrs.push(("sysscope.syscall.flags", (arg(i) as u32 as i64).into()));
+        }
+        attrs.push(("sysscope.syscall.return_value", ev.ret.into()));
+        let error = failed.then(|| syscall_table::errno_label((-ev.ret) as u16));
+        if let Some(e) = &error {
+            attrs.push(("error.type", AttrValue::from(e.as_ref())));
+        }
+
+        let mut series_labels: Vec<(&'static str, String)> = Vec::with_capacity(8);
+        {
+            let mut labels = Vec::with_capacity(8);
+            workload.push_labels(&mut labels);
+            series_labels.extend(labels.into_iter().map(|(k, v)| (k, v.into_owned())));
+        }
+        series_labels.push(("syscall", name.to_string()));
+
+        let mut rng = rand::rng();
+        let call = SlowCall {
+            trace_id: nonzero(|| rng.random::<[u8; 16]>()),
+            span_id: nonzero(|| rng.random::<[u8; 8]>()),
+            name,
+            start_unix_ns: self.clock.unix_ns(ev.start_ns),
+            end_unix_ns: self.clock.unix_ns(ev.end_ns),
+            duration_ns: ev.end_ns.saturating_sub(ev.start_ns),
+            error,
+            attributes: attrs,
+        };
+        Enriched {
+            call,
+            series_labels,
+        }
+    }
+}
+
+fn readlink_lossy(link: &Path) -> Option<String> {
+    std::fs::read_link(link)
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// Trace and span ids must not be all zeros (the invalid id).
+fn nonzero<const N: usize>(mut gen: impl FnMut() -> [u8; N]) -> [u8; N] {
+    loop {
+        let id = gen();
+        if id.iter().any(|b| *b != 0) {
+            return id;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::metadata::Labeler;
+
+    fn enricher(resolve_paths: bool) -> Enricher {
+        let labeler = Arc::new(Mutex::new(Labeler::new(
+            "/nonexistent-cgroup-root".into(),
+            false,
+        )));
+        Enricher::with_proc_root(
+            labeler,
+            resolve_paths,
+            WallClock::fixed(1_000_000_000),
+            "/proc".into(),
+        )
+    }
+
+    fn event(nr: &str, args: [u64; 6], ret: i64) -> SlowCallEvent {
+        let mut comm = [0u8; 16];
+        comm[..6].copy_from_slice(b"worker");
+        SlowCallEvent {
+            start_ns: 5_000,
+            end_ns: 30_005_000,
+            cgroup_id: 1,
+            tgid: std::process::id(),
+            tid: std::process::id(),
+            nr: syscall_table::number(nr).unwrap(),
+            _pad: 0,
+            ret,
+            args,
+            comm,
+        }
+    }
+
+    #[test]
+    fn decode_checks_length_and_reads_fields() {
+        let ev = event("read", [3, 0, 64, 0, 0, 0], 1);
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&ev as *const SlowCallEvent).cast::<u8>(),
+                std::mem::size_of::<SlowCallEvent>(),
+            )
+        };
+        // Copied to an odd offset: decoding must not assume alignment.
+        let mut buf = vec![0u8; bytes.len() + 1];
+        buf[1..].copy_from_slice(bytes);
+        assert_eq!(decode(&buf[1..]), Some(ev));
+        assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
+    }
+
+    #[test]
+    fn read_of_a_real_fd_gets_path_bytes_and_times() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        use std::os::fd::AsRawFd;
+        let fd = file.as_file().as_raw_fd();
+        let mut e = enricher(true);
+        let out = e.enrich(&event("read", [fd as u64, 0, 4096, 0, 0, 0], 100));
+        let c = &out.call;
+        assert_eq!(c.name, "read");
+        assert_eq!(c.duration_ns, 30_000_000);
+        assert_eq!(c.start_unix_ns, 1_000_005_000);
+        assert_eq!(c.end_unix_ns, 1_030_005_000);
+        assert!(c.error.is_none());
+        let path = file.path().canonicalize().unwrap();
+        assert_eq!(
+            c.attribute("file.path"),
+            Some(&AttrValue::from(path.to_str().unwrap()))
+        );
+        assert_eq!(
+            c.attribute("sysscope.syscall.fd"),
+            Some(&AttrValue::Int(fd as i64))
+        );
+        assert_eq!(
+            c.attribute("sysscope.syscall.bytes"),
+            Some(&AttrValue::Int(100))
+        );
+        assert_eq!(
+            c.attribute("sysscope.syscall.requested_bytes"),
+            Some(&AttrValue::Int(4096))
+        );
+        assert_eq!(c.attribute("thread.name"), Some(&AttrValue::from("worker")));
+        assert_eq!(
+            c.attribute("process.pid"),
+            Some(&AttrValue::Int(std::process::id() as i64))
+        );
+        assert!(out.series_labels.contains(&("syscall", "read".to_string())));
+        // Unresolvable cgroup: no attribute rather than a placeholder.
+        assert!(c.attribute("process.linux.cgroup").is_none());
+    }
+
+    #[test]
+    fn failures_carry_error_type_and_no_bytes() {
+        let mut e = enricher(false);
+        let out = e.enrich(&event("read", [3, 0, 10, 0, 0, 0], -11));
+        let c = &out.call;
+        assert_eq!(c.error.as_deref(), Some("EAGAIN"));
+        assert_eq!(c.attribute("error.type"), Some(&AttrValue::from("EAGAIN")));
+        assert!(c.attribute("sysscope.syscall.bytes").is_none());
+        assert!(c.attribute("file.path").is_none(), "paths are off");
+        let span = c.to_span_data(&InstrumentationScope::builder("t").build());
+        assert!(matches!(span.status, Status::Error { .. }));
+        assert_eq!(span.name, "read");
+        assert_eq!(
+            span.span_context.trace_id(),
+            TraceId::from_bytes(c.trace_id)
+        );
+    }
+
+    #[test]
+    fn openat_resolves_the_returned_descriptor() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        use std::os::fd::AsRawFd;
+        let fd = file.as_file().as_raw_fd();
+        let mut e = enricher(true);
+        let at_fdcwd = (-100i64) as u64;
+        let out = e.enrich(&event("openat", [at_fdcwd, 0, 0o2, 0, 0, 0], fd as i64));
+        let c = &out.call;
+        assert_eq!(
+            c.attribute("sysscope.syscall.fd"),
+            Some(&AttrValue::Int(fd as i64))
+        );
+        assert!(c.attribute("file.path").is_some());
+        assert_eq!(
+            c.attribute("sysscope.syscall.flags"),
+            Some(&AttrValue::Int(2))
+        );
+    }
+
+    #[test]
+    fn json_has_ids_times_and_attributes() {
+        let mut e = enricher(false);
+        let c = e.enrich(&event("fsync", [1, 0, 0, 0, 0, 0], 0)).call;
+        let j = c.to_json();
+        assert_eq!(j["name"], "fsync");
+        assert_eq!(j["trace_id"].as_str().unwrap().len(), 32);
+        assert_eq!(j["span_id"].as_str().unwrap().len(), 16);
+        assert_eq!(j["attributes"]["sysscope.syscall.fd"], 1);
+        assert_eq!(j["start_time"], "1970-01-01T00:00:01.000005000Z");
+        assert!((j["duration_seconds"].as_f64().unwrap() - 0.03).abs() < 1e-12);
+    }
+}
