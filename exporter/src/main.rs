@@ -15,8 +15,9 @@ use sysscope::{
     exposition::{
         http::{self, AppState},
         scrape::Scraper,
+        web_config::WebConfig,
     },
-    startup,
+    privileges, startup,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -117,9 +118,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Validated before anything is loaded, so a bad file costs nothing.
+    let web = match cli.web_config_file.as_ref().map(|p| WebConfig::load(p)) {
+        None => None,
+        Some(Ok(w)) => Some(Arc::new(w)),
+        Some(Err(e)) => {
+            eprintln!("sysscope: --web.config.file: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         None if cli.config_check => config_check(&config),
-        None => run_exporter(&cli, config),
+        None => run_exporter(&cli, config, web),
     };
     match result {
         Ok(code) => code,
@@ -158,13 +168,11 @@ fn config_check(config: &Config) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
-    if let Some(path) = &cli.web_config_file {
-        anyhow::bail!(
-            "--web.config.file {}: TLS and basic auth are not supported by this build yet",
-            path.display()
-        );
-    }
+fn run_exporter(
+    cli: &Cli,
+    config: Config,
+    web: Option<Arc<WebConfig>>,
+) -> anyhow::Result<ExitCode> {
     if !cli.telemetry_path.starts_with('/') {
         anyhow::bail!(
             "--web.telemetry-path `{}` must start with /",
@@ -182,6 +190,16 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
         // Bind first: a busy port is the cheapest failure to report.
         let listener = http::bind(&cli.listen_address).await?;
         let (agent, _labeler, _report) = startup::start(&config)?;
+        // Everything is attached: give up what running does not need (see privileges.rs).
+        match privileges::drop_after_start(&config) {
+            Ok(r) => tracing::info!(
+                kept = ?privileges::cap_names(r.kept),
+                bounding_set_reduced = r.bounding_set_reduced,
+                threads = r.threads,
+                "dropped capabilities"
+            ),
+            Err(e) => tracing::error!(error = %e, "could not drop capabilities"),
+        }
         let agent = Arc::new(std::sync::Mutex::new(agent));
         let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
         let state = Arc::new(AppState {
@@ -209,9 +227,18 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
         tracing::info!(
             address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             path = %cli.telemetry_path,
+            tls = web.as_ref().is_some_and(|w| w.tls.is_some()),
+            basic_auth = web.as_ref().is_some_and(|w| w.basic_auth.is_some()),
             "serving metrics"
         );
-        http::serve(listener, state, shutdown_signal(), Duration::from_secs(3)).await;
+        http::serve_with(
+            listener,
+            state,
+            web,
+            shutdown_signal(),
+            Duration::from_secs(3),
+        )
+        .await;
         background.abort();
         // Dropping the agent detaches every program and closes every map.
         drop(scraper);

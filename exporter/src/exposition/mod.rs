@@ -4,3 +4,4 @@
 pub mod format;
 pub mod http;
 pub mod scrape;
+pub mod web_config;
