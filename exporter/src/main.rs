@@ -91,6 +91,18 @@ fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed
+/// memory in each: maps are read on whichever blocking thread is free, so resident memory
+/// would creep up arena by arena under churn. Two arenas keep it flat (docs/operations.md);
+/// an explicit MALLOC_ARENA_MAX still wins.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
+    }
+}
+
 fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
     Ok(match path {
         Some(p) => Config::load(p)?,
@@ -99,6 +111,7 @@ fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
 }
 
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     let cli = Cli::parse();
     if let Err(e) = init_logging(&cli.log_level, &cli.log_format) {
         eprintln!("sysscope: {e:#}");

@@ -64,6 +64,8 @@ impl Totals {
 #[derive(Debug)]
 struct Entry {
     last: SyscallStats,
+    /// The label set this entry resolved to (its route in the budget).
+    source: Option<SeriesKey>,
     target: Option<SeriesKey>,
     seen: u64,
 }
@@ -71,6 +73,7 @@ struct Entry {
 #[derive(Debug)]
 struct ErrorEntry {
     last: u64,
+    source: Option<SeriesKey>,
     target: Option<(Workload, u32, u16)>,
     seen: u64,
 }
@@ -258,8 +261,12 @@ impl SyscallCollector {
     }
 
     /// Entries whose process is gone without an exit record (e.g. the exit queue was full).
+    /// Looked for every `ORPHAN_SCAN_INTERVAL`, and at every read while the stats map is more
+    /// than half full: under heavy process churn the exit queue overflows first, and waiting
+    /// for the next scan would let orphans fill the map and lose new processes' calls.
     fn orphans(&mut self, exited: &HashSet<u32>) -> HashSet<u32> {
-        if self.last_orphan_scan.elapsed() < ORPHAN_SCAN_INTERVAL {
+        let filling = self.entries_seen[0] * 2 > self.capacities[0];
+        if self.last_orphan_scan.elapsed() < ORPHAN_SCAN_INTERVAL && !filling {
             return HashSet::new();
         }
         self.last_orphan_scan = Instant::now();
@@ -284,6 +291,7 @@ impl SyscallCollector {
             let cur = sum_per_cpu(&per_cpu);
             let entry = self.entries.entry(key).or_insert_with(|| Entry {
                 last: SyscallStats::ZERO,
+                source: None,
                 target: None,
                 seen: generation,
             });
@@ -292,7 +300,9 @@ impl SyscallCollector {
             entry.last = cur;
             if d.count() > 0 || d.sum_ns > 0 || entry.target.is_none() {
                 let workload = labeler.workload(key.cgroup_id, key.tgid);
-                let target = self.budget.route(&(workload, key.nr), cost, Self::fold);
+                let source = (workload, key.nr);
+                let target = self.budget.route(&source, cost, Self::fold);
+                entry.source = Some(source);
                 let totals = self
                     .series
                     .entry(target.clone())
@@ -326,6 +336,7 @@ impl SyscallCollector {
             let cur: u64 = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
             let entry = self.error_entries.entry(key).or_insert_with(|| ErrorEntry {
                 last: 0,
+                source: None,
                 target: None,
                 seen: generation,
             });
@@ -338,9 +349,9 @@ impl SyscallCollector {
             entry.last = cur;
             if d > 0 || entry.target.is_none() {
                 let workload = labeler.workload(key.cgroup_id, key.tgid);
-                let (w, nr) = self
-                    .budget
-                    .route(&(workload, key.nr as u32), cost, Self::fold);
+                let source = (workload, key.nr as u32);
+                let (w, nr) = self.budget.route(&source, cost, Self::fold);
+                entry.source = Some(source);
                 let target = (w, nr, key.errno);
                 let totals = self
                     .error_series
@@ -420,6 +431,9 @@ impl Collector for SyscallCollector {
             let mut labeler = self.labeler.lock().expect("labeler lock");
             for tgid in &exited {
                 let _ = self.exits.remove(tgid);
+            }
+            // Orphans too: their exit record was lost, but they are gone all the same.
+            for tgid in &reclaim {
                 labeler.comms.forget(*tgid);
             }
         }
@@ -427,6 +441,21 @@ impl Collector for SyscallCollector {
         let generation = self.generation;
         self.entries.retain(|_, e| e.seen == generation);
         self.error_entries.retain(|_, e| e.seen == generation);
+        if !reclaim.is_empty() {
+            // Routing state follows the live label sets, not every label set ever seen:
+            // under process churn with unique names the budget would otherwise grow forever.
+            let live: HashSet<&SeriesKey> = self
+                .entries
+                .values()
+                .filter_map(|e| e.source.as_ref())
+                .chain(
+                    self.error_entries
+                        .values()
+                        .filter_map(|e| e.source.as_ref()),
+                )
+                .collect();
+            self.budget.retain_routes(|k| live.contains(k));
+        }
         self.retire_idle_series(now);
         Ok(())
     }
