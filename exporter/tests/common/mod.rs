@@ -287,6 +287,16 @@ impl Exporter {
     /// Starts the exporter without waiting (for endpoints the plain-HTTP readiness check
     /// cannot reach, e.g. TLS); see [`Exporter::wait_for`].
     pub fn spawn_on(port: u16, config: &str, extra_args: &[&str]) -> Self {
+        Self::spawn_with_env(port, config, extra_args, &[])
+    }
+
+    /// [`Exporter::spawn_on`] with extra environment variables.
+    pub fn spawn_with_env(
+        port: u16,
+        config: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("sysscope.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -294,6 +304,7 @@ impl Exporter {
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg(format!("--config.file={}", config_path.display()))
             .args(extra_args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -330,7 +341,7 @@ impl Exporter {
         (status, start.elapsed())
     }
 
-    fn wait_ready(&mut self, timeout: Duration) {
+    pub fn wait_ready(&mut self, timeout: Duration) {
         let start = Instant::now();
         while start.elapsed() < timeout {
             if let Ok(Some(status)) = self.child.try_wait() {
