@@ -27,8 +27,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// Resident memory is "bounded" when, under a constant load after a warm-up, the peak of the
 /// second half of the run is no more than `GROWTH_KIB` above the peak of the first half (a
-/// leak grows steadily; allocator noise does not), and the peak stays under `CEILING_KIB`.
+/// leak grows steadily with the requests served; allocator noise does not), plus what the
+/// data itself grew by: on a live machine new processes keep adding series, and every byte
+/// of exposition is held a few times over (the series, the encodings of both formats, the
+/// responses in flight), allowed for as `DATA_FACTOR` times the growth of the exposition.
+/// The peak must also stay under `CEILING_KIB`.
 const GROWTH_KIB: u64 = 8 * 1024;
+const DATA_FACTOR: u64 = 16;
 const CEILING_KIB: u64 = 256 * 1024;
 
 fn series_key(s: &Sample) -> String {
@@ -49,19 +54,21 @@ fn sample_rss(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<u6
     })
 }
 
-fn assert_bounded(what: &str, rss: &[u64]) {
+fn assert_bounded(what: &str, rss: &[u64], data_growth_kib: u64) {
     assert!(rss.len() >= 8, "{what}: too few RSS samples: {rss:?}");
     let half = rss.len() / 2;
     let first = *rss[..half].iter().max().unwrap();
     let second = *rss[half..].iter().max().unwrap();
+    let allowed = GROWTH_KIB + DATA_FACTOR * data_growth_kib;
     eprintln!(
-        "{what}: VmRSS first-half peak {first} KiB, second-half peak {second} KiB, start {} KiB, end {} KiB",
+        "{what}: VmRSS first-half peak {first} KiB, second-half peak {second} KiB, start {} KiB, \
+         end {} KiB; exposition grew {data_growth_kib} KiB, growth allowed {allowed} KiB",
         rss[0],
         rss[rss.len() - 1]
     );
     assert!(
-        second <= first + GROWTH_KIB,
-        "{what}: resident memory grew by {} KiB between the halves of the run",
+        second <= first + allowed,
+        "{what}: resident memory grew by {} KiB between the halves of the run (allowed {allowed})",
         second - first
     );
     assert!(
@@ -137,6 +144,7 @@ fn fifty_clients_scraping_for_thirty_seconds() {
         .spawn()
         .expect("workload");
 
+    let lost_before = lost_records(&parse_samples(&exporter.scrape()));
     // A checker scrapes beside wrk: the workload's counter never goes back.
     let stop = Arc::new(AtomicBool::new(false));
     let checker = {
@@ -153,6 +161,7 @@ fn fifty_clients_scraping_for_thirty_seconds() {
                 .collect();
             let mut last = 0.0f64;
             let mut scrapes = 0u32;
+            let mut sizes: Vec<(Instant, usize)> = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let (status, _, body) = http_get(port, "/metrics", None).expect("checker scrape");
                 assert_eq!(status, 200);
@@ -166,9 +175,10 @@ fn fifty_clients_scraping_for_thirty_seconds() {
                 }
                 last = v;
                 scrapes += 1;
+                sizes.push((Instant::now(), body.len()));
                 std::thread::sleep(Duration::from_millis(200));
             }
-            (last, scrapes)
+            (last, scrapes, sizes)
         })
     };
 
@@ -181,6 +191,7 @@ fn fifty_clients_scraping_for_thirty_seconds() {
         .expect("wrk");
     assert!(warm.status.success());
     let rss = sample_rss(pid, stop.clone());
+    let measured_from = Instant::now();
     let out = Command::new("wrk")
         .args(["-t2", "-c50", "-d30s", "--latency", "--timeout", "10s"])
         .arg(format!("http://127.0.0.1:{}/metrics", exporter.port))
@@ -188,7 +199,17 @@ fn fifty_clients_scraping_for_thirty_seconds() {
         .expect("wrk");
     stop.store(true, Ordering::Relaxed);
     let wrk = String::from_utf8_lossy(&out.stdout).to_string();
-    let (last, scrapes) = checker.join().expect("checker");
+    let (last, scrapes, sizes) = checker.join().expect("checker");
+    let measured: Vec<usize> = sizes
+        .iter()
+        .filter(|(t, _)| *t >= measured_from)
+        .map(|(_, n)| *n)
+        .collect();
+    let data_growth_kib = measured
+        .iter()
+        .max()
+        .zip(measured.first())
+        .map_or(0, |(max, first)| max.saturating_sub(*first) as u64 / 1024);
     let rss = rss.join().unwrap();
     assert!(out.status.success(), "wrk failed: {wrk}");
     let (requests, non2xx, socket_errors, p50, p99) = parse_wrk(&wrk);
@@ -200,7 +221,7 @@ fn fifty_clients_scraping_for_thirty_seconds() {
     assert_eq!(non2xx, 0, "non-2xx responses under load: {wrk}");
     assert_eq!(socket_errors, 0, "socket errors under load: {wrk}");
     assert!(scrapes > 10 && last > 0.0);
-    assert_bounded("scrape load", &rss);
+    assert_bounded("scrape load", &rss, data_growth_kib);
 
     // No double counting: once the workload is done, the series equals its own count.
     let out = workload.wait_with_output().expect("workload");
@@ -211,18 +232,24 @@ fn fifty_clients_scraping_for_thirty_seconds() {
         .find_map(|w| w.strip_prefix("calls="))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("workload output: {stdout}"));
-    let counted = eventually(Duration::from_secs(5), || {
-        let v = sum(
-            &parse_samples(&exporter.scrape()),
-            "sysscope_syscalls_total",
-            &labels,
+    // Exactly, unless the kernel map overflowed meanwhile (a busy machine can fill it): then
+    // never more, and the shortfall is within what the probes counted as lost.
+    let mut seen = (0.0, 0.0);
+    let exact = eventually(Duration::from_secs(5), || {
+        let samples = parse_samples(&exporter.scrape());
+        seen = (
+            sum(&samples, "sysscope_syscalls_total", &labels),
+            lost_records(&samples) - lost_before,
         );
-        (v == calls).then_some(v)
+        (seen.0 == calls).then_some(())
     });
-    assert_eq!(
-        counted,
-        Some(calls),
-        "getppid of the workload: sysscope vs the workload's own count"
+    let (counted, lost) = seen;
+    eprintln!("scrape load: workload made {calls} getppid calls, sysscope counted {counted} ({lost} records lost machine-wide)");
+    assert!(counted <= calls, "double counted: {counted} > {calls}");
+    assert!(
+        exact.is_some() || counted + lost >= calls,
+        "{} calls missing and only {lost} records counted as lost",
+        calls - counted
     );
 }
 
