@@ -332,3 +332,48 @@ fn the_default_listen_address_is_loopback() {
     let help = String::from_utf8_lossy(&out.stdout);
     assert!(help.contains("[default: 127.0.0.1:9812]"), "{help}");
 }
+
+#[test]
+fn a_rotated_certificate_is_served_without_restart() {
+    if !require_root("a_rotated_certificate_is_served_without_restart") {
+        return;
+    }
+    let pki = pki();
+    let flag = write_web_config(
+        pki.dir.path(),
+        "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n",
+    );
+    let port = free_port();
+    let mut exporter = Exporter::spawn_on(port, TEST_CONFIG, &[&flag]);
+    let url = format!("https://127.0.0.1:{port}/-/healthy");
+    let old = client(&pki.ca, None);
+    exporter.wait_for(|| old.get(&url).send().is_ok());
+
+    // A new CA issues a new certificate; the files are replaced in place.
+    let ca2 = ca("rotated CA");
+    let (cert, key) = leaf(
+        &ca2,
+        &["localhost", "127.0.0.1"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    // Key first, then certificate: in between, the pair does not match and the previous one
+    // stays in use.
+    std::fs::write(pki.dir.path().join("server.key"), key).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    // A fresh client, so a new handshake (not a pooled connection) is checked.
+    assert_eq!(
+        client(&pki.ca, None).get(&url).send().unwrap().status(),
+        200,
+        "the previous pair must stay in use while the new one does not match"
+    );
+    std::fs::write(pki.dir.path().join("server.pem"), cert).unwrap();
+    let new = client(&ca2.pem(), None);
+    let rotated = eventually(Duration::from_secs(10), || {
+        new.get(&url).send().ok().filter(|r| r.status() == 200)
+    });
+    assert!(rotated.is_some(), "the rotated certificate was not served");
+    assert!(
+        client(&pki.ca, None).get(&url).send().is_err(),
+        "the old certificate is still served"
+    );
+}

@@ -822,6 +822,30 @@ mod tests {
             .check(Some(header("carol", "a:b").as_bytes())));
     }
 
+    /// The example in docs/operations.md is valid as written.
+    #[test]
+    fn the_documented_example_is_valid() {
+        let doc = include_str!("../../../docs/operations.md");
+        let start = doc.find("```yaml\n").expect("yaml example") + "```yaml\n".len();
+        let yaml = &doc[start..start + doc[start..].find("```").unwrap()];
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&key).unwrap();
+        let server = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(dir.path().join("sysscope.crt"), server.cert.pem()).unwrap();
+        std::fs::write(
+            dir.path().join("sysscope.key"),
+            server.signing_key.serialize_pem(),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("prometheus-ca.crt"), ca.pem()).unwrap();
+        let c = WebConfig::parse(yaml, "docs/operations.md", dir.path()).unwrap();
+        assert!(c.tls.is_some() && c.basic_auth.is_some() && c.http2);
+        assert_eq!(c.headers.len(), 2);
+    }
+
     #[test]
     fn basic_header_parsing() {
         assert_eq!(
