@@ -314,11 +314,11 @@ proptest! {
                     last.insert(key, target);
                 }
                 Op::RetainSeries(seed) => {
-                    b.retain(|k| (k.1 as u8 ^ seed) % 3 != 0);
+                    b.retain(|k| !(k.1 as u8 ^ seed).is_multiple_of(3));
                     last.clear();
                 }
                 Op::RetainRoutes(seed) => {
-                    b.retain_routes(|k| (k.1 as u8 ^ seed) % 2 == 0);
+                    b.retain_routes(|k| (k.1 as u8 ^ seed).is_multiple_of(2));
                     last.clear();
                 }
             }

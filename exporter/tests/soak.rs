@@ -21,6 +21,31 @@ use common::*;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// A private copy of the workload binary, taken once: the churn runs it hundreds of times over
+/// half a minute, and a rebuild (of this or another checkout sharing the target directory)
+/// must not swap it mid-run.
+fn churn_workload() -> &'static std::path::Path {
+    static COPY: std::sync::OnceLock<(tempfile::TempDir, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    &COPY
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("sysscope-workload");
+            std::fs::copy(workload_bin(), &path).unwrap();
+            let ok = Command::new(&path)
+                .args(["fork-children", "1", "1", "probe"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(
+                ok,
+                "{} has no fork-children step: it is not this build's binary",
+                workload_bin()
+            );
+            (dir, path)
+        })
+        .1
+}
+
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -417,7 +442,7 @@ fn churn_round(exporter: &Exporter, round: usize) -> u64 {
         for &j in chunk {
             let cg = TestCgroup::at(&format!("{prefix}-{j}"));
             names.insert(cg.rel.clone());
-            let child = Command::new(workload_bin())
+            let child = Command::new(churn_workload())
                 .arg("join-cgroup")
                 .arg(&cg.dir)
                 .args([
