@@ -176,6 +176,9 @@ fn tls_and_basic_auth_with_real_clients() {
     };
     let ok = curl(&[]);
     assert_eq!(String::from_utf8_lossy(&ok.stdout), "200");
+    // HTTP/2 is offered through ALPN.
+    let h2 = curl(&["--http2", "-w", "%{http_code} %{http_version}"]);
+    assert_eq!(String::from_utf8_lossy(&h2.stdout), "200 2");
     let old = curl(&["--tlsv1.2", "--tls-max", "1.2"]);
     assert!(
         !old.status.success(),
@@ -190,31 +193,43 @@ fn client_certificates_are_required_and_verified() {
         return;
     }
     let pki = pki();
-    let flag = write_web_config(
-        pki.dir.path(),
-        "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  \
-         client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n",
-    );
-    let port = free_port();
-    let mut exporter = Exporter::spawn_on(port, TEST_CONFIG, &[&flag]);
-    let url = format!("https://127.0.0.1:{port}/metrics");
-    let good = client(&pki.ca, Some(&pki.client));
-    exporter.wait_for(|| good.get(&url).send().is_ok());
+    for (auth_type, anonymous_allowed) in [
+        ("RequireAndVerifyClientCert", false),
+        ("VerifyClientCertIfGiven", true),
+    ] {
+        let flag = write_web_config(
+            pki.dir.path(),
+            &format!(
+                "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  \
+                 client_auth_type: {auth_type}\n  client_ca_file: ca.pem\n"
+            ),
+        );
+        let port = free_port();
+        let mut exporter = Exporter::spawn_on(port, TEST_CONFIG, &[&flag]);
+        let url = format!("https://127.0.0.1:{port}/metrics");
+        let good = client(&pki.ca, Some(&pki.client));
+        exporter.wait_for(|| good.get(&url).send().is_ok());
 
-    let r = good.get(&url).send().unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.text().unwrap().contains("sysscope_build_info"));
-    // Without a certificate, and with one from another CA: no response at all.
-    let anonymous = client(&pki.ca, None);
-    assert!(anonymous.get(&url).send().is_err(), "no client certificate");
-    let rogue = client(&pki.ca, Some(&pki.rogue_client));
-    assert!(
-        rogue.get(&url).send().is_err(),
-        "untrusted client certificate"
-    );
-    // And the exporter is still fine.
-    assert_eq!(good.get(&url).send().unwrap().status(), 200);
-    assert!(exporter.child.try_wait().unwrap().is_none());
+        let r = good.get(&url).send().unwrap();
+        assert_eq!(r.status(), 200, "{auth_type}");
+        assert!(r.text().unwrap().contains("sysscope_build_info"));
+        // A certificate from another CA is refused either way: no response at all.
+        let rogue = client(&pki.ca, Some(&pki.rogue_client));
+        assert!(
+            rogue.get(&url).send().is_err(),
+            "{auth_type}: untrusted client certificate accepted"
+        );
+        // Without a certificate: refused unless the certificate is optional.
+        let anonymous = client(&pki.ca, None);
+        assert_eq!(
+            anonymous.get(&url).send().is_ok(),
+            anonymous_allowed,
+            "{auth_type}: client without a certificate"
+        );
+        // And the exporter is still fine.
+        assert_eq!(good.get(&url).send().unwrap().status(), 200);
+        assert!(exporter.child.try_wait().unwrap().is_none());
+    }
 }
 
 fn status_field(pid: u32, tid: u32, field: &str) -> String {

@@ -32,7 +32,7 @@ use hyper_util::{
     server::{conn::auto, graceful::GracefulShutdown},
 };
 use tokio::{
-    io::AsyncWriteExt,
+    io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
     sync::Semaphore,
 };
@@ -280,6 +280,39 @@ async fn starts_with_tls_handshake(stream: &TcpStream) -> bool {
     )
 }
 
+/// Answers a plain-HTTP request on the TLS port with a readable 400. The request head is read
+/// first and the client's remaining bytes drained after (each for at most a second): closing
+/// with unread input would reset the connection and lose the answer.
+async fn refuse_plain_http(mut stream: TcpStream) {
+    const ANSWER: &[u8] =
+        b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+        Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+    let mut buf = [0u8; 4096];
+    let mut head = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+            if head.len() > 16 * 1024 || head.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    let _ = stream.write_all(ANSWER).await;
+    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish (for at
 /// most `grace`).
 pub async fn serve(
@@ -354,13 +387,7 @@ pub async fn serve_with(
                         }
                         Some(acceptor) => {
                             if !starts_with_tls_handshake(&stream).await {
-                                let mut stream = stream;
-                                let _ = stream
-                                    .write_all(
-                                        b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
-                                    )
-                                    .await;
-                                let _ = stream.shutdown().await;
+                                refuse_plain_http(stream).await;
                                 return;
                             }
                             let tls_stream = match tokio::time::timeout(

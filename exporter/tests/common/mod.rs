@@ -223,7 +223,15 @@ pub fn vm_rss_kib(pid: u32) -> Option<u64> {
 pub fn raw_request(port: u16, bytes: &[u8], timeout: Duration) -> std::io::Result<String> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(timeout))?;
-    s.write_all(bytes)?;
+    // A server may answer (e.g. 431) and close before reading everything we send.
+    if let Err(e) = s.write_all(bytes) {
+        if !matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ) {
+            return Err(e);
+        }
+    }
     let mut raw = Vec::new();
     let mut buf = [0u8; 8192];
     loop {
