@@ -430,3 +430,35 @@ fn malformed_web_config_files_are_rejected_naming_the_key() {
         assert!(stderr.contains("--web.config.file"), "{stderr}");
     }
 }
+
+#[test]
+fn a_connection_flood_is_capped_and_recovers() {
+    if !require_root("a_connection_flood_is_capped_and_recovers") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let cap = sysscope::exposition::http::MAX_CONNECTIONS;
+    // Idle connections up to the cap (each is accepted and waits for a request head).
+    let idle: Vec<std::net::TcpStream> = (0..cap)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", exporter.port)).unwrap())
+        .collect();
+    // Beyond the cap a connection is closed without an answer...
+    let refused = eventually(Duration::from_secs(10), || {
+        let a = raw_request(
+            exporter.port,
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(5),
+        )
+        .unwrap_or_default();
+        a.is_empty().then_some(())
+    });
+    assert!(refused.is_some(), "a connection beyond the cap was served");
+    // ...and once the flood goes away, service resumes.
+    drop(idle);
+    let served = eventually(Duration::from_secs(10), || {
+        http_get(exporter.port, "/-/healthy", None)
+            .ok()
+            .filter(|r| r.0 == 200)
+    });
+    assert!(served.is_some(), "not serving after the flood ended");
+}
