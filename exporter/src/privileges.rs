@@ -416,8 +416,14 @@ pub fn drop_to(keep: u64) -> Result<DropReport, PrivilegeError> {
             }
         }
     }
-    // SAFETY: restoring the saved disposition.
-    unsafe { libc::sigaction(signal, &old, std::ptr::null_mut()) };
+    // A thread that had the signal blocked may still receive it later: the default action of
+    // a real-time signal would end the process, so ignore it rather than restore the default.
+    let mut after = old;
+    if after.sa_sigaction == libc::SIG_DFL {
+        after.sa_sigaction = libc::SIG_IGN;
+    }
+    // SAFETY: a valid disposition for our signal.
+    unsafe { libc::sigaction(signal, &after, std::ptr::null_mut()) };
 
     // Read back what every thread now holds.
     let over: Vec<u32> = thread_cap_sets()
