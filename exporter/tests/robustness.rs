@@ -462,3 +462,39 @@ fn a_connection_flood_is_capped_and_recovers() {
     });
     assert!(served.is_some(), "not serving after the flood ended");
 }
+
+#[test]
+fn sigterm_under_fifty_concurrent_scrapers_exits_cleanly() {
+    if !require_root("sigterm_under_fifty_concurrent_scrapers_exits_cleanly") {
+        return;
+    }
+    let mut exporter = Exporter::start(TEST_CONFIG, &[]);
+    let pid = exporter.child.id();
+    let programs = bpf_program_ids_of(pid);
+    let maps = bpf_map_ids_of(pid);
+    let mut wrk = Command::new("wrk")
+        .args(["-t2", "-c50", "-d8s", "--timeout", "5s"])
+        .arg(format!("http://127.0.0.1:{}/metrics", exporter.port))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("wrk is not installed: run scripts/setup.sh --test");
+    std::thread::sleep(Duration::from_secs(2));
+    let (status, took) = exporter.stop();
+    let _ = wrk.kill();
+    let _ = wrk.wait();
+    assert!(status.success(), "exit status under load: {status}");
+    assert!(
+        took < Duration::from_secs(5),
+        "took {took:?} to stop under load"
+    );
+    let gone = eventually(Duration::from_secs(5), || {
+        let p = loaded_program_ids();
+        let m = loaded_map_ids();
+        (!programs.iter().any(|id| p.contains(id)) && !maps.iter().any(|id| m.contains(id)))
+            .then_some(())
+    });
+    assert!(
+        gone.is_some(),
+        "programs or maps left behind after SIGTERM under load"
+    );
+}
