@@ -265,6 +265,39 @@ mod tests {
         );
     }
 
+    /// Cgroups come and go while the tree is walked: the walk skips what vanished and
+    /// resolves what stayed.
+    #[test]
+    fn walking_a_tree_that_changes_underneath() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("stable/child")).unwrap();
+        let stable = id_of(&dir.path().join("stable/child")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let root = dir.path().to_path_buf();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let d = root.join(format!("c{}/d", i % 16));
+                    let _ = std::fs::create_dir_all(&d);
+                    let _ = std::fs::remove_dir(&d);
+                    let _ = std::fs::remove_dir(d.parent().unwrap());
+                    i += 1;
+                }
+            })
+        };
+        let mut r = CgroupResolver::new(dir.path().to_path_buf());
+        for _ in 0..200 {
+            r.new_cycle();
+            r.rescan();
+            assert_eq!(&*r.resolve(stable), "/stable/child");
+            r.retain(|_| false);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
+    }
+
     #[test]
     fn optional_fields_and_escaped_mount_points() {
         // Optional fields ("shared:1 master:2") sit between the options and the separator.
