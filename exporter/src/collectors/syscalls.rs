@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData, PerCpuHashMap};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
@@ -25,6 +25,7 @@ use sysscope_abi::{hist, maps, programs, ErrnoKey, ProcessExit, SyscallKey, Sysc
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
+    bpf_batch::{self, BatchError},
     config::{Config, HistogramResolution},
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
@@ -101,6 +102,10 @@ pub struct SyscallCollector {
     generation: u64,
     last_orphan_scan: Instant,
     entries_seen: [u64; 3],
+    /// Possible CPUs (the length of per-CPU values).
+    nr_cpus: usize,
+    /// Whether the kernel supports batched lookups (cleared on the first refusal).
+    batch: bool,
 }
 
 impl std::fmt::Debug for SyscallCollector {
@@ -140,7 +145,7 @@ pub fn fold_buckets(
     out
 }
 
-fn sum_per_cpu(values: &PerCpuValues<SyscallStats>) -> SyscallStats {
+fn sum_per_cpu(values: &[SyscallStats]) -> SyscallStats {
     let mut total = SyscallStats::ZERO;
     for v in values.iter() {
         total.sum_ns = total.sum_ns.wrapping_add(v.sum_ns);
@@ -235,6 +240,8 @@ impl SyscallCollector {
             generation: 0,
             last_orphan_scan: Instant::now(),
             entries_seen: [0; 3],
+            nr_cpus: aya::util::nr_cpus().map(|n| n.max(1)).unwrap_or(1),
+            batch: true,
         })
     }
 
@@ -278,17 +285,56 @@ impl SyscallCollector {
             .collect()
     }
 
+    /// Every entry of `SYSCALL_STATS`, summed over CPUs: in batches where the kernel allows,
+    /// entry by entry otherwise (an entry deleted between listing and lookup is skipped).
+    fn snapshot_stats(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
+        if self.batch {
+            match bpf_batch::lookup_all_percpu::<SyscallKey, SyscallStats>(
+                self.stats.map(),
+                self.nr_cpus,
+            ) {
+                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum_per_cpu(&v))).collect(),
+                Err(BatchError::Unsupported) => self.batch = false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
+                }
+            }
+        }
+        self.stats
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k, sum_per_cpu(&v)))
+            .collect()
+    }
+
+    /// Every entry of `SYSCALL_ERRORS`, summed over CPUs.
+    fn snapshot_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
+        let sum = |v: &[u64]| v.iter().fold(0u64, |a, x| a.wrapping_add(*x));
+        if self.batch {
+            match bpf_batch::lookup_all_percpu::<ErrnoKey, u64>(self.errors.map(), self.nr_cpus) {
+                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
+                Err(BatchError::Unsupported) => self.batch = false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
+                }
+            }
+        }
+        self.errors
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k, sum(&v)))
+            .collect()
+    }
+
     fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<SyscallKey> {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let snapshot = self.snapshot_stats();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
-        for item in self.stats.iter() {
-            // An entry deleted between listing and lookup is simply skipped.
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in snapshot {
             seen += 1;
-            let cur = sum_per_cpu(&per_cpu);
             let entry = self.entries.entry(key).or_insert_with(|| Entry {
                 last: SyscallStats::ZERO,
                 source: None,
@@ -328,12 +374,11 @@ impl SyscallCollector {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let snapshot = self.snapshot_errors();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
-        for item in self.errors.iter() {
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in snapshot {
             seen += 1;
-            let cur: u64 = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
             let entry = self.error_entries.entry(key).or_insert_with(|| ErrorEntry {
                 last: 0,
                 source: None,
