@@ -6,9 +6,10 @@
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
 //!
-//! Each refresh reads every kernel entry, adds what changed since the previous read to the
-//! entry's series, and reclaims the entries of processes that have exited (after their last
-//! values were read), so series are monotonic sums over processes that come and go.
+//! Each refresh reads every kernel entry (in batches, see [`crate::bpf_batch`]), adds what
+//! changed since the previous read to the entry's series, and reclaims the entries of
+//! processes that have exited (after their last values were read), so series are monotonic
+//! sums over processes that come and go.
 
 use std::{
     borrow::Cow,
