@@ -14,6 +14,7 @@
 use std::{
     borrow::Cow,
     collections::{HashMap, HashSet},
+    os::fd::AsFd,
     time::{Duration, Instant},
 };
 
@@ -291,7 +292,7 @@ impl SyscallCollector {
     fn snapshot_stats(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
         if self.batch {
             match bpf_batch::lookup_all_percpu::<SyscallKey, SyscallStats>(
-                self.stats.map(),
+                self.stats.map().fd().as_fd(),
                 self.nr_cpus,
             ) {
                 Ok(all) => return all.into_iter().map(|(k, v)| (k, sum_per_cpu(&v))).collect(),
@@ -312,7 +313,10 @@ impl SyscallCollector {
     fn snapshot_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
         let sum = |v: &[u64]| v.iter().fold(0u64, |a, x| a.wrapping_add(*x));
         if self.batch {
-            match bpf_batch::lookup_all_percpu::<ErrnoKey, u64>(self.errors.map(), self.nr_cpus) {
+            match bpf_batch::lookup_all_percpu::<ErrnoKey, u64>(
+                self.errors.map().fd().as_fd(),
+                self.nr_cpus,
+            ) {
                 Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
                 Err(BatchError::Unsupported) => self.batch = false,
                 Err(e) => {
