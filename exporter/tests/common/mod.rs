@@ -238,9 +238,17 @@ pub fn raw_request(port: u16, bytes: &[u8], timeout: Duration) -> std::io::Resul
         match s.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => raw.extend_from_slice(&buf[..n]),
-            // A reset after the answer (the server closed with unread input) ends it too.
-            Err(e) if !raw.is_empty() && e.kind() != std::io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // The timeout, or a reset (the server closed with unread input), ends the answer.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                break
+            }
             Err(e) => return Err(e),
         }
     }
