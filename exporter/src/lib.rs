@@ -7,11 +7,13 @@
 //! [`spans`] turns sampled slow syscalls into spans.
 
 pub mod agent;
+pub mod bpf_batch;
 pub mod cli;
 pub mod collectors;
 pub mod config;
 pub mod exposition;
 pub mod metadata;
+pub mod privileges;
 pub mod probes;
 pub mod series;
 pub mod spans;

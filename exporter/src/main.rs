@@ -17,8 +17,9 @@ use sysscope::{
         http::{self, AppState},
         otlp,
         scrape::Scraper,
+        web_config::WebConfig,
     },
-    spans, startup,
+    privileges, spans, startup,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -101,6 +102,18 @@ fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed
+/// memory in each: maps are read on whichever blocking thread is free, so resident memory
+/// would creep up arena by arena under churn. Two arenas keep it flat (docs/operations.md);
+/// an explicit MALLOC_ARENA_MAX still wins.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, 2) };
+    }
+}
+
 fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
     Ok(match path {
         Some(p) => Config::load(p)?,
@@ -109,6 +122,7 @@ fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
 }
 
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     let cli = Cli::parse();
     if let Err(e) = init_logging(&cli.log_level, &cli.log_format) {
         eprintln!("sysscope: {e:#}");
@@ -130,7 +144,18 @@ fn main() -> ExitCode {
     };
     let tool = match &cli.command {
         None if cli.config_check => return exit(config_check(&config)),
-        None => return exit(run_exporter(&cli, config)),
+        None => {
+            // Validated before anything is loaded, so a bad file costs nothing.
+            let web = match cli.web_config_file.as_ref().map(|p| WebConfig::load(p)) {
+                None => None,
+                Some(Ok(w)) => Some(Arc::new(w)),
+                Some(Err(e)) => {
+                    eprintln!("sysscope: --web.config.file: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            return exit(run_exporter(&cli, config, web));
+        }
         Some(Command::Summary(args)) => ("summary", cli::summary::run(args, &config)),
         Some(Command::Trace(args)) => ("trace", cli::trace::run(args, &config)),
         Some(Command::Diagnose(args)) => ("diagnose", cli::diagnose::run(args, &config)),
@@ -183,13 +208,11 @@ fn config_check(config: &Config) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
-    if let Some(path) = &cli.web_config_file {
-        anyhow::bail!(
-            "--web.config.file {}: TLS and basic auth are not supported by this build yet",
-            path.display()
-        );
-    }
+fn run_exporter(
+    cli: &Cli,
+    config: Config,
+    web: Option<Arc<WebConfig>>,
+) -> anyhow::Result<ExitCode> {
     if !cli.telemetry_path.starts_with('/') {
         anyhow::bail!(
             "--web.telemetry-path `{}` must start with /",
@@ -224,6 +247,17 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
             let traces = slow_calls.sinks().otlp.is_some();
             let metrics = otlp_settings.metrics.is_some();
             agent.add_families(Box::new(move |e| stats.encode(e, traces, metrics)));
+        }
+        // Everything is attached and the span reader runs: give up what running does not
+        // need (see privileges.rs); threads started later inherit the reduced set.
+        match privileges::drop_after_start(&config) {
+            Ok(r) => tracing::info!(
+                kept = ?privileges::cap_names(r.kept),
+                bounding_set_reduced = r.bounding_set_reduced,
+                threads = r.threads,
+                "dropped capabilities"
+            ),
+            Err(e) => tracing::error!(error = %e, "could not drop capabilities"),
         }
         let agent = Arc::new(std::sync::Mutex::new(agent));
         let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
@@ -274,9 +308,11 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
         tracing::info!(
             address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             path = %cli.telemetry_path,
+            tls = web.as_ref().is_some_and(|w| w.tls.is_some()),
+            basic_auth = web.as_ref().is_some_and(|w| w.basic_auth.is_some()),
             "serving metrics"
         );
-        http::serve(listener, state, shutdown, Duration::from_secs(3)).await;
+        http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
         background.abort();
         // Send what is queued (bounded), off the async threads: the exporters block.
         let _ = tokio::task::spawn_blocking(move || {

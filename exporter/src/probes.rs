@@ -59,6 +59,17 @@ pub enum ProbeError {
     },
 }
 
+/// Fault injection for tests and drills: programs named in this environment variable
+/// (comma-separated) are attached to a tracepoint that does not exist, so the kernel's real
+/// failure path runs (docs/operations.md, "A probe fails to attach").
+pub const FAULT_ENV: &str = "SYSSCOPE_FAULT_ATTACH";
+
+fn fault_injected(program: &str) -> bool {
+    std::env::var(FAULT_ENV)
+        .map(|v| v.split(',').any(|p| p.trim() == program))
+        .unwrap_or(false)
+}
+
 /// Capabilities sysscope checks for, from `/proc/self/status` (CapEff).
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
@@ -218,6 +229,12 @@ impl Probes {
         program: &str,
         tracepoint: &str,
     ) -> Result<(), ProbeError> {
+        let tracepoint = if fault_injected(program) {
+            tracing::warn!(program, "{FAULT_ENV}: attaching to a missing tracepoint");
+            "sysscope_fault_injected_missing_tracepoint"
+        } else {
+            tracepoint
+        };
         let prog: &mut RawTracePoint = self
             .ebpf
             .program_mut(program)
@@ -243,6 +260,34 @@ impl Probes {
             })?;
         tracing::debug!(program, tracepoint, "attached");
         Ok(())
+    }
+
+    /// Detaches and unloads every program `collector` attached: a collector that failed half
+    /// way must not leave programs running (and filling maps) that nothing reads.
+    pub fn detach_collector(&mut self, collector: &'static str) {
+        for status in self
+            .programs
+            .iter_mut()
+            .filter(|p| p.collector == collector)
+        {
+            if !status.attached {
+                continue;
+            }
+            let prog: Option<&mut RawTracePoint> = self
+                .ebpf
+                .program_mut(&status.program)
+                .and_then(|p| p.try_into().ok());
+            match prog.map(|p| p.unload()) {
+                Some(Ok(())) => {
+                    status.attached = false;
+                    tracing::info!(program = %status.program, collector, "detached");
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(program = %status.program, error = %e, "detaching failed")
+                }
+                None => {}
+            }
+        }
     }
 
     /// Takes ownership of a map for a collector to read.

@@ -157,6 +157,19 @@ impl<K: Clone + Eq + Hash> Budget<K> {
         self.routes.remove(key);
     }
 
+    /// Forgets the routes of source keys `live` rejects (no process feeds them any more), so
+    /// routing state stays proportional to live label sets. A key admitted as its own series
+    /// keeps it while the series exists; a folded key that comes back is routed (and counted
+    /// as folded) again.
+    pub fn retain_routes(&mut self, live: impl Fn(&K) -> bool) {
+        self.routes.retain(|k, _| live(k));
+    }
+
+    /// Source keys with a remembered route.
+    pub fn routes(&self) -> usize {
+        self.routes.len()
+    }
+
     /// Exported series currently charged to the budget.
     pub fn used(&self) -> usize {
         self.used
@@ -216,6 +229,29 @@ mod tests {
         // At most the budget plus the bounded catch-all (one per syscall).
         assert!(b.used() <= 1000 + 40 * 17, "{}", b.used());
         assert!(b.folded() > 9000);
+    }
+
+    #[test]
+    fn routes_of_gone_label_sets_are_forgotten_but_admitted_series_stay() {
+        let mut b = Budget::new(30);
+        let a = (w("/a", "x"), 0);
+        b.route(&a, 10, fold);
+        b.route(&(w("/a", "y"), 0), 10, fold);
+        let folded: Vec<_> = (0..100).map(|i| (w("/a", &format!("p{i}")), 0)).collect();
+        for k in &folded {
+            assert_eq!(b.route(k, 10, fold), (w("/a", "other"), 0));
+        }
+        assert_eq!(b.routes(), 102);
+        // Only `a` is still fed.
+        b.retain_routes(|k| *k == a);
+        assert_eq!(b.routes(), 1);
+        assert_eq!(b.used(), 30, "admitted series keep their budget");
+        // `y` is still admitted as its own series: it gets it back.
+        assert_eq!(b.route(&(w("/a", "y"), 0), 10, fold), (w("/a", "y"), 0));
+        // A folded label set that comes back folds the same way, and is counted again.
+        let before = b.folded();
+        assert_eq!(b.route(&folded[0], 10, fold), (w("/a", "other"), 0));
+        assert_eq!(b.folded(), before + 1);
     }
 
     #[test]

@@ -88,6 +88,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
             Ok(c) => started.push(Box::new(c)),
             Err(e) => {
                 tracing::error!(collector = syscalls::NAME, error = %e, "collector failed to start");
+                probes.detach_collector(syscalls::NAME);
                 report.failed.push((syscalls::NAME, e.to_string()));
                 failed.push(syscalls::NAME);
             }

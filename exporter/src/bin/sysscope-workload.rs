@@ -30,6 +30,8 @@
 //!   wait-stdin                block until stdin is closed or a line is read
 //!   pin-cpu N                 run the following steps on CPU N only (sched_setaffinity)
 //!   spin MS                   compute in user space, without syscalls, for MS ms of wall time
+//!   fork-children N K PREFIX  fork N children (64 at a time); child i names itself
+//!                             PREFIX<i> (prctl PR_SET_NAME), makes K getppid calls and exits
 //!   join-cgroup DIR           move this process into cgroup DIR (after the dynamic loader ran,
 //!                             so only the steps that follow are counted there)
 //! ```
@@ -46,7 +48,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin"
     );
     std::process::exit(2)
 }
@@ -233,6 +235,13 @@ fn main() {
             "spin" => {
                 spin(Duration::from_millis(num(args.get(i + 1))));
                 i += 2;
+            }
+            "fork-children" => {
+                let n = num(args.get(i + 1));
+                let k = num(args.get(i + 2));
+                let prefix = args.get(i + 3).unwrap_or_else(|| usage()).clone();
+                fork_children(n, k, &prefix);
+                i += 4;
             }
             "wait-stdin" => {
                 let mut line = String::new();
@@ -592,4 +601,44 @@ fn small_writes(path: &str, n: u64, bs: usize) {
     }
     // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
+}
+
+/// Process churn: many short-lived, distinctly named processes with a known number of calls.
+fn fork_children(n: u64, k: u64, prefix: &str) {
+    const BATCH: u64 = 64;
+    let mut started = 0u64;
+    while started < n {
+        let batch = BATCH.min(n - started);
+        for j in 0..batch {
+            // The name is prepared before fork: the child makes raw syscalls only.
+            let mut name = [0u8; 16];
+            let text = format!("{prefix}{}", started + j);
+            let len = text.len().min(15);
+            name[..len].copy_from_slice(&text.as_bytes()[..len]);
+            // SAFETY: the child only makes async-signal-safe raw syscalls and _exits.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                // SAFETY: name is NUL-terminated; getppid and _exit cannot fail.
+                unsafe {
+                    libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0);
+                    for _ in 0..k {
+                        libc::syscall(libc::SYS_getppid);
+                    }
+                    libc::_exit(0);
+                }
+            }
+        }
+        for _ in 0..batch {
+            let mut status = 0;
+            // SAFETY: waiting for our own children.
+            let r = unsafe { libc::wait(&mut status) };
+            assert!(r > 0, "wait failed");
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "child failed: {status}"
+            );
+        }
+        started += batch;
+    }
 }

@@ -6,17 +6,19 @@
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
 //!
-//! Each refresh reads every kernel entry, adds what changed since the previous read to the
-//! entry's series, and reclaims the entries of processes that have exited (after their last
-//! values were read), so series are monotonic sums over processes that come and go.
+//! Each refresh reads every kernel entry (in batches, see [`crate::bpf_batch`]), adds what
+//! changed since the previous read to the entry's series, and reclaims the entries of
+//! processes that have exited (after their last values were read), so series are monotonic
+//! sums over processes that come and go.
 
 use std::{
     borrow::Cow,
     collections::{HashMap, HashSet},
+    os::fd::AsFd,
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData, PerCpuHashMap};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
@@ -25,6 +27,7 @@ use sysscope_abi::{hist, maps, programs, ErrnoKey, ProcessExit, SyscallKey, Sysc
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
+    bpf_batch::{self, BatchError},
     config::{Config, HistogramResolution},
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
@@ -64,6 +67,8 @@ impl Totals {
 #[derive(Debug)]
 struct Entry {
     last: SyscallStats,
+    /// The label set this entry resolved to (its route in the budget).
+    source: Option<SeriesKey>,
     target: Option<SeriesKey>,
     seen: u64,
 }
@@ -71,6 +76,7 @@ struct Entry {
 #[derive(Debug)]
 struct ErrorEntry {
     last: u64,
+    source: Option<SeriesKey>,
     target: Option<(Workload, u32, u16)>,
     seen: u64,
 }
@@ -98,6 +104,10 @@ pub struct SyscallCollector {
     generation: u64,
     last_orphan_scan: Instant,
     entries_seen: [u64; 3],
+    /// Possible CPUs (the length of per-CPU values).
+    nr_cpus: usize,
+    /// Whether the kernel supports batched lookups (cleared on the first refusal).
+    batch: bool,
 }
 
 impl std::fmt::Debug for SyscallCollector {
@@ -175,7 +185,7 @@ impl SyscallMaps {
 }
 
 /// Sum over CPUs of one `SYSCALL_STATS` value.
-pub fn sum_per_cpu(values: &PerCpuValues<SyscallStats>) -> SyscallStats {
+pub fn sum_per_cpu(values: &[SyscallStats]) -> SyscallStats {
     let mut total = SyscallStats::ZERO;
     for v in values.iter() {
         total.sum_ns = total.sum_ns.wrapping_add(v.sum_ns);
@@ -258,6 +268,8 @@ impl SyscallCollector {
             generation: 0,
             last_orphan_scan: Instant::now(),
             entries_seen: [0; 3],
+            nr_cpus: aya::util::nr_cpus().map(|n| n.max(1)).unwrap_or(1),
+            batch: true,
         })
     }
 
@@ -284,8 +296,12 @@ impl SyscallCollector {
     }
 
     /// Entries whose process is gone without an exit record (e.g. the exit queue was full).
+    /// Looked for every `ORPHAN_SCAN_INTERVAL`, and at every read while the stats map is more
+    /// than half full: under heavy process churn the exit queue overflows first, and waiting
+    /// for the next scan would let orphans fill the map and lose new processes' calls.
     fn orphans(&mut self, exited: &HashSet<u32>) -> HashSet<u32> {
-        if self.last_orphan_scan.elapsed() < ORPHAN_SCAN_INTERVAL {
+        let filling = self.entries_seen[0] * 2 > self.capacities[0];
+        if self.last_orphan_scan.elapsed() < ORPHAN_SCAN_INTERVAL && !filling {
             return HashSet::new();
         }
         self.last_orphan_scan = Instant::now();
@@ -297,19 +313,62 @@ impl SyscallCollector {
             .collect()
     }
 
+    /// Every entry of `SYSCALL_STATS`, summed over CPUs: in batches where the kernel allows,
+    /// entry by entry otherwise (an entry deleted between listing and lookup is skipped).
+    fn snapshot_stats(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
+        if self.batch {
+            match bpf_batch::lookup_all_percpu::<SyscallKey, SyscallStats>(
+                self.stats.map().fd().as_fd(),
+                self.nr_cpus,
+            ) {
+                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum_per_cpu(&v))).collect(),
+                Err(BatchError::Unsupported) => self.batch = false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
+                }
+            }
+        }
+        self.stats
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k, sum_per_cpu(&v)))
+            .collect()
+    }
+
+    /// Every entry of `SYSCALL_ERRORS`, summed over CPUs.
+    fn snapshot_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
+        let sum = |v: &[u64]| v.iter().fold(0u64, |a, x| a.wrapping_add(*x));
+        if self.batch {
+            match bpf_batch::lookup_all_percpu::<ErrnoKey, u64>(
+                self.errors.map().fd().as_fd(),
+                self.nr_cpus,
+            ) {
+                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
+                Err(BatchError::Unsupported) => self.batch = false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
+                }
+            }
+        }
+        self.errors
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k, sum(&v)))
+            .collect()
+    }
+
     fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<SyscallKey> {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let snapshot = self.snapshot_stats();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
-        for item in self.stats.iter() {
-            // An entry deleted between listing and lookup is simply skipped.
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in snapshot {
             seen += 1;
-            let cur = sum_per_cpu(&per_cpu);
             let entry = self.entries.entry(key).or_insert_with(|| Entry {
                 last: SyscallStats::ZERO,
+                source: None,
                 target: None,
                 seen: generation,
             });
@@ -322,7 +381,9 @@ impl SyscallCollector {
                     continue;
                 };
                 entry.last = cur;
-                let target = self.budget.route(&(workload, key.nr), cost, Self::fold);
+                let source = (workload, key.nr);
+                let target = self.budget.route(&source, cost, Self::fold);
+                entry.source = Some(source);
                 let totals = self
                     .series
                     .entry(target.clone())
@@ -350,14 +411,14 @@ impl SyscallCollector {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let snapshot = self.snapshot_errors();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
-        for item in self.errors.iter() {
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in snapshot {
             seen += 1;
-            let cur: u64 = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
             let entry = self.error_entries.entry(key).or_insert_with(|| ErrorEntry {
                 last: 0,
+                source: None,
                 target: None,
                 seen: generation,
             });
@@ -372,9 +433,9 @@ impl SyscallCollector {
                     continue;
                 };
                 entry.last = cur;
-                let (w, nr) = self
-                    .budget
-                    .route(&(workload, key.nr as u32), cost, Self::fold);
+                let source = (workload, key.nr as u32);
+                let (w, nr) = self.budget.route(&source, cost, Self::fold);
+                entry.source = Some(source);
                 let target = (w, nr, key.errno);
                 let totals = self
                     .error_series
@@ -462,11 +523,32 @@ impl Collector for SyscallCollector {
                     labeler.comms.forget(*tgid);
                 }
             }
+            // Orphans too: their exit record was lost, but they are gone all the same.
+            for tgid in &reclaim {
+                if !remaining.contains(tgid) {
+                    labeler.comms.forget(*tgid);
+                }
+            }
         }
         // Entries deleted behind our back (none expected) no longer exist.
         let generation = self.generation;
         self.entries.retain(|_, e| e.seen == generation);
         self.error_entries.retain(|_, e| e.seen == generation);
+        if !reclaim.is_empty() {
+            // Routing state follows the live label sets, not every label set ever seen:
+            // under process churn with unique names the budget would otherwise grow forever.
+            let live: HashSet<&SeriesKey> = self
+                .entries
+                .values()
+                .filter_map(|e| e.source.as_ref())
+                .chain(
+                    self.error_entries
+                        .values()
+                        .filter_map(|e| e.source.as_ref()),
+                )
+                .collect();
+            self.budget.retain_routes(|k| live.contains(k));
+        }
         self.retire_idle_series(now);
         Ok(())
     }

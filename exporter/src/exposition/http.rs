@@ -1,6 +1,12 @@
 //! The HTTP endpoint (hyper on tokio): the metrics at `--web.telemetry-path`, a landing page
 //! at `/`, `/-/healthy`, `/-/ready`, and JSON routes other modules register (e.g. recent slow
 //! calls). Only GET and HEAD are served; everything else gets a clear status.
+//!
+//! With `--web.config.file` ([`super::web_config`]) connections are TLS (a plain-HTTP request
+//! to the TLS port gets a readable 400, as Go's servers answer), every request needs basic
+//! auth when users are configured (401 otherwise), and the configured headers are added.
+//! Concurrent connections are capped ([`MAX_CONNECTIONS`]) so a flood of clients cannot take
+//! the file descriptors the collectors need to read /proc and the cgroup tree.
 
 use std::{
     collections::BTreeMap,
@@ -25,9 +31,25 @@ use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::{conn::auto, graceful::GracefulShutdown},
 };
-use tokio::net::TcpListener;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
 
-use super::{format::Format, scrape::Scraper};
+use super::{
+    format::Format,
+    scrape::Scraper,
+    web_config::{AuthPrecheck, WebConfig},
+};
+
+/// Connections served at once; more are closed as soon as they are accepted.
+pub const MAX_CONNECTIONS: usize = 512;
+/// Time a client has to complete the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// bcrypt checks running at once: each costs tens of milliseconds of CPU by design, so
+/// guessing passwords must not take more than this many cores.
+const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -186,11 +208,127 @@ pub async fn handle(
     Ok(resp)
 }
 
+/// What `--web.config.file` asks of every request, shared by the connections.
+struct Security {
+    web: Option<Arc<WebConfig>>,
+    password_checks: Semaphore,
+}
+
+fn unauthorized() -> Response<Full<Bytes>> {
+    let mut r = response(
+        StatusCode::UNAUTHORIZED,
+        "text/plain; charset=utf-8",
+        "Unauthorized\n",
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"sysscope\""),
+    );
+    r
+}
+
+/// Serves one request after basic auth, adding the configured headers.
+async fn handle_secured(
+    state: Arc<AppState>,
+    security: Arc<Security>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let Some(web) = security.web.clone() else {
+        return handle(state, req).await;
+    };
+    let allowed = match &web.basic_auth {
+        None => true,
+        Some(auth) => {
+            let header = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes());
+            match auth.precheck(header) {
+                AuthPrecheck::Allowed => true,
+                AuthPrecheck::Denied => false,
+                AuthPrecheck::Verify { user, password } => {
+                    let auth = auth.clone();
+                    match security.password_checks.acquire().await {
+                        Ok(_permit) => {
+                            tokio::task::spawn_blocking(move || auth.verify(&user, &password))
+                                .await
+                                .unwrap_or(false)
+                        }
+                        Err(_) => false,
+                    }
+                }
+            }
+        }
+    };
+    let mut resp = if allowed {
+        handle(state, req).await?
+    } else {
+        unauthorized()
+    };
+    for (name, value) in &web.headers {
+        resp.headers_mut().insert(name.clone(), value.clone());
+    }
+    Ok(resp)
+}
+
+/// Whether the client opened with a TLS handshake record (content type 22), peeking only.
+async fn starts_with_tls_handshake(stream: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    matches!(
+        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await,
+        Ok(Ok(1)) if first[0] == 0x16
+    )
+}
+
+/// Answers a plain-HTTP request on the TLS port with a readable 400. The request head is read
+/// first and the client's remaining bytes drained after (each for at most a second): closing
+/// with unread input would reset the connection and lose the answer.
+async fn refuse_plain_http(mut stream: TcpStream) {
+    const ANSWER: &[u8] =
+        b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+        Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+    let mut buf = [0u8; 4096];
+    let mut head = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+            if head.len() > 16 * 1024 || head.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    let _ = stream.write_all(ANSWER).await;
+    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 /// Accepts connections until `shutdown` resolves, then lets in-flight requests finish (for at
 /// most `grace`).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    serve_with(listener, state, None, shutdown, grace).await
+}
+
+/// [`serve`] with the TLS, basic auth and headers of a `--web.config.file`.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    web: Option<Arc<WebConfig>>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
@@ -201,11 +339,24 @@ pub async fn serve(
         .max_buf_size(64 * 1024)
         .header_read_timeout(Duration::from_secs(10))
         .timer(hyper_util::rt::TokioTimer::new());
+    if web.as_ref().is_some_and(|w| !w.http2) {
+        builder = builder.http1_only();
+    }
+    let builder = Arc::new(builder);
+    let tls = web
+        .as_ref()
+        .and_then(|w| w.tls.clone())
+        .map(tokio_rustls::TlsAcceptor::from);
+    let security = Arc::new(Security {
+        web,
+        password_checks: Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS),
+    });
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(s) => s,
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
@@ -214,12 +365,52 @@ pub async fn serve(
                         continue;
                     }
                 };
+                let Ok(permit) = connections.clone().try_acquire_owned() else {
+                    tracing::debug!(%peer, "too many connections; closing this one");
+                    drop(stream);
+                    continue;
+                };
                 let state = state.clone();
-                let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
-                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let conn = graceful.watch(conn);
+                let security = security.clone();
+                let builder = builder.clone();
+                let tls = tls.clone();
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
+                    let _permit = permit;
+                    let service = hyper::service::service_fn(move |req| {
+                        handle_secured(state.clone(), security.clone(), req)
+                    });
+                    let result = match tls {
+                        None => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                        Some(acceptor) => {
+                            if !starts_with_tls_handshake(&stream).await {
+                                refuse_plain_http(stream).await;
+                                return;
+                            }
+                            let tls_stream = match tokio::time::timeout(
+                                TLS_HANDSHAKE_TIMEOUT,
+                                acceptor.accept(stream),
+                            )
+                            .await
+                            {
+                                Ok(Ok(s)) => s,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                    };
+                    if let Err(e) = result {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
                 });

@@ -5,3 +5,4 @@ pub mod format;
 pub mod http;
 pub mod otlp;
 pub mod scrape;
+pub mod web_config;

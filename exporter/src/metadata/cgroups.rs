@@ -61,7 +61,7 @@ pub fn find_v2_mount(mountinfo: &str) -> Option<PathBuf> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
-fn unescape_mountinfo(s: &str) -> String {
+pub fn unescape_mountinfo(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -85,11 +85,15 @@ fn unescape_mountinfo(s: &str) -> String {
 
 /// Locates the cgroup v2 mount of this machine.
 pub fn v2_mount() -> Result<PathBuf, CgroupError> {
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Read {
-            path: "/proc/self/mountinfo".into(),
-            source,
-        })?;
+    v2_mount_from(Path::new("/proc/self/mountinfo"))
+}
+
+/// [`v2_mount`] from a given mountinfo file.
+pub fn v2_mount_from(mountinfo: &Path) -> Result<PathBuf, CgroupError> {
+    let text = std::fs::read_to_string(mountinfo).map_err(|source| CgroupError::Read {
+        path: mountinfo.display().to_string(),
+        source,
+    })?;
     find_v2_mount(&text).ok_or(CgroupError::NotMounted)
 }
 
@@ -284,6 +288,90 @@ mod tests {
         // Roots that go up and then down again are subtrees of somewhere else.
         let text = "57 47 0:38 /../other / rw - cgroup2 cgroup2 rw\n";
         assert_eq!(find_v2_mount(text), None);
+    }
+
+    #[test]
+    fn no_cgroup2_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        // Only cgroup v1 hierarchies (an old systemd "legacy" layout).
+        let v1 = dir.path().join("v1");
+        std::fs::write(
+            &v1,
+            "31 25 0:26 / /sys/fs/cgroup ro - tmpfs tmpfs ro\n\
+             33 31 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n\
+             34 31 0:29 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",
+        )
+        .unwrap();
+        let e = v2_mount_from(&v1).unwrap_err();
+        assert!(matches!(e, CgroupError::NotMounted));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("cgroup v2") && msg.contains("mount -t cgroup2"),
+            "{msg}"
+        );
+        // Only a subtree of cgroup2 is visible (a container with a bind mount): not the root.
+        let sub = dir.path().join("sub");
+        std::fs::write(
+            &sub,
+            "40 31 0:27 /kubepods/pod1 /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+        )
+        .unwrap();
+        assert!(matches!(v2_mount_from(&sub), Err(CgroupError::NotMounted)));
+        // Unreadable mountinfo names the file.
+        let e = v2_mount_from(&dir.path().join("missing")).unwrap_err();
+        assert!(e.to_string().contains("missing"), "{e}");
+        // Empty and malformed lines are skipped, not fatal.
+        let odd = dir.path().join("odd");
+        std::fs::write(
+            &odd,
+            "\n - \ngarbage\n1 2 - cgroup2\n36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
+        )
+        .unwrap();
+        assert_eq!(
+            v2_mount_from(&odd).unwrap(),
+            PathBuf::from("/sys/fs/cgroup")
+        );
+    }
+
+    /// Cgroups come and go while the tree is walked: the walk skips what vanished and
+    /// resolves what stayed.
+    #[test]
+    fn walking_a_tree_that_changes_underneath() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("stable/child")).unwrap();
+        let stable = id_of(&dir.path().join("stable/child")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let churn = {
+            let root = dir.path().to_path_buf();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let d = root.join(format!("c{}/d", i % 16));
+                    let _ = std::fs::create_dir_all(&d);
+                    let _ = std::fs::remove_dir(&d);
+                    let _ = std::fs::remove_dir(d.parent().unwrap());
+                    i += 1;
+                }
+            })
+        };
+        let mut r = CgroupResolver::new(dir.path().to_path_buf());
+        for _ in 0..200 {
+            r.new_cycle();
+            r.rescan();
+            assert_eq!(&*r.resolve(stable), "/stable/child");
+            r.retain(|_| false);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap();
+    }
+
+    #[test]
+    fn optional_fields_and_escaped_mount_points() {
+        // Optional fields ("shared:1 master:2") sit between the options and the separator.
+        let text =
+            "36 35 0:30 / /mnt/my\\040cgroups rw,nosuid shared:4 master:1 - cgroup2 none rw\n";
+        assert_eq!(find_v2_mount(text), Some(PathBuf::from("/mnt/my cgroups")));
     }
 
     #[test]

@@ -69,10 +69,28 @@ impl CommResolver {
         self.proc_root.join(tgid.to_string()).exists()
     }
 
+    /// Reads `/proc/<tgid>/comm`. A process may exit at any point, so every failure (gone,
+    /// zombie, permission) is `None`. A comm is any 15 bytes the process chose: read at most
+    /// 64 bytes (a fake or odd /proc cannot make us read more) and accept invalid UTF-8.
     fn read(&self, tgid: u32) -> Option<Arc<str>> {
-        let text = std::fs::read_to_string(self.proc_root.join(format!("{tgid}/comm"))).ok()?;
-        let name = text.trim_end_matches('\n');
-        Some(Arc::from(sanitize(name).as_str()))
+        use std::io::Read;
+        let file = std::fs::File::open(self.proc_root.join(format!("{tgid}/comm"))).ok()?;
+        let mut bytes = Vec::with_capacity(32);
+        file.take(64).read_to_end(&mut bytes).ok()?;
+        if bytes.is_empty() {
+            // An exited process' entry can read as empty: not a name.
+            return None;
+        }
+        let end = bytes
+            .iter()
+            .position(|&b| b == b'\n' || b == 0)
+            .unwrap_or(bytes.len())
+            .min(16);
+        let name = String::from_utf8_lossy(&bytes[..end]);
+        if name.is_empty() {
+            return None;
+        }
+        Some(Arc::from(sanitize(&name).as_str()))
     }
 
     pub fn len(&self) -> usize {
@@ -96,7 +114,7 @@ pub fn comm_from_bytes(comm: &[u8; 16]) -> Arc<str> {
 }
 
 /// comm is chosen by the process (prctl PR_SET_NAME): keep label values printable.
-fn sanitize(name: &str) -> String {
+pub fn sanitize(name: &str) -> String {
     name.chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .collect()
@@ -122,6 +140,48 @@ mod tests {
         r.set_exited(u32::MAX - 1, &comm);
         assert_eq!(&*r.resolve(u32::MAX - 1), "train");
         assert_eq!(&*r.resolve(u32::MAX - 2), UNKNOWN_COMM);
+    }
+
+    /// A fake /proc: one live process with a name, one whose name is not UTF-8, one with an
+    /// empty comm, one with an oversized file; processes then vanish between reads.
+    #[test]
+    fn vanishing_and_odd_proc_entries() {
+        let root = tempfile::tempdir().unwrap();
+        let mk = |pid: u32, comm: &[u8]| {
+            let dir = root.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("comm"), comm).unwrap();
+        };
+        mk(10, b"python3\n");
+        mk(11, b"caf\xc3\n\xff\xfe\n");
+        mk(12, b"");
+        mk(13, &[b'A'; 1 << 20]);
+        mk(14, b"tab\there\x1b[31m\n");
+        let mut r = CommResolver::new(root.path().to_path_buf(), Duration::ZERO);
+        assert_eq!(&*r.resolve(10), "python3");
+        assert!(r.alive(10));
+        // Invalid UTF-8 is kept as a name, not mistaken for an exited process.
+        assert_eq!(&*r.resolve(11), "caf\u{fffd}");
+        assert_eq!(&*r.resolve(12), UNKNOWN_COMM);
+        assert_eq!(&*r.resolve(13), "AAAAAAAAAAAAAAAA");
+        assert_eq!(&*r.resolve(14), "tab?here?[31m");
+        // The process exits: its directory vanishes. The last known name is kept.
+        std::fs::remove_dir_all(root.path().join("10")).unwrap();
+        assert!(!r.alive(10));
+        assert_eq!(&*r.resolve(10), "python3");
+        // Its comm file vanishes while the directory is still listed (a zombie being reaped).
+        std::fs::remove_file(root.path().join("11/comm")).unwrap();
+        assert_eq!(&*r.resolve(11), "caf\u{fffd}");
+        // A process never seen that is already gone.
+        assert_eq!(&*r.resolve(99), UNKNOWN_COMM);
+        // The pid is reused by a new process: after forget, the new name is read.
+        r.forget(10);
+        mk(10, b"bash\n");
+        assert_eq!(&*r.resolve(10), "bash");
+        // A /proc root that does not exist at all.
+        let mut gone = CommResolver::new("/nonexistent/proc".into(), Duration::ZERO);
+        assert_eq!(&*gone.resolve(1), UNKNOWN_COMM);
+        assert!(!gone.alive(1));
     }
 
     #[test]

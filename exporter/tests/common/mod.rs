@@ -170,6 +170,91 @@ pub fn bpf_program_ids_of(pid: u32) -> Vec<u64> {
     ids
 }
 
+/// eBPF map ids held open by process `pid` (from /proc/<pid>/fdinfo).
+pub fn bpf_map_ids_of(pid: u32) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return ids;
+    };
+    for fd in fds.flatten() {
+        if let Ok(info) = std::fs::read_to_string(fd.path()) {
+            for line in info.lines() {
+                if let Some(id) = line.strip_prefix("map_id:") {
+                    if let Ok(id) = id.trim().parse() {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Ids of every eBPF map on the machine (bpftool).
+pub fn loaded_map_ids() -> Vec<u64> {
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "show"])
+        .output()
+        .expect("bpftool");
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+/// Resident memory of process `pid` in KiB (VmRSS), if it is alive.
+pub fn vm_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Sends raw bytes to the exporter and returns everything it answers before closing (or
+/// until `timeout`).
+pub fn raw_request(port: u16, bytes: &[u8], timeout: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(timeout))?;
+    // A server may answer (e.g. 431) and close before reading everything we send.
+    if let Err(e) = s.write_all(bytes) {
+        if !matches!(
+            e.kind(),
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ) {
+            return Err(e);
+        }
+    }
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // The timeout, or a reset (the server closed with unread input), ends the answer.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                break
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&raw).into_owned())
+}
+
 /// Ids of every eBPF program loaded on the machine (bpftool).
 pub fn loaded_program_ids() -> Vec<u64> {
     let out = Command::new("bpftool")
@@ -205,15 +290,39 @@ pub const TEST_CONFIG: &str = "[collection]\nmin_interval = \"0s\"\n";
 impl Exporter {
     /// Starts the exporter with `config` (TOML) and extra flags, and waits until it is ready.
     pub fn start(config: &str, extra_args: &[&str]) -> Self {
-        Self::start_with_env(config, extra_args, &[])
+        Self::start_on(free_port(), config, extra_args)
+    }
+
+    /// [`Exporter::start`] on a given port.
+    pub fn start_on(port: u16, config: &str, extra_args: &[&str]) -> Self {
+        let mut e = Self::spawn_on(port, config, extra_args);
+        e.wait_ready(Duration::from_secs(30));
+        e
     }
 
     /// Like [`Exporter::start`], with extra environment variables (e.g. `OTEL_*`).
     pub fn start_with_env(config: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut e = Self::spawn_with_env(free_port(), config, extra_args, env);
+        e.wait_ready(Duration::from_secs(30));
+        e
+    }
+
+    /// Starts the exporter without waiting (for endpoints the plain-HTTP readiness check
+    /// cannot reach, e.g. TLS); see [`Exporter::wait_for`].
+    pub fn spawn_on(port: u16, config: &str, extra_args: &[&str]) -> Self {
+        Self::spawn_with_env(port, config, extra_args, &[])
+    }
+
+    /// [`Exporter::spawn_on`] with extra environment variables.
+    pub fn spawn_with_env(
+        port: u16,
+        config: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("sysscope.toml");
         std::fs::write(&config_path, config).unwrap();
-        let port = free_port();
         let child = Command::new(sysscope_bin())
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg(format!("--config.file={}", config_path.display()))
@@ -223,17 +332,39 @@ impl Exporter {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn sysscope");
-        let mut e = Self {
+        Self {
             child,
             port,
             config: config_path,
             _dir: dir,
-        };
-        e.wait_ready(Duration::from_secs(30));
-        e
+        }
     }
 
-    fn wait_ready(&mut self, timeout: Duration) {
+    /// Waits until `ready` holds (panics if the exporter exits or 30 s pass).
+    pub fn wait_for(&mut self, mut ready: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("sysscope exited during start-up: {status}");
+            }
+            if ready() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("sysscope not ready after 30 s");
+    }
+
+    /// Sends `signal` and waits; returns the exit status and how long it took.
+    pub fn stop_with(&mut self, signal: i32) -> (std::process::ExitStatus, Duration) {
+        let start = Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let status = self.child.wait().expect("wait sysscope");
+        (status, start.elapsed())
+    }
+
+    pub fn wait_ready(&mut self, timeout: Duration) {
         let start = Instant::now();
         while start.elapsed() < timeout {
             if let Ok(Some(status)) = self.child.try_wait() {

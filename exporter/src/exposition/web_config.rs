@@ -1,0 +1,859 @@
+//! `--web.config.file`: TLS and HTTP basic auth for the HTTP endpoint, in the Prometheus
+//! exporter-toolkit format (the YAML file node_exporter and the other exporters read), so one
+//! file can secure every exporter on a node.
+//!
+//! Supported keys: `tls_server_config` (`cert_file`/`key_file` or inline `cert`/`key`,
+//! `client_auth_type`, `client_ca_file` or inline `client_ca`, `min_version`, `max_version`,
+//! `prefer_server_cipher_suites` (ignored, as Go does)), `basic_auth_users` (bcrypt hashes) and
+//! `http_server_config` (`http2`, `headers`). Refused with an error naming the key:
+//! `cipher_suites`, `curve_preferences`, `client_allowed_sans` (rustls picks its own safe
+//! suites and groups), TLS 1.0/1.1, and the client-auth types that would accept a client
+//! certificate without verifying it. Relative paths are relative to the file's directory.
+//!
+//! TLS is rustls with the ring provider. The certificate and key are re-read when their files
+//! change (checked at most once a second, at handshakes), so a rotated certificate needs no
+//! restart; a pair that fails to load keeps the previous one in use and is logged.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime},
+};
+
+use base64::Engine;
+use hyper::header::{HeaderName, HeaderValue};
+use rustls::{
+    crypto::CryptoProvider,
+    server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
+    sign::CertifiedKey,
+    version::{TLS12, TLS13},
+    RootCertStore, ServerConfig, SupportedProtocolVersion,
+};
+use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebConfigError {
+    #[error("cannot read web config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("web config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("web config file {path}: key `{key}`: {problem}")]
+    Invalid {
+        path: String,
+        key: String,
+        problem: String,
+    },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWebConfig {
+    #[serde(default)]
+    tls_server_config: Option<RawTls>,
+    #[serde(default)]
+    http_server_config: Option<RawHttp>,
+    #[serde(default)]
+    basic_auth_users: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert_file: Option<String>,
+    key_file: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+    client_auth_type: Option<String>,
+    client_ca_file: Option<String>,
+    client_ca: Option<String>,
+    min_version: Option<String>,
+    max_version: Option<String>,
+    cipher_suites: Option<Vec<String>>,
+    curve_preferences: Option<Vec<String>>,
+    prefer_server_cipher_suites: Option<bool>,
+    client_allowed_sans: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    http2: Option<bool>,
+    headers: Option<BTreeMap<String, String>>,
+}
+
+/// The security headers exporter-toolkit allows in `http_server_config.headers`.
+const ALLOWED_HEADERS: &[&str] = &[
+    "Strict-Transport-Security",
+    "X-Content-Type-Options",
+    "X-Frame-Options",
+    "X-XSS-Protection",
+    "Content-Security-Policy",
+];
+
+/// The validated file: what the endpoint enforces.
+pub struct WebConfig {
+    /// TLS server configuration; `None` serves plain HTTP.
+    pub tls: Option<Arc<ServerConfig>>,
+    pub basic_auth: Option<Arc<BasicAuth>>,
+    /// Headers added to every response.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Whether HTTP/2 is offered (default true).
+    pub http2: bool,
+}
+
+impl std::fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfig")
+            .field("tls", &self.tls.is_some())
+            .field("basic_auth", &self.basic_auth.is_some())
+            .field("headers", &self.headers)
+            .field("http2", &self.http2)
+            .finish()
+    }
+}
+
+/// Where PEM data comes from: a file (re-read on change) or the config itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    File(PathBuf),
+    Inline(String),
+}
+
+impl Source {
+    fn describe(&self) -> String {
+        match self {
+            Source::File(p) => p.display().to_string(),
+            Source::Inline(_) => "inline PEM".into(),
+        }
+    }
+
+    fn modified(&self) -> Option<SystemTime> {
+        match self {
+            Source::File(p) => std::fs::metadata(p).and_then(|m| m.modified()).ok(),
+            Source::Inline(_) => None,
+        }
+    }
+
+    fn certificates(&self) -> Result<Vec<CertificateDer<'static>>, String> {
+        let certs: Result<Vec<_>, _> = match self {
+            Source::File(p) => CertificateDer::pem_file_iter(p)
+                .map_err(|e| format!("{}: {e}", p.display()))?
+                .collect(),
+            Source::Inline(text) => CertificateDer::pem_slice_iter(text.as_bytes()).collect(),
+        };
+        let certs = certs.map_err(|e| format!("{}: {e}", self.describe()))?;
+        if certs.is_empty() {
+            return Err(format!(
+                "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) found",
+                self.describe()
+            ));
+        }
+        Ok(certs)
+    }
+
+    fn private_key(&self) -> Result<PrivateKeyDer<'static>, String> {
+        match self {
+            Source::File(p) => PrivateKeyDer::from_pem_file(p),
+            Source::Inline(text) => PrivateKeyDer::from_pem_slice(text.as_bytes()),
+        }
+        .map_err(|e| format!("{}: no usable PEM private key: {e}", self.describe()))
+    }
+}
+
+fn load_certified_key(
+    cert: &Source,
+    key: &Source,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, String> {
+    let chain = cert.certificates()?;
+    let key_der = key.private_key()?;
+    CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
+        format!(
+            "certificate {} and key {} do not form a usable pair: {e}",
+            cert.describe(),
+            key.describe()
+        )
+    })
+}
+
+/// How often a handshake may look at the certificate files' modification times.
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+struct ResolverState {
+    key: Arc<CertifiedKey>,
+    stamp: (Option<SystemTime>, Option<SystemTime>),
+    checked: Instant,
+}
+
+/// Serves the configured certificate, re-reading it when its files change.
+struct CertResolver {
+    cert: Source,
+    key: Source,
+    provider: Arc<CryptoProvider>,
+    state: Mutex<ResolverState>,
+}
+
+impl std::fmt::Debug for CertResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertResolver")
+            .field("cert", &self.cert.describe())
+            .field("key", &self.key.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertResolver {
+    fn new(cert: Source, key: Source, provider: Arc<CryptoProvider>) -> Result<Self, String> {
+        let stamp = (cert.modified(), key.modified());
+        let loaded = load_certified_key(&cert, &key, &provider)?;
+        Ok(Self {
+            cert,
+            key,
+            provider,
+            state: Mutex::new(ResolverState {
+                key: Arc::new(loaded),
+                stamp,
+                checked: Instant::now(),
+            }),
+        })
+    }
+}
+
+impl ResolvesServerCert for CertResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut state = self.state.lock().ok()?;
+        if state.checked.elapsed() >= RELOAD_CHECK {
+            state.checked = Instant::now();
+            let stamp = (self.cert.modified(), self.key.modified());
+            if stamp != state.stamp {
+                // Remember the new stamp either way: a half-written pair is retried when the
+                // other file changes, not logged once a second.
+                state.stamp = stamp;
+                match load_certified_key(&self.cert, &self.key, &self.provider) {
+                    Ok(k) => {
+                        state.key = Arc::new(k);
+                        tracing::info!(cert = %self.cert.describe(), "TLS certificate reloaded");
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "TLS certificate changed but cannot be loaded; keeping the previous one"
+                    ),
+                }
+            }
+        }
+        Some(state.key.clone())
+    }
+}
+
+/// Password hashes of `basic_auth_users`, checked with bcrypt.
+pub struct BasicAuth {
+    users: BTreeMap<String, String>,
+    /// Checked for unknown users, so a wrong user costs what a wrong password costs.
+    dummy_hash: String,
+    /// SHA-256 of (user, password, hash) of recent successful checks: bcrypt costs tens of
+    /// milliseconds by design, too much to pay on every scrape.
+    cache: Mutex<HashSet<[u8; 32]>>,
+}
+
+impl std::fmt::Debug for BasicAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasicAuth")
+            .field("users", &self.users.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Successful checks remembered at most (the cache is cleared when full).
+const AUTH_CACHE_MAX: usize = 1024;
+
+/// The outcome of the cheap part of a check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthPrecheck {
+    /// A recently verified credential.
+    Allowed,
+    /// No or malformed `Authorization` header.
+    Denied,
+    /// Needs a bcrypt verification ([`BasicAuth::verify`]).
+    Verify { user: String, password: Vec<u8> },
+}
+
+impl BasicAuth {
+    fn new(users: BTreeMap<String, String>) -> Self {
+        let cost = users
+            .values()
+            .filter_map(|h| h.parse::<bcrypt::HashParts>().ok())
+            .map(|p| p.get_cost())
+            .max()
+            .unwrap_or(bcrypt::DEFAULT_COST);
+        let dummy_hash = bcrypt::hash("sysscope-no-such-user", cost)
+            .unwrap_or_else(|_| users.values().next().cloned().unwrap_or_default());
+        Self {
+            users,
+            dummy_hash,
+            cache: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn cache_key(user: &str, password: &[u8], hash: &str) -> [u8; 32] {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        for part in [user.as_bytes(), b"\0", password, b"\0", hash.as_bytes()] {
+            ctx.update(part);
+        }
+        let mut out = [0u8; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        out
+    }
+
+    /// Parses an `Authorization` header and answers from the cache when it can. Cheap.
+    pub fn precheck(&self, header: Option<&[u8]>) -> AuthPrecheck {
+        let Some((user, password)) = header.and_then(parse_basic) else {
+            return AuthPrecheck::Denied;
+        };
+        if let Some(hash) = self.users.get(&user) {
+            let key = Self::cache_key(&user, &password, hash);
+            if self.cache.lock().is_ok_and(|c| c.contains(&key)) {
+                return AuthPrecheck::Allowed;
+            }
+        }
+        AuthPrecheck::Verify { user, password }
+    }
+
+    /// The bcrypt check. Blocking and deliberately slow: call from a blocking thread.
+    pub fn verify(&self, user: &str, password: &[u8]) -> bool {
+        let (hash, known) = match self.users.get(user) {
+            Some(h) => (h.as_str(), true),
+            None => (self.dummy_hash.as_str(), false),
+        };
+        let ok = bcrypt::verify(password, hash).unwrap_or(false) && known;
+        if ok {
+            if let Ok(mut cache) = self.cache.lock() {
+                if cache.len() >= AUTH_CACHE_MAX {
+                    cache.clear();
+                }
+                cache.insert(Self::cache_key(user, password, hash));
+            }
+        }
+        ok
+    }
+
+    /// Both steps at once (blocking).
+    pub fn check(&self, header: Option<&[u8]>) -> bool {
+        match self.precheck(header) {
+            AuthPrecheck::Allowed => true,
+            AuthPrecheck::Denied => false,
+            AuthPrecheck::Verify { user, password } => self.verify(&user, &password),
+        }
+    }
+}
+
+/// `Basic <base64(user:password)>` -> (user, password).
+pub fn parse_basic(header: &[u8]) -> Option<(String, Vec<u8>)> {
+    let header = std::str::from_utf8(header).ok()?.trim();
+    let (scheme, rest) = header.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(rest.trim())
+        .ok()?;
+    let colon = decoded.iter().position(|&b| b == b':')?;
+    let user = String::from_utf8(decoded[..colon].to_vec()).ok()?;
+    Some((user, decoded[colon + 1..].to_vec()))
+}
+
+fn tls_version(key: &str, v: &str) -> Result<&'static SupportedProtocolVersion, String> {
+    match v {
+        "TLS13" => Ok(&TLS13),
+        "TLS12" => Ok(&TLS12),
+        "TLS10" | "TLS11" => Err(format!(
+            "`{v}` is not supported: TLS 1.0 and 1.1 are insecure and rustls implements \
+             TLS12 and TLS13 only"
+        )),
+        other => Err(format!(
+            "`{other}` is not one of TLS12, TLS13 (the exporter-toolkit names); {key} takes \
+             e.g. `TLS12`"
+        )),
+    }
+}
+
+impl WebConfig {
+    /// Reads and validates a web config file.
+    pub fn load(path: &Path) -> Result<Self, WebConfigError> {
+        let display = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Read {
+            path: display.clone(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, &display, base)
+    }
+
+    /// Parses and validates web config text; `origin` names it in errors and relative paths
+    /// are resolved against `base_dir`.
+    pub fn parse(text: &str, origin: &str, base_dir: &Path) -> Result<Self, WebConfigError> {
+        let invalid = |key: &str, problem: String| WebConfigError::Invalid {
+            path: origin.to_string(),
+            key: key.to_string(),
+            problem,
+        };
+        // An empty file is valid and changes nothing (as in exporter-toolkit).
+        let raw: RawWebConfig = if text.trim().is_empty() {
+            RawWebConfig::default()
+        } else {
+            serde_yaml_ng::from_str::<Option<RawWebConfig>>(text)
+                .map_err(|e| WebConfigError::Parse {
+                    path: origin.to_string(),
+                    message: e.to_string(),
+                })?
+                .unwrap_or_default()
+        };
+
+        let http = raw.http_server_config.unwrap_or_default();
+        let http2 = http.http2.unwrap_or(true);
+        let mut headers = Vec::new();
+        for (name, value) in http.headers.unwrap_or_default() {
+            let key = format!("http_server_config.headers.{name}");
+            let Some(canonical) = ALLOWED_HEADERS
+                .iter()
+                .find(|h| h.eq_ignore_ascii_case(&name))
+            else {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "not an allowed header (allowed: {})",
+                        ALLOWED_HEADERS.join(", ")
+                    ),
+                ));
+            };
+            match *canonical {
+                "X-Content-Type-Options" if !value.eq_ignore_ascii_case("nosniff") => {
+                    return Err(invalid(&key, format!("`{value}` must be `nosniff`")))
+                }
+                "X-Frame-Options"
+                    if !(value.eq_ignore_ascii_case("deny")
+                        || value.eq_ignore_ascii_case("sameorigin")) =>
+                {
+                    return Err(invalid(
+                        &key,
+                        format!("`{value}` must be `deny` or `sameorigin`"),
+                    ))
+                }
+                _ => {}
+            }
+            let value = HeaderValue::from_str(&value)
+                .map_err(|_| invalid(&key, "the value is not a valid header value".into()))?;
+            let name = HeaderName::from_bytes(canonical.to_ascii_lowercase().as_bytes())
+                .expect("allowed header names are valid");
+            headers.push((name, value));
+        }
+
+        let basic_auth = match raw.basic_auth_users {
+            None => None,
+            Some(users) if users.is_empty() => None,
+            Some(users) => {
+                for (user, hash) in &users {
+                    let key = format!("basic_auth_users.{user}");
+                    if user.is_empty() || user.contains(':') {
+                        return Err(invalid(
+                            &key,
+                            "a user name must be non-empty and contain no `:`".into(),
+                        ));
+                    }
+                    if hash.parse::<bcrypt::HashParts>().is_err() {
+                        return Err(invalid(
+                            &key,
+                            "not a bcrypt hash (expected `$2y$<cost>$...`, e.g. from \
+                             `htpasswd -nBC 10 \"\" | tr -d ':\\n'`)"
+                                .into(),
+                        ));
+                    }
+                }
+                Some(Arc::new(BasicAuth::new(users)))
+            }
+        };
+
+        let tls = match raw.tls_server_config {
+            None => None,
+            Some(t) => build_tls(t, base_dir, http2, &invalid)?,
+        };
+        Ok(Self {
+            tls,
+            basic_auth,
+            headers,
+            http2,
+        })
+    }
+}
+
+fn build_tls(
+    t: RawTls,
+    base_dir: &Path,
+    http2: bool,
+    invalid: &dyn Fn(&str, String) -> WebConfigError,
+) -> Result<Option<Arc<ServerConfig>>, WebConfigError> {
+    const K: &str = "tls_server_config";
+    let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    let path = |p: String| Source::File(base_dir.join(p));
+    let cert = match (nonempty(t.cert_file), nonempty(t.cert)) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                &format!("{K}.cert"),
+                "set either cert_file or cert, not both".into(),
+            ))
+        }
+        (Some(f), None) => Some(path(f)),
+        (None, Some(c)) => Some(Source::Inline(c)),
+        (None, None) => None,
+    };
+    let key = match (nonempty(t.key_file), nonempty(t.key)) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                &format!("{K}.key"),
+                "set either key_file or key, not both".into(),
+            ))
+        }
+        (Some(f), None) => Some(path(f)),
+        (None, Some(k)) => Some(Source::Inline(k)),
+        (None, None) => None,
+    };
+    for (key, set) in [
+        (
+            "cipher_suites",
+            t.cipher_suites.is_some_and(|v| !v.is_empty()),
+        ),
+        (
+            "curve_preferences",
+            t.curve_preferences.is_some_and(|v| !v.is_empty()),
+        ),
+        (
+            "client_allowed_sans",
+            t.client_allowed_sans.is_some_and(|v| !v.is_empty()),
+        ),
+    ] {
+        if set {
+            return Err(invalid(
+                &format!("{K}.{key}"),
+                "not supported by sysscope: rustls uses its own list of safe cipher suites \
+                 and groups, and client certificates are verified against client_ca_file"
+                    .into(),
+            ));
+        }
+    }
+    // Go ignores it since 1.18; so do we.
+    let _ = t.prefer_server_cipher_suites;
+    let client_auth = t.client_auth_type.unwrap_or_else(|| "NoClientCert".into());
+    let client_ca = match (nonempty(t.client_ca_file), nonempty(t.client_ca)) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                &format!("{K}.client_ca"),
+                "set either client_ca_file or client_ca, not both".into(),
+            ))
+        }
+        (Some(f), None) => Some(path(f)),
+        (None, Some(c)) => Some(Source::Inline(c)),
+        (None, None) => None,
+    };
+
+    let (cert, key) = match (cert, key) {
+        // A TLS section without a certificate serves plain HTTP, as exporter-toolkit does.
+        (None, None) => {
+            if client_ca.is_some() || client_auth != "NoClientCert" {
+                return Err(invalid(
+                    &format!("{K}.cert_file"),
+                    "client authentication is configured but no server certificate is".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        (Some(_), None) => {
+            return Err(invalid(
+                &format!("{K}.key_file"),
+                "missing: cert_file is set, so key_file (or key) is required".into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                &format!("{K}.cert_file"),
+                "missing: key_file is set, so cert_file (or cert) is required".into(),
+            ))
+        }
+        (Some(c), Some(k)) => (c, k),
+    };
+
+    let min = tls_version(
+        &format!("{K}.min_version"),
+        t.min_version.as_deref().unwrap_or("TLS12"),
+    )
+    .map_err(|p| invalid(&format!("{K}.min_version"), p))?;
+    let max = tls_version(
+        &format!("{K}.max_version"),
+        t.max_version.as_deref().unwrap_or("TLS13"),
+    )
+    .map_err(|p| invalid(&format!("{K}.max_version"), p))?;
+    let versions: Vec<&'static SupportedProtocolVersion> = match (min == &TLS13, max == &TLS13) {
+        (true, true) => vec![&TLS13],
+        (false, true) => vec![&TLS13, &TLS12],
+        (false, false) => vec![&TLS12],
+        (true, false) => {
+            return Err(invalid(
+                &format!("{K}.max_version"),
+                "is lower than min_version".into(),
+            ))
+        }
+    };
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| invalid(&format!("{K}.min_version"), e.to_string()))?;
+
+    let verify = |optional: bool| -> Result<_, WebConfigError> {
+        let ca_key = format!("{K}.client_ca_file");
+        let Some(ca) = &client_ca else {
+            return Err(invalid(
+                &ca_key,
+                format!("required when client_auth_type is {client_auth}"),
+            ));
+        };
+        let mut roots = RootCertStore::empty();
+        for cert in ca.certificates().map_err(|p| invalid(&ca_key, p))? {
+            roots
+                .add(cert)
+                .map_err(|e| invalid(&ca_key, format!("{}: {e}", ca.describe())))?;
+        }
+        let mut v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
+        if optional {
+            v = v.allow_unauthenticated();
+        }
+        v.build()
+            .map_err(|e| invalid(&ca_key, format!("{}: {e}", ca.describe())))
+    };
+    let builder = match client_auth.as_str() {
+        "NoClientCert" => {
+            if client_ca.is_some() {
+                return Err(invalid(
+                    &format!("{K}.client_ca_file"),
+                    "is set but client_auth_type is NoClientCert; set client_auth_type to \
+                     RequireAndVerifyClientCert or VerifyClientCertIfGiven"
+                        .into(),
+                ));
+            }
+            builder.with_no_client_auth()
+        }
+        "VerifyClientCertIfGiven" => builder.with_client_cert_verifier(verify(true)?),
+        "RequireAndVerifyClientCert" => builder.with_client_cert_verifier(verify(false)?),
+        "RequestClientCert" | "RequireAnyClientCert" => {
+            return Err(invalid(
+                &format!("{K}.client_auth_type"),
+                format!(
+                    "`{client_auth}` accepts client certificates without verifying them and is \
+                     not supported: use VerifyClientCertIfGiven or RequireAndVerifyClientCert"
+                ),
+            ))
+        }
+        other => {
+            return Err(invalid(
+                &format!("{K}.client_auth_type"),
+                format!(
+                    "`{other}` is not one of NoClientCert, VerifyClientCertIfGiven, \
+                     RequireAndVerifyClientCert"
+                ),
+            ))
+        }
+    };
+    let cert_key = if matches!(cert, Source::File(_)) {
+        format!("{K}.cert_file")
+    } else {
+        format!("{K}.cert")
+    };
+    let resolver = CertResolver::new(cert, key, provider).map_err(|p| invalid(&cert_key, p))?;
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    Ok(Some(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        WebConfig::parse(text, "web.yml", Path::new("/nonexistent"))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn empty_and_null_files_change_nothing() {
+        for text in ["", "\n", "---\n", "# only a comment\n", "{}"] {
+            let c = WebConfig::parse(text, "x", Path::new(".")).unwrap();
+            assert!(c.tls.is_none() && c.basic_auth.is_none() && c.headers.is_empty());
+            assert!(c.http2);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = err("tls_server_config:\n  cert_fil: a.pem\n");
+        assert!(e.contains("cert_fil"), "{e}");
+        let e = err("basic_auth:\n  a: b\n");
+        assert!(e.contains("basic_auth"), "{e}");
+    }
+
+    #[test]
+    fn wrong_types_are_explained() {
+        let e = err("basic_auth_users: [a, b]\n");
+        assert!(e.contains("basic_auth_users"), "{e}");
+        let e = err("http_server_config:\n  http2: maybe\n");
+        assert!(e.contains("http2"), "{e}");
+    }
+
+    #[test]
+    fn missing_halves_of_a_pair_are_named() {
+        let e = err("tls_server_config:\n  cert_file: a.pem\n");
+        assert!(e.contains("tls_server_config.key_file"), "{e}");
+        let e = err("tls_server_config:\n  key_file: a.key\n");
+        assert!(e.contains("tls_server_config.cert_file"), "{e}");
+        let e = err(
+            "tls_server_config:\n  cert_file: /nonexistent/a.pem\n  key_file: /nonexistent/a.key\n",
+        );
+        assert!(
+            e.contains("tls_server_config.cert_file") && e.contains("/nonexistent/a.pem"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn tls_section_without_certificate_is_plain_http() {
+        let c = WebConfig::parse("tls_server_config: {}\n", "x", Path::new(".")).unwrap();
+        assert!(c.tls.is_none());
+        let e = err("tls_server_config:\n  client_auth_type: RequireAndVerifyClientCert\n");
+        assert!(e.contains("no server certificate"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_and_unknown_values_are_named() {
+        let pair = "tls_server_config:\n  cert_file: a.pem\n  key_file: a.key\n";
+        let e = err(&format!("{pair}  min_version: TLS11\n"));
+        assert!(e.contains("min_version") && e.contains("TLS11"), "{e}");
+        let e = err(&format!("{pair}  min_version: tls1.2\n"));
+        assert!(e.contains("min_version") && e.contains("tls1.2"), "{e}");
+        let e = err(&format!(
+            "{pair}  cipher_suites: [TLS_AES_128_GCM_SHA256]\n"
+        ));
+        assert!(e.contains("cipher_suites"), "{e}");
+        let e = err(&format!("{pair}  client_allowed_sans: [a]\n"));
+        assert!(e.contains("client_allowed_sans"), "{e}");
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        let c = WebConfig::parse(
+            "http_server_config:\n  http2: false\n  headers:\n    X-Frame-Options: deny\n    Strict-Transport-Security: max-age=31536000\n",
+            "x",
+            Path::new("."),
+        )
+        .unwrap();
+        assert!(!c.http2);
+        assert_eq!(c.headers.len(), 2);
+        let e = err("http_server_config:\n  headers:\n    X-Powered-By: me\n");
+        assert!(e.contains("http_server_config.headers.X-Powered-By"), "{e}");
+        let e = err("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n");
+        assert!(e.contains("nosniff"), "{e}");
+    }
+
+    #[test]
+    fn basic_auth_hashes_are_validated_and_checked() {
+        let e = err("basic_auth_users:\n  alice: plaintext\n");
+        assert!(
+            e.contains("basic_auth_users.alice") && e.contains("bcrypt"),
+            "{e}"
+        );
+        let e = err("basic_auth_users:\n  \"a:b\": x\n");
+        assert!(e.contains("basic_auth_users.a:b"), "{e}");
+
+        // Cost 4, the minimum, keeps the test fast.
+        let hash = bcrypt::hash("s3cret", 4).unwrap();
+        let c = WebConfig::parse(
+            &format!("basic_auth_users:\n  alice: '{hash}'\n"),
+            "x",
+            Path::new("."),
+        )
+        .unwrap();
+        let auth = c.basic_auth.unwrap();
+        let header = |u: &str, p: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
+            )
+        };
+        assert!(auth.check(Some(header("alice", "s3cret").as_bytes())));
+        // The second check of the same credentials comes from the cache.
+        assert_eq!(
+            auth.precheck(Some(header("alice", "s3cret").as_bytes())),
+            AuthPrecheck::Allowed
+        );
+        assert!(!auth.check(Some(header("alice", "wrong").as_bytes())));
+        assert!(!auth.check(Some(header("bob", "s3cret").as_bytes())));
+        assert!(!auth.check(None));
+        assert!(!auth.check(Some(b"Bearer abc")));
+        assert!(!auth.check(Some(b"Basic !!!not-base64")));
+        assert!(!auth.check(Some(b"Basic")));
+        // A password containing ':' is fine: only the first ':' separates the user.
+        let hash2 = bcrypt::hash("a:b", 4).unwrap();
+        let c = WebConfig::parse(
+            &format!("basic_auth_users:\n  carol: '{hash2}'\n"),
+            "x",
+            Path::new("."),
+        )
+        .unwrap();
+        assert!(c
+            .basic_auth
+            .unwrap()
+            .check(Some(header("carol", "a:b").as_bytes())));
+    }
+
+    /// The example in docs/operations.md is valid as written.
+    #[test]
+    fn the_documented_example_is_valid() {
+        let doc = include_str!("../../../docs/operations.md");
+        let start = doc.find("```yaml\n").expect("yaml example") + "```yaml\n".len();
+        let yaml = &doc[start..start + doc[start..].find("```").unwrap()];
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&key).unwrap();
+        let server = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        std::fs::write(dir.path().join("sysscope.crt"), server.cert.pem()).unwrap();
+        std::fs::write(
+            dir.path().join("sysscope.key"),
+            server.signing_key.serialize_pem(),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("prometheus-ca.crt"), ca.pem()).unwrap();
+        let c = WebConfig::parse(yaml, "docs/operations.md", dir.path()).unwrap();
+        assert!(c.tls.is_some() && c.basic_auth.is_some() && c.http2);
+        assert_eq!(c.headers.len(), 2);
+    }
+
+    #[test]
+    fn basic_header_parsing() {
+        assert_eq!(
+            parse_basic(b"basic YTpi"),
+            Some(("a".to_string(), b"b".to_vec()))
+        );
+        assert_eq!(parse_basic(b"Basic Og=="), Some((String::new(), vec![])));
+        assert_eq!(parse_basic(b"Basic YWI="), None, "no colon");
+        assert_eq!(parse_basic(b"\xff\xfe"), None);
+    }
+}
