@@ -153,7 +153,9 @@ pub struct BlockIoConfig {
     pub max_inflight: u32,
     /// (cgroup, process, device, op) entries in the kernel map.
     pub max_entries: u32,
-    /// Tracepoints to attach, for testing fault handling; the defaults are right.
+    /// The issue and the completion tracepoint, in that order (raw tracepoints with the
+    /// prototypes of `block_rq_issue` and `block_rq_complete`). For testing fault handling;
+    /// the defaults are right.
     pub tracepoints: Vec<String>,
 }
 
@@ -383,10 +385,13 @@ impl Config {
             16,
             1_048_576,
         )?;
-        if self.block_io.tracepoints.is_empty() {
+        if self.block_io.tracepoints.len() != 2 {
             return Err(invalid(
                 "block_io.tracepoints",
-                "must name at least one tracepoint".into(),
+                format!(
+                    "must name two tracepoints, the issue and the completion one (got {})",
+                    self.block_io.tracepoints.len()
+                ),
             ));
         }
         let s = &self.slow_calls;
@@ -628,6 +633,21 @@ mod tests {
         assert_eq!(t[nr("read")], 0);
         assert_eq!(t[nr("write")], 20_000_000);
         assert_eq!(t[nr("epoll_wait")], 0, "excluded by default");
+    }
+
+    #[test]
+    fn block_tracepoints_are_an_issue_completion_pair() {
+        let e = err("[block_io]\ntracepoints = [\"block_rq_issue\"]\n");
+        assert!(
+            e.contains("block_io.tracepoints") && e.contains("got 1"),
+            "{e}"
+        );
+        let c = Config::parse(
+            "[block_io]\ntracepoints = [\"block_rq_issue\", \"block_rq_complete\"]\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.block_io, BlockIoConfig::default());
     }
 
     #[test]

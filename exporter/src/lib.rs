@@ -6,6 +6,7 @@
 //! turns kernel ids into labels, [`series`] bounds cardinality, [`config`] is the TOML file.
 
 pub mod agent;
+pub mod btf;
 pub mod collectors;
 pub mod config;
 pub mod exposition;

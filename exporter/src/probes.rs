@@ -13,9 +13,9 @@ use aya::{
     programs::{ProgramError, RawTracePoint},
     Ebpf, EbpfLoader,
 };
-use sysscope_abi::{globals, maps};
+use sysscope_abi::{globals, maps, BlockProbeConfig};
 
-use crate::config::Config;
+use crate::{collectors::block_io, config::Config};
 
 /// The compiled probes, embedded at build time.
 static PROBES_OBJECT: &[u8] =
@@ -102,6 +102,8 @@ pub fn preflight() -> Result<(), ProbeError> {
 pub struct LoadOptions {
     /// cgroup id the on-demand trace programs follow (0: none).
     pub trace_cgroup_id: u64,
+    /// Kernel offsets for the block probes, resolved from BTF (`None`: block probes stay idle).
+    pub block_io: Option<BlockProbeConfig>,
 }
 
 /// One program as attached (or not) by a collector.
@@ -160,6 +162,14 @@ impl Probes {
             .override_global(globals::SLOW_EVENTS_PER_CPU_PER_SEC, &per_cpu_rate, true);
         if options.trace_cgroup_id != 0 {
             loader.override_global(globals::TRACE_CGROUP_ID, &options.trace_cgroup_id, false);
+        }
+        let block = &config.block_io;
+        loader
+            .map_max_entries(maps::BLOCK_INFLIGHT, block.max_inflight)
+            .map_max_entries(maps::BLOCK_STATS, block.max_entries)
+            .map_max_entries(maps::BLOCK_LATENCY, block_io::latency_capacity(config));
+        if let Some(block_config) = &options.block_io {
+            loader.override_global(globals::BLOCK_CONFIG, block_config, true);
         }
         let ebpf = loader.load(PROBES_OBJECT).map_err(ProbeError::Load)?;
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
@@ -223,6 +233,27 @@ impl Probes {
             })?;
         tracing::debug!(program, tracepoint, "attached");
         Ok(())
+    }
+
+    /// Unloads every program `collector` attached, detaching it from its tracepoints: used
+    /// when a collector fails half-way through starting, so no probe feeds a dead collector.
+    pub fn unload_collector(&mut self, collector: &'static str) {
+        for status in self.programs.iter_mut() {
+            if status.collector != collector || !status.attached {
+                continue;
+            }
+            let prog: Option<&mut RawTracePoint> = self
+                .ebpf
+                .program_mut(&status.program)
+                .and_then(|p| p.try_into().ok());
+            if let Some(prog) = prog {
+                if let Err(e) = prog.unload() {
+                    tracing::warn!(program = %status.program, error = %e, "unloading failed");
+                    continue;
+                }
+            }
+            status.attached = false;
+        }
     }
 
     /// Takes ownership of a map for a collector to read.

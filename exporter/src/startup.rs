@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::{
     agent::Agent,
-    collectors::syscalls::{self, SyscallCollector},
+    collectors::{
+        block_io::{self, BlockIoCollector},
+        syscalls::{self, SyscallCollector},
+    },
     config::Config,
     metadata::{cgroups, Labeler, SharedLabeler},
     probes::{self, LoadOptions, ProbeError, Probes},
@@ -37,7 +40,23 @@ pub fn labeler(config: &Config) -> Result<SharedLabeler, StartError> {
 pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), StartError> {
     probes::preflight()?;
     let labeler = labeler(config)?;
-    let mut probes = Probes::load(config, &LoadOptions::default())?;
+    // The block probes read kernel structs at offsets found in BTF, set before the load.
+    let block_plan = config.block_io.enabled.then(|| {
+        let root = labeler
+            .lock()
+            .expect("labeler lock")
+            .cgroups
+            .root()
+            .to_path_buf();
+        block_io::plan(config, &root)
+    });
+    let options = LoadOptions {
+        block_io: block_plan
+            .as_ref()
+            .and_then(|r| r.as_ref().ok().map(|plan| plan.probe)),
+        ..LoadOptions::default()
+    };
+    let mut probes = Probes::load(config, &options)?;
     let mut report = StartReport::default();
     let mut started: Vec<Box<dyn crate::collectors::Collector>> = Vec::new();
     let mut failed: Vec<&'static str> = Vec::new();
@@ -49,6 +68,19 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
                 tracing::error!(collector = syscalls::NAME, error = %e, "collector failed to start");
                 report.failed.push((syscalls::NAME, e.to_string()));
                 failed.push(syscalls::NAME);
+            }
+        }
+    }
+
+    if let Some(resolved) = block_plan {
+        match resolved
+            .and_then(|plan| BlockIoCollector::start(&mut probes, config, labeler.clone(), &plan))
+        {
+            Ok(c) => started.push(Box::new(c)),
+            Err(e) => {
+                tracing::error!(collector = block_io::NAME, error = %e, "collector failed to start");
+                report.failed.push((block_io::NAME, e.to_string()));
+                failed.push(block_io::NAME);
             }
         }
     }
