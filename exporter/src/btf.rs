@@ -400,7 +400,7 @@ impl Btf {
                     return Some(f);
                 }
             } else if self.str_at(m.name) == Some(member) {
-                if bits % 8 != 0 {
+                if !bits.is_multiple_of(8) {
                     return None;
                 }
                 return Some(Field {

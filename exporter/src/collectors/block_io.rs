@@ -58,6 +58,11 @@ pub const INFLIGHT_STALE_AFTER: Duration = Duration::from_secs(300);
 /// How often tgids and cgroups behind kernel entries are checked for having gone away.
 const RECLAIM_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How long values of a cgroup id that cannot be named yet are held back (not exported)
+/// before they are exported as `(unresolved)`: a cgroup created an instant before its first
+/// I/O can miss the hierarchy walk of that cycle, and a series must not start unnamed.
+const UNRESOLVED_GRACE: Duration = Duration::from_secs(10);
+
 /// `BLOCK_LATENCY` capacity when latency is kept per (device, op) only.
 const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
 
@@ -248,11 +253,14 @@ type IoKey = (Workload, Arc<str>, u8);
 /// (cgroup when latency is kept per cgroup, device, op) of the latency histogram.
 type LatKey = (Option<Arc<CgroupLabels>>, Arc<str>, u8);
 
+/// What was last read from one kernel entry, and where its values go (`None` until its
+/// cgroup could be named, see [`UNRESOLVED_GRACE`]).
 #[derive(Debug)]
 struct StatEntry {
     last: BlockStats,
     target: Option<IoKey>,
-    cgroup_path: Arc<str>,
+    cgroup_path: Option<Arc<str>>,
+    first_seen: Instant,
     seen: u64,
 }
 
@@ -261,7 +269,30 @@ struct LatEntry {
     last: BlockLatency,
     target: Option<LatKey>,
     cgroup_path: Option<Arc<str>>,
+    first_seen: Instant,
     seen: u64,
+}
+
+/// The labels of cgroup `id`, walking the hierarchy again (once per refresh) when the shared
+/// labeler does not know it; `None` while the id is unknown and still within its grace.
+fn cgroup_labels(
+    labeler: &mut crate::metadata::Labeler,
+    id: u64,
+    rescanned: &mut bool,
+    first_seen: Instant,
+    now: Instant,
+) -> Option<Arc<CgroupLabels>> {
+    let mut labels = labeler.cgroup(id);
+    if &*labels.path == UNRESOLVED && !*rescanned {
+        // The labeler remembers ids it could not find for a while; a walk settles it.
+        labeler.cgroups.rescan();
+        *rescanned = true;
+        labels = labeler.cgroup(id);
+    }
+    if &*labels.path == UNRESOLVED && now.duration_since(first_seen) < UNRESOLVED_GRACE {
+        return None;
+    }
+    Some(labels)
 }
 
 #[derive(Debug)]
@@ -486,7 +517,9 @@ impl BlockIoCollector {
             .collect();
         let mut paths: HashMap<u64, Arc<str>> = HashMap::new();
         for (k, e) in &self.entries {
-            paths.insert(k.cgroup_id, e.cgroup_path.clone());
+            if let Some(p) = &e.cgroup_path {
+                paths.insert(k.cgroup_id, p.clone());
+            }
         }
         for (k, e) in &self.lat_entries {
             if let Some(p) = &e.cgroup_path {
@@ -514,6 +547,7 @@ impl BlockIoCollector {
         let generation = self.generation;
         let mut to_delete = Vec::new();
         let mut labeler = self.labeler.lock().expect("labeler lock");
+        let mut rescanned = false;
         let mut seen = 0u64;
         for item in self.stats.iter() {
             // An entry deleted between listing and lookup is simply skipped.
@@ -522,37 +556,46 @@ impl BlockIoCollector {
             let entry = self.entries.entry(key).or_insert_with(|| StatEntry {
                 last: BlockStats::default(),
                 target: None,
-                cgroup_path: labeler.cgroup(key.cgroup_id).path.clone(),
+                cgroup_path: None,
+                first_seen: now,
                 seen: generation,
             });
             entry.seen = generation;
+            let target = match &entry.target {
+                Some(t) => t.clone(),
+                None => {
+                    let Some(cgroup) = cgroup_labels(
+                        &mut labeler,
+                        key.cgroup_id,
+                        &mut rescanned,
+                        entry.first_seen,
+                        now,
+                    ) else {
+                        // Held back: `last` stays, so nothing is lost when it resolves.
+                        continue;
+                    };
+                    entry.cgroup_path = Some(cgroup.path.clone());
+                    let workload =
+                        labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm));
+                    let device = self.devices.resolve(key.dev);
+                    let target = self
+                        .budget
+                        .route(&(workload, device, key.op), 2, Self::io_fold);
+                    entry.target = Some(target.clone());
+                    target
+                }
+            };
             let d = stats_delta(&entry.last, &cur);
             entry.last = cur;
-            if d.requests > 0 || d.bytes > 0 || entry.target.is_none() {
-                let target = match &entry.target {
-                    Some(t) => t.clone(),
-                    None => {
-                        let workload =
-                            labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm));
-                        let device = self.devices.resolve(key.dev);
-                        self.budget
-                            .route(&(workload, device, key.op), 2, Self::io_fold)
-                    }
-                };
-                let totals = self
-                    .io_series
-                    .entry(target.clone())
-                    .or_insert_with(|| IoTotals {
-                        bytes: 0,
-                        requests: 0,
-                        last_change: now,
-                    });
-                totals.bytes = totals.bytes.wrapping_add(d.bytes);
-                totals.requests = totals.requests.wrapping_add(d.requests);
-                if d.requests > 0 {
-                    totals.last_change = now;
-                }
-                entry.target = Some(target);
+            let totals = self.io_series.entry(target).or_insert_with(|| IoTotals {
+                bytes: 0,
+                requests: 0,
+                last_change: now,
+            });
+            totals.bytes = totals.bytes.wrapping_add(d.bytes);
+            totals.requests = totals.requests.wrapping_add(d.requests);
+            if d.requests > 0 {
+                totals.last_change = now;
             }
             if dead.contains(&key.tgid) || gone.contains(&key.cgroup_id) {
                 to_delete.push(key);
@@ -567,53 +610,57 @@ impl BlockIoCollector {
         let cost = self.lat_cost();
         let mut to_delete = Vec::new();
         let mut labeler = self.labeler.lock().expect("labeler lock");
+        let mut rescanned = false;
         let mut seen = 0u64;
+        let by_cgroup = self.by_cgroup;
         for item in self.latency.iter() {
             let Ok((key, cur)) = item else { continue };
             seen += 1;
-            let by_cgroup = self.by_cgroup;
             let entry = self.lat_entries.entry(key).or_insert_with(|| LatEntry {
                 last: BlockLatency::ZERO,
                 target: None,
-                cgroup_path: by_cgroup.then(|| labeler.cgroup(key.cgroup_id).path.clone()),
+                cgroup_path: None,
+                first_seen: now,
                 seen: generation,
             });
             entry.seen = generation;
+            let target = match &entry.target {
+                Some(t) => t.clone(),
+                None => {
+                    let device = self.devices.resolve(key.dev);
+                    let target = if by_cgroup {
+                        let Some(cgroup) = cgroup_labels(
+                            &mut labeler,
+                            key.cgroup_id,
+                            &mut rescanned,
+                            entry.first_seen,
+                            now,
+                        ) else {
+                            continue;
+                        };
+                        entry.cgroup_path = Some(cgroup.path.clone());
+                        self.lat_budget
+                            .route(&(Some(cgroup), device, key.op), cost, Self::lat_fold)
+                    } else {
+                        (None, device, key.op)
+                    };
+                    entry.target = Some(target.clone());
+                    target
+                }
+            };
             let d = latency_delta(&entry.last, &cur);
             entry.last = cur;
-            if d.count() > 0 || entry.target.is_none() {
-                let target = match &entry.target {
-                    Some(t) => t.clone(),
-                    None => {
-                        let device = self.devices.resolve(key.dev);
-                        if by_cgroup {
-                            let cgroup = labeler.cgroup(key.cgroup_id);
-                            self.lat_budget.route(
-                                &(Some(cgroup), device, key.op),
-                                cost,
-                                Self::lat_fold,
-                            )
-                        } else {
-                            (None, device, key.op)
-                        }
-                    }
-                };
-                let totals = self
-                    .lat_series
-                    .entry(target.clone())
-                    .or_insert_with(|| LatTotals {
-                        sum_ns: 0,
-                        buckets: [0; hist::HIST_BUCKETS],
-                        last_change: now,
-                    });
-                totals.sum_ns = totals.sum_ns.wrapping_add(d.sum_ns);
-                for (t, b) in totals.buckets.iter_mut().zip(d.buckets.iter()) {
-                    *t = t.wrapping_add(*b);
-                }
-                if d.count() > 0 {
-                    totals.last_change = now;
-                }
-                entry.target = Some(target);
+            let totals = self.lat_series.entry(target).or_insert_with(|| LatTotals {
+                sum_ns: 0,
+                buckets: [0; hist::HIST_BUCKETS],
+                last_change: now,
+            });
+            totals.sum_ns = totals.sum_ns.wrapping_add(d.sum_ns);
+            for (t, b) in totals.buckets.iter_mut().zip(d.buckets.iter()) {
+                *t = t.wrapping_add(*b);
+            }
+            if d.count() > 0 {
+                totals.last_change = now;
             }
             if by_cgroup && key.cgroup_id != 0 && gone.contains(&key.cgroup_id) {
                 to_delete.push(key);

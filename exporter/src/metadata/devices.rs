@@ -53,8 +53,8 @@ impl DeviceResolver {
         }
         let (major, minor) = (dev::major(kdev), dev::minor(kdev));
         let name: Arc<str> = match self
-            .from_sysfs(major, minor)
-            .or_else(|| self.from_partitions(major, minor))
+            .read_sysfs(major, minor)
+            .or_else(|| self.read_partitions(major, minor))
         {
             Some(n) => Arc::from(n.as_str()),
             // Gone: keep the name we knew, else the numbers (still a stable label).
@@ -67,14 +67,14 @@ impl DeviceResolver {
         name
     }
 
-    fn from_sysfs(&self, major: u32, minor: u32) -> Option<String> {
+    fn read_sysfs(&self, major: u32, minor: u32) -> Option<String> {
         let path = self
             .sys_root
             .join(format!("dev/block/{major}:{minor}/uevent"));
         parse_uevent_devname(&std::fs::read_to_string(path).ok()?)
     }
 
-    fn from_partitions(&self, major: u32, minor: u32) -> Option<String> {
+    fn read_partitions(&self, major: u32, minor: u32) -> Option<String> {
         let text = std::fs::read_to_string(self.proc_root.join("partitions")).ok()?;
         parse_partitions(&text, major, minor)
     }
