@@ -402,6 +402,8 @@ pub struct BlockIoCollector {
     last_reclaim_check: Instant,
     /// In-flight entries removed because their request never completed.
     expired_inflight: u64,
+    /// Whether this refresh walked every kernel entry.
+    walk_complete: bool,
 }
 
 impl std::fmt::Debug for BlockIoCollector {
@@ -482,6 +484,7 @@ impl BlockIoCollector {
             gone_cgroups: HashSet::new(),
             last_reclaim_check: Instant::now(),
             expired_inflight: 0,
+            walk_complete: true,
         })
     }
 
@@ -550,8 +553,12 @@ impl BlockIoCollector {
         let mut rescanned = false;
         let mut seen = 0u64;
         for item in self.stats.iter() {
-            // An entry deleted between listing and lookup is simply skipped.
-            let Ok((key, cur)) = item else { continue };
+            // Entries deleted between listing and lookup are skipped by the iterator; an error
+            // ends the walk, and entries not reached must not be taken for gone.
+            let Ok((key, cur)) = item else {
+                self.walk_complete = false;
+                break;
+            };
             seen += 1;
             let entry = self.entries.entry(key).or_insert_with(|| StatEntry {
                 last: BlockStats::default(),
@@ -614,7 +621,10 @@ impl BlockIoCollector {
         let mut seen = 0u64;
         let by_cgroup = self.by_cgroup;
         for item in self.latency.iter() {
-            let Ok((key, cur)) = item else { continue };
+            let Ok((key, cur)) = item else {
+                self.walk_complete = false;
+                break;
+            };
             seen += 1;
             let entry = self.lat_entries.entry(key).or_insert_with(|| LatEntry {
                 last: BlockLatency::ZERO,
@@ -735,6 +745,7 @@ impl Collector for BlockIoCollector {
         self.generation += 1;
         self.labeler.lock().expect("labeler lock").new_cycle();
         let (dead, gone) = self.reclaimable();
+        self.walk_complete = true;
         let stale_stats = self.read_stats(now, &dead, &gone);
         let stale_latency = self.read_latency(now, &gone);
         // Reclaim: the values of these entries were just added to their series.
@@ -746,9 +757,15 @@ impl Collector for BlockIoCollector {
             let _ = self.latency.remove(&key);
             self.lat_entries.remove(&key);
         }
+        // Entries deleted behind our back (none expected) no longer exist; after an incomplete
+        // walk that cannot be told, and forgetting a live entry would count it twice.
         let generation = self.generation;
-        self.entries.retain(|_, e| e.seen == generation);
-        self.lat_entries.retain(|_, e| e.seen == generation);
+        if self.walk_complete {
+            self.entries.retain(|_, e| e.seen == generation);
+            self.lat_entries.retain(|_, e| e.seen == generation);
+        } else {
+            tracing::debug!("block I/O: a map walk ended early; keeping unseen entries");
+        }
         self.sweep_inflight();
         self.retire_idle_series(now);
         Ok(())
