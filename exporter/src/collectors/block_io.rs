@@ -372,6 +372,22 @@ fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// Whether a kernel map delete left the key absent (deleted now, or already gone).
+fn deleted(result: Result<(), aya::maps::MapError>) -> bool {
+    match result {
+        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => true,
+        Err(aya::maps::MapError::SyscallError(e))
+            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+        {
+            true
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "block I/O: deleting a kernel entry failed; retried later");
+            false
+        }
+    }
+}
+
 fn cgroup_gone(root: &Path, path: &str) -> bool {
     path == UNRESOLVED || !root.join(path.trim_start_matches('/')).exists()
 }
@@ -749,13 +765,17 @@ impl Collector for BlockIoCollector {
         let stale_stats = self.read_stats(now, &dead, &gone);
         let stale_latency = self.read_latency(now, &gone);
         // Reclaim: the values of these entries were just added to their series.
+        // Our record of an entry goes only with the entry itself: were the kernel entry to
+        // survive a failed delete, a forgotten record would count its values twice.
         for key in stale_stats {
-            let _ = self.stats.remove(&key);
-            self.entries.remove(&key);
+            if deleted(self.stats.remove(&key)) {
+                self.entries.remove(&key);
+            }
         }
         for key in stale_latency {
-            let _ = self.latency.remove(&key);
-            self.lat_entries.remove(&key);
+            if deleted(self.latency.remove(&key)) {
+                self.lat_entries.remove(&key);
+            }
         }
         // Entries deleted behind our back (none expected) no longer exist; after an incomplete
         // walk that cannot be told, and forgetting a live entry would count it twice.
