@@ -50,6 +50,11 @@ const COUNTER_METRICS: &[(u32, CounterKind, &str)] = &[
         maps::BLOCK_STATS,
     ),
     (
+        counters::BLOCK_LATENCY_FULL,
+        CounterKind::MapFull,
+        maps::BLOCK_LATENCY,
+    ),
+    (
         counters::SLOW_RINGBUF_FULL,
         CounterKind::MapFull,
         maps::SLOW_EVENTS,
@@ -336,8 +341,12 @@ impl Agent {
             }
         }
         if self.probe_counters.is_some() {
-            self.encode_counters(encoder, CounterKind::MapFull, "sysscope_map_insert_failures", "Records the probes could not store because the map was full (the data is lost, the loss is counted).", "map")?;
-            self.encode_counters(encoder, CounterKind::Missed, "sysscope_probe_missed_events", "Events the probes saw only half of (e.g. a syscall that returned without a recorded entry).", "reason")?;
+            self.encode_counters(encoder, CounterKind::MapFull, "sysscope_map_insert_failures", "Records the probes could not store because the map was full (the data is lost, the loss is counted).", "map", &[])?;
+            let missed: Vec<(&'static str, u64)> = health
+                .iter()
+                .flat_map(|h| h.missed_events.iter().copied())
+                .collect();
+            self.encode_counters(encoder, CounterKind::Missed, "sysscope_probe_missed_events", "Events the probes saw only half of (e.g. a syscall that returned without a recorded entry).", "reason", &missed)?;
         }
         {
             let mut family = encoder.encode_descriptor(
@@ -416,8 +425,14 @@ impl Agent {
         name: &str,
         help: &str,
         label: &'static str,
+        extra: &[(&'static str, u64)],
     ) -> std::fmt::Result {
         let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (value, n) in extra {
+            family
+                .encode_family(&[(label, *value)])?
+                .encode_counter::<NoLabelSet, _, u64>(n, None)?;
+        }
         for (index, k, value) in COUNTER_METRICS {
             if *k == kind {
                 family

@@ -153,7 +153,9 @@ pub struct BlockIoConfig {
     pub max_inflight: u32,
     /// (cgroup, process, device, op) entries in the kernel map.
     pub max_entries: u32,
-    /// Tracepoints to attach, for testing fault handling; the defaults are right.
+    /// The issue and the completion tracepoint, in that order (raw tracepoints with the
+    /// prototypes of `block_rq_issue` and `block_rq_complete`). For testing fault handling;
+    /// the defaults are right.
     pub tracepoints: Vec<String>,
 }
 
@@ -395,10 +397,13 @@ impl Config {
                     .into(),
             ));
         }
-        if self.block_io.tracepoints.is_empty() {
+        if self.block_io.tracepoints.len() != 2 {
             return Err(invalid(
                 "block_io.tracepoints",
-                "must name at least one tracepoint".into(),
+                format!(
+                    "must name two tracepoints, the issue and the completion one (got {})",
+                    self.block_io.tracepoints.len()
+                ),
             ));
         }
         let s = &self.slow_calls;
@@ -650,6 +655,21 @@ mod tests {
         assert!(e.contains("gpu.nvml_library"), "{e}");
         let c = Config::parse("[cpu]\nmax_cgroups = 10\n", "x").unwrap();
         assert_eq!(c.cpu.max_cgroups, 10);
+    }
+
+    #[test]
+    fn block_tracepoints_are_an_issue_completion_pair() {
+        let e = err("[block_io]\ntracepoints = [\"block_rq_issue\"]\n");
+        assert!(
+            e.contains("block_io.tracepoints") && e.contains("got 1"),
+            "{e}"
+        );
+        let c = Config::parse(
+            "[block_io]\ntracepoints = [\"block_rq_issue\", \"block_rq_complete\"]\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.block_io, BlockIoConfig::default());
     }
 
     #[test]

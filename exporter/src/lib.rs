@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod bpf_batch;
+pub mod btf;
 pub mod cli;
 pub mod collectors;
 pub mod config;

@@ -13,9 +13,9 @@ use aya::{
     programs::{ProgramError, RawTracePoint},
     Ebpf, EbpfLoader,
 };
-use sysscope_abi::{globals, maps};
+use sysscope_abi::{globals, maps, BlockProbeConfig};
 
-use crate::config::Config;
+use crate::{collectors::block_io, config::Config};
 
 /// The compiled probes, embedded at build time.
 static PROBES_OBJECT: &[u8] =
@@ -121,6 +121,8 @@ pub struct LoadOptions {
     pub trace_max_threads: u32,
     /// The syscall programs count only the target of the trace filter (command-line tools).
     pub syscalls_target_only: bool,
+    /// Kernel offsets for the block probes, resolved from BTF (`None`: block probes stay idle).
+    pub block_io: Option<BlockProbeConfig>,
 }
 
 /// One program as attached (or not) by a collector.
@@ -191,6 +193,14 @@ impl Probes {
         }
         if options.trace_max_threads != 0 {
             loader.map_max_entries(maps::TRACE_THREADS, options.trace_max_threads);
+        }
+        let block = &config.block_io;
+        loader
+            .map_max_entries(maps::BLOCK_INFLIGHT, block.max_inflight)
+            .map_max_entries(maps::BLOCK_STATS, block.max_entries)
+            .map_max_entries(maps::BLOCK_LATENCY, block_io::latency_capacity(config));
+        if let Some(block_config) = &options.block_io {
+            loader.override_global(globals::BLOCK_CONFIG, block_config, true);
         }
         let ebpf = loader.load(PROBES_OBJECT).map_err(ProbeError::Load)?;
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {

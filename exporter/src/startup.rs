@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use crate::{
     agent::Agent,
     collectors::{
+        block_io::{self, BlockIoCollector},
         cpu::{self, CpuCollector},
         gpu::{self, GpuCollector, GpuError},
         syscalls::{self, SyscallCollector},
@@ -81,7 +82,23 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
         }
     }
     let labeler = labeler_with_pods(config, pods)?;
-    let mut probes = Probes::load(config, &LoadOptions::default())?;
+    // The block probes read kernel structs at offsets found in BTF, set before the load.
+    let block_plan = config.block_io.enabled.then(|| {
+        let root = labeler
+            .lock()
+            .expect("labeler lock")
+            .cgroups
+            .root()
+            .to_path_buf();
+        block_io::plan(config, &root)
+    });
+    let options = LoadOptions {
+        block_io: block_plan
+            .as_ref()
+            .and_then(|r| r.as_ref().ok().map(|plan| plan.probe)),
+        ..LoadOptions::default()
+    };
+    let mut probes = Probes::load(config, &options)?;
 
     if config.syscalls.enabled {
         match SyscallCollector::start(&mut probes, config, labeler.clone()) {
@@ -91,6 +108,20 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
                 probes.detach_collector(syscalls::NAME);
                 report.failed.push((syscalls::NAME, e.to_string()));
                 failed.push(syscalls::NAME);
+            }
+        }
+    }
+
+    if let Some(resolved) = block_plan {
+        match resolved
+            .and_then(|plan| BlockIoCollector::start(&mut probes, config, labeler.clone(), &plan))
+        {
+            Ok(c) => started.push(Box::new(c)),
+            Err(e) => {
+                tracing::error!(collector = block_io::NAME, error = %e, "collector failed to start");
+                report.failed.push((block_io::NAME, e.to_string()));
+                probes.detach_collector(block_io::NAME);
+                failed.push(block_io::NAME);
             }
         }
     }

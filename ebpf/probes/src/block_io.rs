@@ -1,1 +1,305 @@
-//! Block I/O probes (not yet written).
+//! Block I/O probes: bytes and requests per (cgroup, process, device, op), and the time from
+//! issue to completion as a log2 histogram per (device, op), optionally per cgroup.
+//!
+//! Tracepoints (raw_tp): `block:block_io_start(struct request *rq)` (6.5 and later, optional),
+//! `block:block_rq_issue(struct request *rq)` and
+//! `block:block_rq_complete(struct request *rq, blk_status_t error, unsigned int nr_bytes)`.
+//! Maps: `BLOCK_INFLIGHT` (request address -> issue time and attribution), `BLOCK_STATS`
+//! ((cgroup, tgid, dev, op) -> bytes, requests), `BLOCK_LATENCY` ((cgroup or 0, dev, op) ->
+//! sum + log2 buckets). Global: `BLOCK_CONFIG` (kernel struct offsets, switches).
+//!
+//! Why raw tracepoints: the request pointer they pass is the only exact way to pair a
+//! completion with its issue (the classic tracepoint records carry (dev, sector), which every
+//! flush shares), they need no tracefs, and the bio behind the request tells whose I/O it is.
+//! `struct request` has no stable layout and aya has no CO-RE for Rust programs, so user space
+//! reads the offsets from the kernel's BTF and hands them over in `BLOCK_CONFIG` before load.
+//!
+//! Attribution is made when the request is submitted (`block_io_start`), or at issue when that
+//! tracepoint is missing: the task's tgid and name, and its cgroup unless the task is outside
+//! the cgroup the bio is charged to (writeback, loop/dm workers): then the bio's.
+//! Stats are recorded once per request, at its final completion, so bytes, requests and the
+//! histogram count always agree. The stats and latency maps are shared by all CPUs and updated
+//! with atomic adds: block I/O rates are far below syscall rates, and shared maps keep the
+//! memory independent of the number of CPUs.
+
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_current_ancestor_cgroup_id,
+    },
+    macros::{map, raw_tracepoint},
+    maps::HashMap,
+    programs::RawTracePointContext,
+};
+use sysscope_abi::{
+    block_op, charged_cgroup, counters, dev, hist, BlockInflight, BlockKey, BlockLatency,
+    BlockLatencyKey, BlockProbeConfig, BlockStats, NO_FIELD,
+};
+
+use crate::common::{count_drop, EEXIST};
+
+// Capacities here are defaults; the exporter resizes the maps from its config before loading.
+#[map(name = "BLOCK_INFLIGHT")]
+static BLOCK_INFLIGHT: HashMap<u64, BlockInflight> = HashMap::with_max_entries(16384, 0);
+
+#[map(name = "BLOCK_STATS")]
+static BLOCK_STATS: HashMap<BlockKey, BlockStats> = HashMap::with_max_entries(8192, 0);
+
+#[map(name = "BLOCK_LATENCY")]
+static BLOCK_LATENCY: HashMap<BlockLatencyKey, BlockLatency> = HashMap::with_max_entries(1024, 0);
+
+/// Set by the loader from kernel BTF; all `NO_FIELD` (and `ready == 0`) until then.
+#[unsafe(no_mangle)]
+static BLOCK_CONFIG: BlockProbeConfig = BlockProbeConfig::UNSET;
+
+#[inline(always)]
+fn config() -> BlockProbeConfig {
+    unsafe { core::ptr::read_volatile(&BLOCK_CONFIG) }
+}
+
+/// Reads a `T` at `base + off` in kernel memory; `None` for a null base, a missing field or
+/// an unreadable address.
+#[inline(always)]
+fn read<T>(base: u64, off: u32) -> Option<T> {
+    if base == 0 || off == NO_FIELD {
+        return None;
+    }
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
+}
+
+#[inline(always)]
+fn read_ptr(base: u64, off: u32) -> u64 {
+    read::<u64>(base, off).unwrap_or(0)
+}
+
+/// The disk's `dev_t` (whole disk, as the block tracepoints report it), 0 if unknown.
+#[inline(always)]
+fn disk_dev(rq: u64, cfg: &BlockProbeConfig) -> u32 {
+    let disk = if cfg.rq_disk != NO_FIELD {
+        read_ptr(rq, cfg.rq_disk)
+    } else {
+        read_ptr(read_ptr(rq, cfg.rq_q), cfg.q_disk)
+    };
+    let major = read::<i32>(disk, cfg.disk_major).unwrap_or(0);
+    let minor = read::<i32>(disk, cfg.disk_first_minor).unwrap_or(0);
+    dev::make(major as u32, minor as u32)
+}
+
+/// The cgroup the request is charged to (see `sysscope_abi::charged_cgroup`).
+#[inline(always)]
+fn request_cgroup(rq: u64, cfg: &BlockProbeConfig, current: u64) -> u64 {
+    if cfg.bio_cgroup == 0 {
+        return current;
+    }
+    // rq->bio->bi_blkg->blkcg->css.cgroup->kn->id; flush requests have no bio.
+    let blkg = read_ptr(read_ptr(rq, cfg.rq_bio), cfg.bio_blkg);
+    let blkcg = read_ptr(blkg, cfg.blkg_blkcg);
+    if blkcg == 0 {
+        return current;
+    }
+    let cgroup = read_ptr(blkcg, cfg.blkcg_css.wrapping_add(cfg.css_cgroup));
+    let Some(level) = read::<i32>(cgroup, cfg.cgroup_level) else {
+        return current;
+    };
+    let Some(id) = read::<u64>(read_ptr(cgroup, cfg.cgroup_kn), cfg.kn_id) else {
+        return current;
+    };
+    let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(level) };
+    charged_cgroup(current, ancestor, id)
+}
+
+/// Who submitted a request, in the submitter's context (`block_io_start`, 6.5 and later). The
+/// request may be dispatched to the driver later by another task (an I/O scheduler run from
+/// kblockd, a plug flushed by someone else): attribution made here is the right one.
+#[raw_tracepoint(tracepoint = "block_io_start")]
+pub fn block_io_start(ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    if cfg.ready == 0 {
+        return 0;
+    }
+    // TP_PROTO(struct request *rq)
+    let rq = ctx.arg::<u64>(0);
+    let entry = submitter(rq, &cfg, unsafe { bpf_ktime_get_ns() }, 0);
+    // BPF_ANY: a request structure is reused; an entry of its previous life is stale.
+    if BLOCK_INFLIGHT.insert(&rq, &entry, 0).is_err() {
+        count_drop(counters::BLOCK_INFLIGHT_FULL);
+    }
+    0
+}
+
+/// The current task as the one a request is for; `issue_ns` 0 means "not issued yet".
+#[inline(always)]
+fn submitter(rq: u64, cfg: &BlockProbeConfig, now: u64, issue_ns: u64) -> BlockInflight {
+    let current = unsafe { bpf_get_current_cgroup_id() };
+    BlockInflight {
+        submit_ns: now,
+        issue_ns,
+        cgroup_id: request_cgroup(rq, cfg, current),
+        done_bytes: 0,
+        tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        dev: 0,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        op: 0,
+        _pad: [0; 7],
+    }
+}
+
+/// The request goes to the driver: the latency clock starts. Attribution comes from
+/// `block_io_start` when it saw the request, else from the issuing task.
+#[raw_tracepoint(tracepoint = "block_rq_issue")]
+pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
+    let cfg = config();
+    if cfg.ready == 0 {
+        return 0;
+    }
+    // TP_PROTO(struct request *rq)
+    let rq = ctx.arg::<u64>(0);
+    let Some(cmd_flags) = read::<u32>(rq, cfg.rq_cmd_flags) else {
+        return 0;
+    };
+    let op = block_op::decode(cmd_flags, &cfg.ops);
+    if op == block_op::OTHER {
+        let _ = BLOCK_INFLIGHT.remove(&rq);
+        return 0;
+    }
+    let now = unsafe { bpf_ktime_get_ns() };
+    let dev = disk_dev(rq, &cfg);
+    if let Some(entry) = BLOCK_INFLIGHT.get_ptr_mut(&rq) {
+        // Submitted earlier, or issued again after a requeue: the clock (re)starts.
+        unsafe {
+            (*entry).issue_ns = now;
+            (*entry).dev = dev;
+            (*entry).op = op;
+        }
+        return 0;
+    }
+    let mut entry = submitter(rq, &cfg, now, now);
+    entry.dev = dev;
+    entry.op = op;
+    if BLOCK_INFLIGHT.insert(&rq, &entry, 0).is_err() {
+        count_drop(counters::BLOCK_INFLIGHT_FULL);
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "block_rq_complete")]
+pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cfg = config();
+    // TP_PROTO(struct request *rq, blk_status_t error, unsigned int nr_bytes)
+    let rq = ctx.arg::<u64>(0);
+    let nr_bytes = ctx.arg::<u64>(2) & 0xffff_ffff;
+    // Fired before the request's remaining length is reduced by `nr_bytes`.
+    let remaining = read::<u32>(rq, cfg.rq_data_len).unwrap_or(0) as u64;
+    let Some(entry) = BLOCK_INFLIGHT.get_ptr_mut(&rq) else {
+        // Data-less requests complete without being issued when the flush machinery ends the
+        // empty request that asked for a flush (the flush itself is a request of its own).
+        // Anything else was issued before the probes attached, or BLOCK_INFLIGHT was full.
+        if remaining != 0 {
+            count_drop(counters::BLOCK_COMPLETE_WITHOUT_ISSUE);
+        }
+        return 0;
+    };
+    if nr_bytes < remaining {
+        // A partial completion: the rest follows in another call.
+        unsafe { (*entry).done_bytes += nr_bytes };
+        return 0;
+    }
+    let e = unsafe { *entry };
+    let _ = BLOCK_INFLIGHT.remove(&rq);
+    if e.issue_ns == 0 {
+        // Submitted, never sent to the driver: the empty request that asked for a cache flush
+        // (the flush is a request of its own), or one ended early. Not device I/O.
+        return 0;
+    }
+    let bytes = e.done_bytes + nr_bytes;
+    let key = BlockKey {
+        cgroup_id: e.cgroup_id,
+        tgid: e.tgid,
+        dev: e.dev,
+        comm: e.comm,
+        op: e.op,
+        _pad: [0; 7],
+    };
+    record_stats(&key, bytes);
+    let lkey = BlockLatencyKey {
+        cgroup_id: if cfg.latency_by_cgroup != 0 {
+            e.cgroup_id
+        } else {
+            0
+        },
+        dev: e.dev,
+        op: e.op,
+        _pad: [0; 3],
+    };
+    record_latency(&lkey, now.saturating_sub(e.issue_ns));
+    0
+}
+
+#[inline(always)]
+fn add(slot: *mut u64, v: u64) {
+    // SAFETY: `slot` points into a map value that lives as long as the program runs; other
+    // CPUs update it concurrently, hence the atomic add (its result unused: a plain XADD).
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, v) };
+}
+
+#[inline(always)]
+fn record_stats(key: &BlockKey, bytes: u64) {
+    if let Some(stats) = BLOCK_STATS.get_ptr_mut(key) {
+        unsafe {
+            add(&raw mut (*stats).bytes, bytes);
+            add(&raw mut (*stats).requests, 1);
+        }
+        return;
+    }
+    let fresh = BlockStats { bytes, requests: 1 };
+    match BLOCK_STATS.insert(key, &fresh, BPF_NOEXIST as u64) {
+        Ok(()) => {}
+        // Another CPU created the entry between our lookup and insert: add to theirs.
+        Err(EEXIST) => {
+            if let Some(stats) = BLOCK_STATS.get_ptr_mut(key) {
+                unsafe {
+                    add(&raw mut (*stats).bytes, bytes);
+                    add(&raw mut (*stats).requests, 1);
+                }
+            }
+        }
+        Err(_) => count_drop(counters::BLOCK_STATS_FULL),
+    }
+}
+
+#[inline(always)]
+fn add_latency(hist: *mut BlockLatency, bucket: usize, ns: u64) {
+    unsafe {
+        add(&raw mut (*hist).sum_ns, ns);
+        if let Some(b) = (*hist).buckets.get_mut(bucket) {
+            add(b, 1);
+        }
+    }
+}
+
+#[inline(always)]
+fn record_latency(key: &BlockLatencyKey, ns: u64) {
+    let bucket = hist::bucket_index(ns);
+    if let Some(h) = BLOCK_LATENCY.get_ptr_mut(key) {
+        add_latency(h, bucket, ns);
+        return;
+    }
+    let mut fresh = BlockLatency::ZERO;
+    fresh.sum_ns = ns;
+    if let Some(b) = fresh.buckets.get_mut(bucket) {
+        *b = 1;
+    }
+    match BLOCK_LATENCY.insert(key, &fresh, BPF_NOEXIST as u64) {
+        Ok(()) => {}
+        Err(EEXIST) => {
+            if let Some(h) = BLOCK_LATENCY.get_ptr_mut(key) {
+                add_latency(h, bucket, ns);
+            }
+        }
+        Err(_) => count_drop(counters::BLOCK_LATENCY_FULL),
+    }
+}

@@ -5,6 +5,7 @@
 //! reason in the log, and every other collector keeps running; one whose refresh fails is
 //! down for that scrape and retried on the next.
 
+pub mod block_io;
 pub mod cpu;
 pub mod gpu;
 pub mod syscalls;
@@ -29,6 +30,8 @@ pub struct Health {
     pub spans_dropped: Vec<(&'static str, u64)>,
     /// Destination -> spans handed over (`otlp`, `local`).
     pub spans_exported: Vec<(&'static str, u64)>,
+    /// Reason -> events seen only half, found by user space (for `sysscope_probe_missed_events`).
+    pub missed_events: Vec<(&'static str, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -3,6 +3,7 @@
 //! so every family labels the same workload the same way.
 
 pub mod cgroups;
+pub mod devices;
 pub mod kubernetes;
 pub mod processes;
 
@@ -162,6 +163,16 @@ impl Labeler {
         Workload {
             cgroup: self.cgroup(cgroup_id),
             comm: self.comms.resolve(tgid),
+            pid: self.pid_label.then_some(tgid),
+        }
+    }
+
+    /// The workload of a kernel (cgroup id, tgid) pair whose process name the probe recorded
+    /// itself (no /proc lookup, so it is right even after the process exited).
+    pub fn workload_named(&mut self, cgroup_id: u64, tgid: u32, comm: Arc<str>) -> Workload {
+        Workload {
+            cgroup: self.cgroup(cgroup_id),
+            comm,
             pid: self.pid_label.then_some(tgid),
         }
     }
