@@ -10,6 +10,7 @@ pub mod collectors;
 pub mod config;
 pub mod exposition;
 pub mod metadata;
+pub mod probe_stats;
 pub mod probes;
 pub mod series;
 pub mod startup;

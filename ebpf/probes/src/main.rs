@@ -4,6 +4,10 @@
 //! Names of programs and maps are shared with user space through `sysscope-abi`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// Atomic read-modify-write: core exposes only atomic loads and stores for the BPF target, but
+// LLVM lowers the intrinsic to the BPF atomic add instruction.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
 mod block_io;

@@ -1,7 +1,7 @@
 //! The syscall collector: counts, errors by errno and latency histograms per workload.
 //!
-//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit` (raw tracepoints, see
-//! `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
+//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task` (raw
+//! tracepoints, see `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
 //! `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written once at start.
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
@@ -207,8 +207,10 @@ impl SyscallCollector {
             .map_err(map_err(maps::SYSCALL_ERRORS))?;
         let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
             .map_err(map_err(maps::PROCESS_EXITS))?;
-        // Exit tracking first, so no process can exit unseen once syscalls are counted.
+        // Exit tracking first, so no process can exit unseen once syscalls are counted; cgroup
+        // moves before the syscall probes, which cache each thread's cgroup id until one.
         probes.attach_raw_tracepoint(NAME, programs::PROCESS_EXIT, "sched_process_exit")?;
+        probes.attach_raw_tracepoint(NAME, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
         probes.attach_raw_tracepoint(NAME, programs::SYS_EXIT, "sys_exit")?;
         probes.attach_raw_tracepoint(NAME, programs::SYS_ENTER, "sys_enter")?;
         let limits = &config.limits;
