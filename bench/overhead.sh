@@ -11,10 +11,8 @@
 # SYSSCOPE_BENCH_BIN_DIR=DIR uses already-built binaries instead of building.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "$(id -u)" -ne 0 ]; then
-  echo "bench/overhead.sh: needs root (loads eBPF programs)" >&2
-  exit 2
-fi
+. bench/common.sh
+bench_require_root
 export PATH="$HOME/.cargo/bin:$PATH"
 
 smoke=0
@@ -22,20 +20,7 @@ for arg in "$@"; do [ "$arg" = "--smoke" ] && smoke=1; done
 
 workdir=$(mktemp -d /tmp/sysscope-bench.XXXXXX)
 trap 'rm -rf "$workdir"' EXIT
-
-bin_dir=${SYSSCOPE_BENCH_BIN_DIR:-}
-if [ -z "$bin_dir" ]; then
-  # Timing is not looked at in smoke mode: the debug build the tests made is enough.
-  profile_args=(--release)
-  profile=release
-  if [ "$smoke" -eq 1 ]; then profile_args=(); profile=debug; fi
-  target=${CARGO_TARGET_DIR:-$PWD/target}
-  cargo build --locked "${profile_args[@]}" -p sysscope --bins >&2
-  # Copied at once: a target directory shared with other builds may be rewritten meanwhile.
-  bin_dir=$workdir/bin
-  mkdir -p "$bin_dir"
-  for b in sysscope sysscope-bench sysscope-workload; do cp "$target/$profile/$b" "$bin_dir/"; done
-fi
+bench_bins "$workdir" "$smoke"
 
 # bpftrace and perf trace read tracepoint formats from tracefs. It is left mounted: other
 # tools may start using it meanwhile, and a mounted tracefs costs nothing.

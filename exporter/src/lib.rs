@@ -9,6 +9,7 @@ pub mod agent;
 pub mod collectors;
 pub mod config;
 pub mod exposition;
+pub mod map_batch;
 pub mod metadata;
 pub mod probe_stats;
 pub mod probes;

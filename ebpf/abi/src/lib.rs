@@ -70,6 +70,7 @@ pub mod hist {
 /// Names of the maps, as user space looks them up in the loaded object.
 pub mod maps {
     pub const SYSCALL_THREADS: &str = "SYSCALL_THREADS";
+    pub const SYSCALL_SLOTS: &str = "SYSCALL_SLOTS";
     pub const SYSCALL_STATS: &str = "SYSCALL_STATS";
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
     pub const PROCESS_EXITS: &str = "PROCESS_EXITS";
@@ -90,8 +91,10 @@ pub mod programs {
     pub const SYS_ENTER: &str = "sys_enter";
     pub const SYS_EXIT: &str = "sys_exit";
     pub const PROCESS_EXIT: &str = "sched_process_exit";
-    /// On `cgroup:cgroup_attach_task`: invalidates the threads' cached cgroup ids.
+    /// On `cgroup:cgroup_attach_task`: invalidates the cached cgroup ids.
     pub const CGROUP_ATTACH: &str = "cgroup_attach_task";
+    /// On `sched:sched_switch`: parks the outgoing thread's syscall in flight.
+    pub const SYSCALLS_SCHED_SWITCH: &str = "syscalls_sched_switch";
     pub const EMPTY_SYS_ENTER: &str = "empty_sys_enter";
     pub const EMPTY_SYS_EXIT: &str = "empty_sys_exit";
     pub const TRACE_SYS_ENTER: &str = "trace_sys_enter";
@@ -164,30 +167,18 @@ pub mod noreturn {
     pub const EXIT_GROUP: u32 = u32::MAX;
 }
 
-/// Per-thread state kept between `sys_enter` and `sys_exit` in `SYSCALL_THREADS`, a task-local
-/// storage map (one value per thread, found from the task itself and freed with it).
-///
-/// Besides the call in flight it caches what is the same for every call of the thread, so
-/// the hot path makes no helper call for it: the tgid, and the cgroup id, valid while
-/// `cgroup_generation` equals the probes' count of cgroup migrations.
+/// A syscall in flight of a thread that was switched out during the call, kept in
+/// `SYSCALL_THREADS`, a task-local storage map (one value per thread, found from the task
+/// itself and freed with it). Calls that complete without a context switch never get here:
+/// their entry time stays in the CPU's slot.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadState {
     /// `bpf_ktime_get_ns()` at entry; 0 when no call is in flight.
     pub start_ns: u64,
-    /// Cached cgroup v2 id of the thread.
-    pub cgroup_id: u64,
-    /// Migration count when `cgroup_id` was read ([`ThreadState::NO_CGROUP`]: not read yet).
-    pub cgroup_generation: u64,
-    /// Cached tgid (0 until the thread's first call fills it in).
-    pub tgid: u32,
     /// Syscall number at entry.
     pub nr: u32,
-}
-
-impl ThreadState {
-    /// `cgroup_generation` of a thread whose cgroup id was never read.
-    pub const NO_CGROUP: u64 = u64::MAX;
+    pub _pad: u32,
 }
 
 /// Key of `SYSCALL_STATS`: one entry per (cgroup, process, syscall).

@@ -1,22 +1,25 @@
 //! Syscall probes: counts, errors by errno, latency histograms, slow-call samples.
 //!
-//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_process_exit`
-//! and `cgroup:cgroup_attach_task` (raw_tp).
-//! Maps: `SYSCALL_THREADS` (task-local storage: entry time, cached tgid and cgroup id),
+//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_switch`,
+//! `sched:sched_process_exit` and `cgroup:cgroup_attach_task` (raw_tp).
+//! Maps: `SYSCALL_SLOTS` (per-CPU: the running thread's call in flight, cached tgid and cgroup
+//! id), `SYSCALL_THREADS` (task-local storage: calls in flight of switched-out threads),
 //! `SYSCALL_STATS` (per-CPU, (cgroup, tgid, nr) -> sum + log2 buckets), `SYSCALL_ERRORS`
 //! (per-CPU, (cgroup, tgid, nr, errno) -> count), `PROCESS_EXITS` (tgid -> comm at exit, for
 //! reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS`
 //! (ring buffer).
 //!
-//! The hot path is what the overhead benchmark measured cheapest (docs/performance.md): per
-//! syscall two clock reads (unavoidable for a duration), two task-storage lookups for the
-//! thread's state (cheaper than a hash lookup by tid, and freed by the kernel with the thread),
-//! one per-CPU hash lookup for the (cgroup, process, syscall) entry, with no insert when it
-//! exists, and an inlined array lookup for the slow-call threshold. The tgid and the cgroup id
-//! are cached in the thread's state: the cgroup id stays valid until a `cgroup_attach_task`
-//! bumps `CGROUP_GENERATION`, so no helper call is made for them on the common path. Values
-//! are per CPU, so no cache line is written by two CPUs. Errors and samples are off the
-//! common path.
+//! The hot path is what the overhead benchmark measured cheapest (docs/performance.md). A call
+//! that completes without a context switch, the common case, costs two clock reads
+//! (unavoidable for a duration), two inlined per-CPU array lookups for the CPU's slot, one
+//! per-CPU hash lookup for its (cgroup, process, syscall) entry, with no insert when it exists,
+//! and an inlined array lookup for the slow-call threshold. The slot keeps the entry time of
+//! the running thread's call and caches its tgid and cgroup id: the cache belongs to the
+//! thread until it is switched out, and the cgroup id stays valid until a `cgroup_attach_task`
+//! bumps `CGROUP_GENERATION`. When a thread is switched out during a call (it blocked, or was
+//! preempted), `sched_switch` parks the call in the thread's task-local storage, where
+//! `sys_exit` finds it on whichever CPU the thread resumes. Every value the hot path writes is
+//! per CPU, so no cache line is written by two CPUs. Errors and samples are off the common path.
 
 use core::{
     cell::UnsafeCell,
@@ -28,7 +31,7 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_ktime_get_ns,
-        generated::{bpf_get_current_task_btf, bpf_task_storage_get},
+        generated::{bpf_get_current_task, bpf_get_current_task_btf, bpf_task_storage_get},
     },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -93,6 +96,26 @@ impl<V> TaskStorage<V> {
 #[unsafe(export_name = "SYSCALL_THREADS")]
 static SYSCALL_THREADS: TaskStorage<ThreadState> = TaskStorage::new();
 
+/// The state of a CPU's running thread. Only programs running on that CPU touch it, and they do
+/// not nest, so plain reads and writes are enough.
+#[repr(C)]
+pub struct CpuSlot {
+    /// `bpf_get_current_task()` of the thread the cached fields belong to; 0 after a switch.
+    task: u64,
+    /// Entry time of its call in flight; 0 when none is in flight on this CPU.
+    start_ns: u64,
+    cgroup_id: u64,
+    /// `CGROUP_GENERATION` when `cgroup_id` was read (`NO_CGROUP`: not read yet).
+    cgroup_generation: u64,
+    tgid: u32,
+    nr: u32,
+}
+
+const NO_CGROUP: u64 = u64::MAX;
+
+#[map(name = "SYSCALL_SLOTS")]
+static SYSCALL_SLOTS: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
+
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
 #[map(name = "SYSCALL_STATS")]
 static SYSCALL_STATS: PerCpuHashMap<SyscallKey, SyscallStats> =
@@ -148,25 +171,48 @@ impl Counter {
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 const MAX_ERRNO: i64 = 4095;
 
-/// The (cgroup, process) part of the thread's stats key, from its cached state.
 #[inline(always)]
-fn key_of(state: &mut ThreadState, nr: u32) -> SyscallKey {
+fn raw_slot() -> Option<&'static mut CpuSlot> {
+    // SAFETY: this CPU's value of a one-entry per-CPU array; programs on a CPU do not nest.
+    SYSCALL_SLOTS.get_ptr_mut(0).map(|p| unsafe { &mut *p })
+}
+
+/// The CPU's slot, claimed for the running thread (its cached fields reset if it belonged to
+/// another one).
+#[inline(always)]
+fn slot() -> Option<&'static mut CpuSlot> {
+    let slot = raw_slot()?;
+    let task = unsafe { bpf_get_current_task() };
+    if slot.task != task {
+        // The thread was switched in since its last call here: nothing of the slot is its own.
+        // (A call of another thread in flight was parked when that thread was switched out.)
+        slot.task = task;
+        slot.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        slot.cgroup_generation = NO_CGROUP;
+        slot.start_ns = 0;
+    }
+    Some(slot)
+}
+
+/// The stats key of the running thread's call `nr`, from the slot's cache.
+#[inline(always)]
+fn key_of(slot: &mut CpuSlot, nr: u32) -> SyscallKey {
     // Read the count before the id: a migration moves the task first and counts afterwards,
     // so an id read after a count that is already stale is re-read on the next call.
     let generation = CGROUP_GENERATION.get();
-    if state.cgroup_generation != generation {
-        state.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    if slot.cgroup_generation != generation {
+        slot.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
         // A migration counted meanwhile may have moved this thread after the read: then the
         // id is used for this call only, and read again on the next.
-        state.cgroup_generation = if CGROUP_GENERATION.get() == generation {
+        slot.cgroup_generation = if CGROUP_GENERATION.get() == generation {
             generation
         } else {
-            ThreadState::NO_CGROUP
+            NO_CGROUP
         };
     }
     SyscallKey {
-        cgroup_id: state.cgroup_id,
-        tgid: state.tgid,
+        cgroup_id: slot.cgroup_id,
+        tgid: slot.tgid,
         nr,
     }
 }
@@ -175,47 +221,49 @@ fn key_of(state: &mut ThreadState, nr: u32) -> SyscallKey {
 pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long id)
     let nr = ctx.arg::<u64>(1) as u32;
-    let state = SYSCALL_THREADS.current(true);
-    if state.is_null() {
-        count_drop(counters::SYSCALL_THREADS_FULL);
+    let Some(slot) = slot() else {
         return 0;
-    }
-    // SAFETY: a non-null task-storage value of the current task, ours until the program ends.
-    let state = unsafe { &mut *state };
-    if state.tgid == 0 {
-        // First call of this thread (tgid 0 is the idle task, which makes no syscalls).
-        state.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        state.cgroup_generation = ThreadState::NO_CGROUP;
-    }
+    };
     if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
         // No sys_exit will follow: count the call now, with no duration.
-        let key = key_of(state, nr);
+        let key = key_of(slot, nr);
         record_duration(&key, 0);
         return 0;
     }
-    state.nr = nr;
-    state.start_ns = unsafe { bpf_ktime_get_ns() };
+    slot.nr = nr;
+    slot.start_ns = unsafe { bpf_ktime_get_ns() };
     0
 }
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
-    let state = SYSCALL_THREADS.current(false);
-    if state.is_null() {
-        count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+    let Some(slot) = slot() else {
         return 0;
-    }
-    // SAFETY: as in sys_enter.
-    let state = unsafe { &mut *state };
-    let start_ns = state.start_ns;
+    };
+    let (start_ns, nr) = if slot.start_ns != 0 {
+        let entered = (slot.start_ns, slot.nr);
+        slot.start_ns = 0;
+        entered
+    } else {
+        // Switched out during the call: it was parked with the thread.
+        let parked = SYSCALL_THREADS.current(false);
+        if parked.is_null() {
+            count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+            return 0;
+        }
+        // SAFETY: a non-null task-storage value of the current task.
+        let parked = unsafe { &mut *parked };
+        let entered = (parked.start_ns, parked.nr);
+        parked.start_ns = 0;
+        entered
+    };
     if start_ns == 0 {
         count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
         return 0;
     }
-    state.start_ns = 0;
     let duration = now.saturating_sub(start_ns);
-    let key = key_of(state, state.nr);
+    let key = key_of(slot, nr);
     record_duration(&key, duration);
 
     // TP_PROTO(struct pt_regs *regs, long ret)
@@ -231,6 +279,29 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
             sample_slow_call(&ctx, &key, tid, start_ns, now, ret);
         }
     }
+    0
+}
+
+/// A thread is switched out (it is still `current` here): its call in flight, if any, moves
+/// from the CPU's slot into its task-local storage, and the slot's cache stops being its own.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn syscalls_sched_switch(_ctx: RawTracePointContext) -> i32 {
+    let Some(slot) = raw_slot() else {
+        return 0;
+    };
+    if slot.start_ns != 0 {
+        let parked = SYSCALL_THREADS.current(true);
+        if parked.is_null() {
+            count_drop(counters::SYSCALL_THREADS_FULL);
+        } else {
+            // SAFETY: a non-null task-storage value of the current task.
+            let parked = unsafe { &mut *parked };
+            parked.start_ns = slot.start_ns;
+            parked.nr = slot.nr;
+        }
+        slot.start_ns = 0;
+    }
+    slot.task = 0;
     0
 }
 

@@ -60,6 +60,8 @@ fn default_tracepoint(program: &str) -> Option<&'static str> {
         Some("sys_exit")
     } else if program.ends_with("sched_process_exit") {
         Some("sched_process_exit")
+    } else if program.ends_with("sched_switch") {
+        Some("sched_switch")
     } else if program.ends_with("cgroup_attach_task") {
         Some("cgroup_attach_task")
     } else {

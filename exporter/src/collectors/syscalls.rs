@@ -1,12 +1,12 @@
 //! The syscall collector: counts, errors by errno and latency histograms per workload.
 //!
-//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task` (raw
-//! tracepoints, see `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
+//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task`,
+//! `syscalls_sched_switch` (raw tracepoints, see `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
 //! `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written once at start.
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
 //!
-//! Each refresh reads every kernel entry, adds what changed since the previous read to the
+//! Each refresh reads every kernel entry (in batches, see [`crate::map_batch`]), adds what changed since the previous read to the
 //! entry's series, and reclaims the entries of processes that have exited (after their last
 //! values were read), so series are monotonic sums over processes that come and go.
 
@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuHashMap};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
@@ -26,6 +26,7 @@ use sysscope_abi::{hist, maps, programs, ErrnoKey, ProcessExit, SyscallKey, Sysc
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::{Config, HistogramResolution},
+    map_batch::PerCpuBatchReader,
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
     series::{Budget, Workload},
@@ -84,6 +85,9 @@ struct ErrorTotals {
 pub struct SyscallCollector {
     stats: PerCpuHashMap<MapData, SyscallKey, SyscallStats>,
     errors: PerCpuHashMap<MapData, ErrnoKey, u64>,
+    /// Whole-map reads in batches (None: the kernel refused them, read key by key).
+    stats_batch: Option<PerCpuBatchReader<SyscallKey, SyscallStats>>,
+    errors_batch: Option<PerCpuBatchReader<ErrnoKey, u64>>,
     exits: BpfHashMap<MapData, u32, ProcessExit>,
     capacities: [u64; 3],
     labeler: SharedLabeler,
@@ -137,9 +141,9 @@ pub fn fold_buckets(
     out
 }
 
-fn sum_per_cpu(values: &PerCpuValues<SyscallStats>) -> SyscallStats {
+fn sum_stats(values: &[SyscallStats]) -> SyscallStats {
     let mut total = SyscallStats::ZERO;
-    for v in values.iter() {
+    for v in values {
         total.sum_ns = total.sum_ns.wrapping_add(v.sum_ns);
         for (t, b) in total.buckets.iter_mut().zip(v.buckets.iter()) {
             *t = t.wrapping_add(*b);
@@ -201,22 +205,29 @@ impl SyscallCollector {
                 source,
             }
         };
-        let stats = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_STATS)?)
-            .map_err(map_err(maps::SYSCALL_STATS))?;
-        let errors = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_ERRORS)?)
-            .map_err(map_err(maps::SYSCALL_ERRORS))?;
+        let cpus = aya::util::nr_cpus().map(|n| n.max(1)).unwrap_or(1);
+        let stats_map = take(probes, maps::SYSCALL_STATS)?;
+        let errors_map = take(probes, maps::SYSCALL_ERRORS)?;
+        let stats_batch = PerCpuBatchReader::new(&stats_map, cpus).ok();
+        let errors_batch = PerCpuBatchReader::new(&errors_map, cpus).ok();
+        let stats = PerCpuHashMap::try_from(stats_map).map_err(map_err(maps::SYSCALL_STATS))?;
+        let errors = PerCpuHashMap::try_from(errors_map).map_err(map_err(maps::SYSCALL_ERRORS))?;
         let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
             .map_err(map_err(maps::PROCESS_EXITS))?;
         // Exit tracking first, so no process can exit unseen once syscalls are counted; cgroup
-        // moves before the syscall probes, which cache each thread's cgroup id until one.
+        // moves and context switches before the syscall probes, which rely on them to keep
+        // their per-CPU cache valid and to park calls of switched-out threads.
         probes.attach_raw_tracepoint(NAME, programs::PROCESS_EXIT, "sched_process_exit")?;
         probes.attach_raw_tracepoint(NAME, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
+        probes.attach_raw_tracepoint(NAME, programs::SYSCALLS_SCHED_SWITCH, "sched_switch")?;
         probes.attach_raw_tracepoint(NAME, programs::SYS_EXIT, "sys_exit")?;
         probes.attach_raw_tracepoint(NAME, programs::SYS_ENTER, "sys_enter")?;
         let limits = &config.limits;
         Ok(Self {
             stats,
             errors,
+            stats_batch,
+            errors_batch,
             exits,
             capacities: [
                 limits.max_syscall_entries as u64,
@@ -273,17 +284,63 @@ impl SyscallCollector {
             .collect()
     }
 
+    /// Every `SYSCALL_STATS` entry with its values summed over CPUs: in batches, or key by
+    /// key when the kernel refuses batch reads (an entry deleted between listing and lookup is
+    /// simply skipped).
+    fn current_stats(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
+        let mut out = Vec::with_capacity(self.entries.len() + 64);
+        if let Some(reader) = self.stats_batch.as_mut() {
+            let read = reader.for_each(|key, per_cpu| out.push((key, sum_stats(per_cpu))));
+            match read {
+                Ok(_) => return out,
+                Err(e) => {
+                    tracing::info!(error = %e, map = maps::SYSCALL_STATS, "batch map reads unavailable; reading key by key");
+                    self.stats_batch = None;
+                    out.clear();
+                }
+            }
+        }
+        out.extend(
+            self.stats
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(key, per_cpu)| (key, sum_stats(&per_cpu))),
+        );
+        out
+    }
+
+    /// Every `SYSCALL_ERRORS` entry with its count summed over CPUs (as `current_stats`).
+    fn current_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
+        let sum = |v: &[u64]| v.iter().fold(0u64, |a, x| a.wrapping_add(*x));
+        let mut out = Vec::with_capacity(self.error_entries.len() + 16);
+        if let Some(reader) = self.errors_batch.as_mut() {
+            match reader.for_each(|key, per_cpu| out.push((key, sum(per_cpu)))) {
+                Ok(_) => return out,
+                Err(e) => {
+                    tracing::info!(error = %e, map = maps::SYSCALL_ERRORS, "batch map reads unavailable; reading key by key");
+                    self.errors_batch = None;
+                    out.clear();
+                }
+            }
+        }
+        out.extend(
+            self.errors
+                .iter()
+                .filter_map(Result::ok)
+                .map(|(key, per_cpu)| (key, sum(&per_cpu))),
+        );
+        out
+    }
+
     fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<SyscallKey> {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let current = self.current_stats();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
-        for item in self.stats.iter() {
-            // An entry deleted between listing and lookup is simply skipped.
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in current {
             seen += 1;
-            let cur = sum_per_cpu(&per_cpu);
             let entry = self.entries.entry(key).or_insert_with(|| Entry {
                 last: SyscallStats::ZERO,
                 target: None,
@@ -320,12 +377,11 @@ impl SyscallCollector {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let current = self.current_errors();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
-        for item in self.errors.iter() {
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in current {
             seen += 1;
-            let cur: u64 = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
             let entry = self.error_entries.entry(key).or_insert_with(|| ErrorEntry {
                 last: 0,
                 target: None,
