@@ -16,12 +16,13 @@ bench_bins() {
   local profile=release profile_args=(--release)
   if [ "$smoke" -eq 1 ]; then profile=debug; profile_args=(); fi
   local target=${CARGO_TARGET_DIR:-$PWD/target}
-  if [ "$smoke" -eq 0 ]; then
-    # The probes object is built by exporter/build.rs into a directory cargo may share between
-    # several checkouts of this workspace (its fingerprint ignores the checkout's path), so a
-    # measurement could otherwise embed another checkout's probes: rebuild it every time.
-    touch exporter/build.rs
-  fi
+  # Cargo decides what to rebuild by comparing source modification times with its last build.
+  # When several checkouts of this workspace share one CARGO_TARGET_DIR, that last build may be
+  # another checkout's, with sources newer than ours: cargo would then hand us its binaries and
+  # probes object. Marking our sources as newest makes the build ours (at the price of
+  # recompiling sysscope itself).
+  find exporter/src ebpf/abi/src ebpf/probes/src -name '*.rs' -exec touch {} +
+  touch exporter/build.rs
   cargo build --locked "${profile_args[@]}" -p sysscope --bins >&2
   # Copied at once: a target directory shared with other builds may be rewritten meanwhile.
   bin_dir=$workdir/bin

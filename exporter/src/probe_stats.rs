@@ -140,12 +140,11 @@ fn sample(shared: &Shared, started: Instant) {
         {
             let mut est = shared.estimates.lock().expect("stats estimates lock");
             for (id, (rt, runs)) in &after {
-                let Some((rt0, runs0)) = before.get(id) else {
-                    continue;
-                };
+                // A program loaded during the window has run only while statistics were on.
+                let (rt0, runs0) = before.get(id).copied().unwrap_or_default();
                 let e = est.entry(*id).or_default();
-                e.0 += rt.saturating_sub(*rt0) as f64 * scale;
-                e.1 += runs.saturating_sub(*runs0) as f64 * scale;
+                e.0 += rt.saturating_sub(rt0) as f64 * scale;
+                e.1 += runs.saturating_sub(runs0) as f64 * scale;
             }
         }
         if stop || shared.sleep(PERIOD.saturating_sub(t1 - t0)) {

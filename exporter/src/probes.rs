@@ -107,9 +107,6 @@ pub fn preflight() -> Result<(), ProbeError> {
 pub struct LoadOptions {
     /// cgroup id the on-demand trace programs follow (0: none).
     pub trace_cgroup_id: u64,
-    /// Leaves the kernel's BPF run-time statistics alone whatever `collection.probe_stats`
-    /// says (the benchmark's calibration floor is measured this way).
-    pub skip_run_time_stats: bool,
 }
 
 /// One program as attached (or not) by a collector.
@@ -182,11 +179,7 @@ impl Probes {
             loader.override_global(globals::TRACE_CGROUP_ID, &options.trace_cgroup_id, false);
         }
         let ebpf = loader.load(object).map_err(ProbeError::Load)?;
-        let stats = RunTimeStats::start(if options.skip_run_time_stats {
-            crate::config::ProbeStatsMode::Off
-        } else {
-            config.collection.probe_stats
-        });
+        let stats = RunTimeStats::start(config.collection.probe_stats);
         Ok(Self {
             ebpf,
             programs: Vec::new(),
