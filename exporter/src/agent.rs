@@ -1,7 +1,8 @@
 //! The agent: owns the loaded probes and the running collectors, refreshes them, and encodes
 //! their metric families plus sysscope's own (`sysscope_build_info`, `sysscope_collector_up`,
 //! `sysscope_probe_*`, `sysscope_map_*`, `sysscope_dropped_series_total`, ...).
-//! Maps read here: `PROBE_COUNTERS` (what the probes could not record).
+//! Maps read here: `PROBE_COUNTERS` (what the probes could not record); the kernel memory of
+//! every map sysscope holds comes from their fdinfo (`sysscope_map_memory_bytes`).
 
 use std::{borrow::Cow, time::Duration};
 
@@ -116,6 +117,8 @@ pub struct Agent {
     extra_health: Vec<Box<dyn Fn() -> Health + Send>>,
     extra_families: Vec<ExtraFamilies>,
     last_scrape: Duration,
+    /// Kernel memory per map name, read at the last refresh.
+    map_memory: Vec<(String, u64)>,
 }
 
 /// Encodes self-metric families of a source that is not a collector.
@@ -151,6 +154,7 @@ impl Agent {
             extra_health: Vec::new(),
             extra_families: Vec::new(),
             last_scrape: Duration::ZERO,
+            map_memory: Vec::new(),
         }
     }
 
@@ -222,6 +226,9 @@ impl Agent {
                 }
             }
         }
+        if self.probes.is_some() {
+            self.map_memory = crate::probes::map_memory();
+        }
         if let Some(map) = &self.probe_counters {
             for (i, value) in self.counter_values.iter_mut().enumerate() {
                 if let Ok(per_cpu) = map.get(&(i as u32), 0) {
@@ -290,6 +297,14 @@ impl Agent {
                     .encode_gauge(&(p.attached as i64))?;
             }
             let stats = probes.program_stats();
+            encoder
+                .encode_descriptor(
+                    "sysscope_probe_stats_coverage_ratio",
+                    "Fraction of the time the kernel's BPF run-time statistics were on: 1 makes sysscope_probe_run_seconds_total and sysscope_probe_runs_total exact, below 1 they are extrapolated from samples (collection.probe_stats).",
+                    None,
+                    MetricType::Gauge,
+                )?
+                .encode_gauge(&probes.stats_coverage())?;
             let mut family = encoder.encode_descriptor(
                 "sysscope_probe_run_seconds",
                 "CPU time spent in the eBPF program (kernel BPF run-time statistics).",
@@ -338,6 +353,19 @@ impl Agent {
                 family
                     .encode_family(&[("map", m.map)])?
                     .encode_gauge(&(m.capacity as i64))?;
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_map_memory_bytes",
+                "Kernel memory of the eBPF map, as the kernel accounts it (memlock in the map's fdinfo).",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (map, bytes) in &self.map_memory {
+                family
+                    .encode_family(&[("map", map.as_str())])?
+                    .encode_gauge(&(*bytes as i64))?;
             }
         }
         if self.probe_counters.is_some() {

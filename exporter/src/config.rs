@@ -56,6 +56,24 @@ pub struct CollectionConfig {
     /// A series with no activity and no live process behind it is dropped after this long.
     #[serde(with = "humantime_serde_compat")]
     pub series_retention: Duration,
+    /// Kernel BPF run-time statistics behind `sysscope_probe_run_seconds_total` and
+    /// `sysscope_probe_runs_total`: "sampled" (1 s in every 30 s, extrapolated), "always"
+    /// (exact, but the kernel then reads its clock twice around every program run) or "off".
+    /// See docs/performance.md.
+    pub probe_stats: ProbeStatsMode,
+}
+
+/// How the kernel's BPF run-time statistics are kept on (`collection.probe_stats`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeStatsMode {
+    /// On for a short window at a fixed period; the counters are extrapolated.
+    #[default]
+    Sampled,
+    /// On for as long as sysscope runs; the counters are exact.
+    Always,
+    /// Never turned on by sysscope (the probe cost metrics are not exported).
+    Off,
 }
 
 impl Default for CollectionConfig {
@@ -64,6 +82,7 @@ impl Default for CollectionConfig {
             min_interval: Duration::from_secs(1),
             background_interval: Duration::from_secs(10),
             series_retention: Duration::from_secs(600),
+            probe_stats: ProbeStatsMode::default(),
         }
     }
 }
@@ -94,7 +113,8 @@ pub struct LimitsConfig {
     /// Exported syscall series (every histogram bucket counts as one). Label sets beyond it
     /// fold into `comm="other"`, then `cgroup="other"`; see docs/metrics.md.
     pub max_series: usize,
-    /// Threads with a syscall in flight that the kernel can track at once.
+    /// Unused, accepted for older config files: the per-thread syscall state lives in
+    /// task-local storage, one value per thread, freed with the thread.
     pub max_threads: u32,
     /// (cgroup, process, syscall) entries in the kernel's syscall map.
     pub max_syscall_entries: u32,

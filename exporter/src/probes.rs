@@ -4,9 +4,11 @@
 //! and globals taken from the config; each collector then attaches the programs it needs and
 //! takes the maps it reads, so one collector failing to attach leaves the others running.
 //! Attached programs stay attached for as long as [`Probes`] lives and are detached when it is
-//! dropped. Also owns the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`).
+//! dropped. Also owns the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`, kept on as
+//! `collection.probe_stats` says, see [`crate::probe_stats`]) and reports the kernel memory of
+//! the maps sysscope holds.
 
-use std::{os::fd::OwnedFd, time::Duration};
+use std::time::Duration;
 
 use aya::{
     maps::Map,
@@ -15,7 +17,11 @@ use aya::{
 };
 use sysscope_abi::{globals, maps, BlockProbeConfig};
 
-use crate::{collectors::block_io, config::Config};
+use crate::{
+    collectors::block_io,
+    config::Config,
+    probe_stats::{RunTimeStats, RunTotals},
+};
 
 /// The compiled probes, embedded at build time.
 static PROBES_OBJECT: &[u8] =
@@ -145,8 +151,8 @@ pub struct ProgramStats {
 pub struct Probes {
     ebpf: Ebpf,
     programs: Vec<ProgramStatus>,
-    /// Keeps the kernel's run-time accounting on for as long as sysscope runs.
-    _stats: Option<OwnedFd>,
+    /// Keeps the kernel's run-time accounting on (or samples it) for as long as sysscope runs.
+    stats: RunTimeStats,
 }
 
 impl std::fmt::Debug for Probes {
@@ -160,7 +166,17 @@ impl std::fmt::Debug for Probes {
 impl Probes {
     /// Loads the object (creates the maps), sized from `config`. Attaches nothing.
     pub fn load(config: &Config, options: &LoadOptions) -> Result<Self, ProbeError> {
-        if PROBES_OBJECT.is_empty() {
+        Self::load_object(PROBES_OBJECT, config, options)
+    }
+
+    /// Like [`Probes::load`], from another build of the probes object (the benchmark compares
+    /// probe variants this way).
+    pub fn load_object(
+        object: &[u8],
+        config: &Config,
+        options: &LoadOptions,
+    ) -> Result<Self, ProbeError> {
+        if object.is_empty() {
             return Err(ProbeError::NotBuilt);
         }
         let cpus = aya::util::nr_cpus().map(|n| n.max(1) as u32).unwrap_or(1);
@@ -173,7 +189,9 @@ impl Probes {
         let limits = &config.limits;
         let mut loader = EbpfLoader::new();
         loader
-            .map_max_entries(maps::SYSCALL_THREADS, limits.max_threads)
+            // Task-local storage (per-thread syscall state) has no user-space wrapper in aya;
+            // user space never reads it.
+            .allow_unsupported_maps()
             .map_max_entries(maps::SYSCALL_STATS, limits.max_syscall_entries)
             .map_max_entries(maps::SYSCALL_ERRORS, limits.max_error_entries)
             .map_max_entries(maps::PROCESS_EXITS, limits.max_exited_processes)
@@ -202,18 +220,12 @@ impl Probes {
         if let Some(block_config) = &options.block_io {
             loader.override_global(globals::BLOCK_CONFIG, block_config, true);
         }
-        let ebpf = loader.load(PROBES_OBJECT).map_err(ProbeError::Load)?;
-        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-            Ok(fd) => Some(fd),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot enable BPF run-time statistics; probe cost metrics will read 0");
-                None
-            }
-        };
+        let ebpf = loader.load(object).map_err(ProbeError::Load)?;
+        let stats = RunTimeStats::start(config.collection.probe_stats);
         Ok(Self {
             ebpf,
             programs: Vec::new(),
-            _stats: stats,
+            stats,
         })
     }
 
@@ -323,19 +335,62 @@ impl Probes {
         &self.programs
     }
 
-    /// Kernel run-time statistics of every attached program.
+    /// Kernel run-time statistics of every attached program (none when they are off).
     pub fn program_stats(&self) -> Vec<ProgramStats> {
         self.programs
             .iter()
             .filter(|p| p.attached)
             .filter_map(|p| {
                 let info = self.ebpf.program(&p.program)?.info().ok()?;
+                let kernel = RunTotals {
+                    run_time: info.run_time(),
+                    runs: info.run_count(),
+                };
+                let totals = self.stats.totals(info.id(), kernel)?;
                 Some(ProgramStats {
                     program: p.program.clone(),
-                    run_time: info.run_time(),
-                    run_count: info.run_count(),
+                    run_time: totals.run_time,
+                    run_count: totals.runs,
                 })
             })
             .collect()
     }
+
+    /// Fraction of the time run-time statistics were on (1: exact, 0: off).
+    pub fn stats_coverage(&self) -> f64 {
+        self.stats.coverage()
+    }
+}
+
+/// Kernel memory of every eBPF map this process holds, by map name (the kernel's own account,
+/// `memlock` in the map's fdinfo), summed over maps of the same name.
+pub fn map_memory() -> Vec<(String, u64)> {
+    let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut seen = std::collections::HashSet::new();
+    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
+        return Vec::new();
+    };
+    for fd in fds.flatten() {
+        let Ok(text) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:")) else {
+            continue;
+        };
+        // A map may be open through several descriptors: count it once.
+        if !seen.insert(id) {
+            continue;
+        }
+        let name = aya::maps::MapInfo::from_id(id as u32)
+            .ok()
+            .and_then(|i| i.name_as_str().map(str::to_owned))
+            .unwrap_or_else(|| format!("id_{id}"));
+        *by_name.entry(name).or_default() += bytes;
+    }
+    by_name.into_iter().collect()
 }

@@ -4,8 +4,8 @@
 //! Names of programs and maps are shared with user space through `sysscope-abi`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
-// Atomic adds on shared map values (block_io.rs): core's atomic types offer no read-modify-write
-// on the BPF target, the intrinsic compiles to the BPF atomic add.
+// Atomic read-modify-write: core exposes only atomic loads and stores for the BPF target, but
+// LLVM lowers the intrinsic to the BPF atomic add instruction.
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 

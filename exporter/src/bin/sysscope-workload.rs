@@ -17,7 +17,8 @@
 //!   read-file PATH BYTES BS   read BYTES of PATH in BS-byte read calls (looping over the file)
 //!   read-loop PATH SECS BS    read PATH in BS-byte calls, over and over, for SECS seconds
 //!   write-fsync PATH N BS     N writes of BS bytes to PATH, each followed by fsync
-//!   loop-getppid SECS THREADS getppid in a loop on THREADS threads for SECS seconds;
+//!   loop-getppid SECS THREADS getppid in a loop on THREADS threads for SECS seconds (fractions
+//!                             allowed, as for every SECS below);
 //!                             prints "calls=<n> ns_per_call=<x>" (the benchmark's load)
 //!   stat PATH N               N newfstatat calls on PATH (a metadata storm)
 //!   open-close PATH N         N openat + close pairs on PATH (open/close churn)
@@ -27,6 +28,14 @@
 //!                             while the others wait in futex
 //!   small-writes PATH N BS    N writes of BS bytes to PATH (one open, one close)
 //!   getppid-threads T N       T threads each make N getppid calls (T x N in all)
+//!   loop-dd SECS THREADS BS   like `dd if=/dev/zero of=/dev/null bs=BS` on THREADS threads for
+//!                             SECS seconds (a read and a write per block); prints the same line,
+//!                             counting both calls
+//!   loop-read-file PATH SECS THREADS BS
+//!                             read PATH (page cache) in BS-byte reads on THREADS threads for
+//!                             SECS seconds, seeking back at end of file; prints the same line
+//!   rate-getppid RATE SECS    about RATE getppid calls per second for SECS seconds (a steady
+//!                             background load); prints the same line
 //!   wait-stdin                block until stdin is closed or a line is read
 //!   pin-cpu N                 run the following steps on CPU N only (sched_setaffinity)
 //!   spin MS                   compute in user space, without syscalls, for MS ms of wall time
@@ -48,13 +57,21 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin"
     );
     std::process::exit(2)
 }
 
 fn num(arg: Option<&String>) -> u64 {
     arg.and_then(|s| s.parse().ok()).unwrap_or_else(|| usage())
+}
+
+/// A duration in seconds, fractions allowed ("0.5").
+fn secs(arg: Option<&String>) -> Duration {
+    arg.and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or_else(|| usage())
 }
 
 fn getppid() {
@@ -160,9 +177,30 @@ fn main() {
                 i += 4;
             }
             "loop-getppid" => {
-                let secs = num(args.get(i + 1));
+                let duration = secs(args.get(i + 1));
                 let threads = num(args.get(i + 2)).max(1);
-                loop_getppid(Duration::from_secs(secs), threads as usize);
+                loop_getppid(duration, threads as usize);
+                i += 3;
+            }
+            "loop-dd" => {
+                let duration = secs(args.get(i + 1));
+                let threads = num(args.get(i + 2)).max(1);
+                let bs = num(args.get(i + 3)).max(1);
+                loop_dd(duration, threads as usize, bs as usize);
+                i += 4;
+            }
+            "loop-read-file" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
+                let duration = secs(args.get(i + 2));
+                let threads = num(args.get(i + 3)).max(1);
+                let bs = num(args.get(i + 4)).max(1);
+                loop_read_file(&path, duration, threads as usize, bs as usize);
+                i += 5;
+            }
+            "rate-getppid" => {
+                let rate = num(args.get(i + 1)).max(1);
+                let duration = secs(args.get(i + 2));
+                rate_getppid(rate, duration);
                 i += 3;
             }
             "join-cgroup" => {
@@ -449,22 +487,47 @@ fn write_fsync(path: &str, n: u64, bs: usize) {
     unsafe { libc::close(fd) };
 }
 
-fn loop_getppid(duration: Duration, threads: usize) {
+/// CPU time this thread has used, in nanoseconds.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Runs `batch` on `threads` threads until `duration` has passed and prints the benchmark's
+/// line. `make` builds each thread's batch, which makes some calls and returns how many.
+///
+/// Two costs per call are printed: `ns_per_call` from wall time (wall time x threads / calls)
+/// and `cpu_ns_per_call` from the threads' own CPU time, which time spent waiting for a CPU
+/// taken by other processes does not inflate.
+fn timed_loop<F, B>(duration: Duration, threads: usize, make: F)
+where
+    F: Fn() -> B,
+    B: FnMut() -> u64 + Send + 'static,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
+    let cpu_ns = Arc::new(AtomicU64::new(0));
+    // Set-up (opening files) happens before the clock starts.
+    let batches: Vec<B> = (0..threads).map(|_| make()).collect();
     let start = Instant::now();
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
+    let handles: Vec<_> = batches
+        .into_iter()
+        .map(|mut batch| {
             let stop = stop.clone();
             let calls = calls.clone();
+            let cpu_ns = cpu_ns.clone();
             std::thread::spawn(move || {
+                let cpu_start = thread_cpu_ns();
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    for _ in 0..1000 {
-                        getppid();
-                    }
-                    n += 1000;
+                    n += batch();
                 }
+                cpu_ns.fetch_add(thread_cpu_ns() - cpu_start, Ordering::Relaxed);
                 calls.fetch_add(n, Ordering::Relaxed);
             })
         })
@@ -475,10 +538,97 @@ fn loop_getppid(duration: Duration, threads: usize) {
         h.join().unwrap();
     }
     let elapsed = start.elapsed();
-    let total = calls.load(Ordering::Relaxed);
-    // Per-thread cost: wall time x threads / calls.
-    let ns = elapsed.as_nanos() as f64 * threads as f64 / total.max(1) as f64;
-    println!("calls={total} ns_per_call={ns:.1} threads={threads}");
+    let total = calls.load(Ordering::Relaxed).max(1) as f64;
+    let ns = elapsed.as_nanos() as f64 * threads as f64 / total;
+    let cpu = cpu_ns.load(Ordering::Relaxed) as f64 / total;
+    println!(
+        "calls={} ns_per_call={ns:.1} threads={threads} cpu_ns_per_call={cpu:.1}",
+        total as u64
+    );
+}
+
+fn loop_getppid(duration: Duration, threads: usize) {
+    timed_loop(duration, threads, || {
+        || {
+            for _ in 0..1000 {
+                getppid();
+            }
+            1000
+        }
+    });
+}
+
+fn open_or_exit(path: &str, flags: i32) -> i32 {
+    let cpath = CString::new(path).unwrap();
+    // SAFETY: valid NUL-terminated path.
+    let fd = unsafe { libc::open(cpath.as_ptr(), flags) };
+    if fd < 0 {
+        eprintln!("open {path}: {}", std::io::Error::last_os_error());
+        std::process::exit(1);
+    }
+    fd
+}
+
+fn loop_dd(duration: Duration, threads: usize, bs: usize) {
+    timed_loop(duration, threads, || {
+        let zero = open_or_exit("/dev/zero", libc::O_RDONLY);
+        let null = open_or_exit("/dev/null", libc::O_WRONLY);
+        let mut buf = vec![0u8; bs];
+        move || {
+            for _ in 0..500 {
+                // SAFETY: buf holds bs bytes; both descriptors are ours.
+                unsafe {
+                    libc::syscall(libc::SYS_read, zero, buf.as_mut_ptr(), bs);
+                    libc::syscall(libc::SYS_write, null, buf.as_ptr(), bs);
+                }
+            }
+            1000
+        }
+    });
+}
+
+fn loop_read_file(path: &str, duration: Duration, threads: usize, bs: usize) {
+    timed_loop(duration, threads, || {
+        let fd = open_or_exit(path, libc::O_RDONLY);
+        let mut buf = vec![0u8; bs];
+        move || {
+            let mut n = 0;
+            for _ in 0..256 {
+                // SAFETY: buf holds bs bytes; the descriptor is ours.
+                let r = unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), bs) };
+                n += 1;
+                if r <= 0 {
+                    // End of file (or an error, which the next read repeats): start over.
+                    // SAFETY: seeking our own descriptor.
+                    unsafe { libc::syscall(libc::SYS_lseek, fd, 0i64, libc::SEEK_SET) };
+                    n += 1;
+                }
+            }
+            n
+        }
+    });
+}
+
+fn rate_getppid(rate: u64, duration: Duration) {
+    // Batches of 1/100 s worth of calls, each batch starting on schedule.
+    let per_batch = (rate / 100).max(1);
+    let tick = Duration::from_millis(10);
+    let start = Instant::now();
+    let mut next = start;
+    let mut total = 0u64;
+    while start.elapsed() < duration {
+        for _ in 0..per_batch {
+            getppid();
+        }
+        total += per_batch;
+        next += tick;
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    let elapsed = start.elapsed();
+    let ns = elapsed.as_nanos() as f64 / total.max(1) as f64;
+    println!("calls={total} ns_per_call={ns:.1} threads=1");
 }
 
 fn stat_storm(path: &str, n: u64) {

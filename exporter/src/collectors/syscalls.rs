@@ -1,7 +1,7 @@
 //! The syscall collector: counts, errors by errno and latency histograms per workload.
 //!
-//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit` (raw tracepoints, see
-//! `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
+//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task`,
+//! `syscalls_sched_switch` (raw tracepoints, see `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
 //! `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written once at start.
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
@@ -172,8 +172,12 @@ impl SyscallMaps {
             .map_err(map_err(maps::SYSCALL_ERRORS))?;
         let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
             .map_err(map_err(maps::PROCESS_EXITS))?;
-        // Exit tracking first, so no process can exit unseen once syscalls are counted.
+        // Exit tracking first, so no process can exit unseen once syscalls are counted; cgroup
+        // moves and context switches before the syscall probes, which rely on them to keep
+        // their per-CPU cache valid and to park calls of switched-out threads.
         probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
+        probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
+        probes.attach_raw_tracepoint(collector, programs::SYSCALLS_SCHED_SWITCH, "sched_switch")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_ENTER, "sys_enter")?;
         Ok(Self {
@@ -187,7 +191,7 @@ impl SyscallMaps {
 /// Sum over CPUs of one `SYSCALL_STATS` value.
 pub fn sum_per_cpu(values: &[SyscallStats]) -> SyscallStats {
     let mut total = SyscallStats::ZERO;
-    for v in values.iter() {
+    for v in values {
         total.sum_ns = total.sum_ns.wrapping_add(v.sum_ns);
         for (t, b) in total.buckets.iter_mut().zip(v.buckets.iter()) {
             *t = t.wrapping_add(*b);

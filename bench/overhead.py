@@ -1,0 +1,768 @@
+#!/usr/bin/env python3
+"""Side-by-side per-syscall overhead of sysscope, the empty-program floor and other tracers.
+
+Run through bench/overhead.sh (which builds the binaries and prepares the machine). Each round
+starts every configuration in turn (rotating the order from round to round), runs every workload
+cell under it, and stops it; the table reports medians over rounds. Costs are CPU time per
+syscall: the workload threads' CPU time plus the CPU time the tracer's own processes used in the
+same window, divided by the syscalls made. Time spent waiting for a CPU that other processes hold
+does not count, so the figures hold on a busy machine; wall-clock figures are kept in the JSON.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+SCHEMA = "sysscope-bench-overhead/1"
+
+# Programs that run once per syscall (raw_syscalls sys_enter / sys_exit) when attached.
+SYSCALL_PROGRAMS = {"sys_enter", "sys_exit", "empty_sys_enter", "empty_sys_exit"}
+
+BPFTRACE_SCRIPT = r"""
+tracepoint:raw_syscalls:sys_enter { @start[tid] = nsecs; }
+tracepoint:raw_syscalls:sys_exit /@start[tid]/ {
+  @calls[pid, args->id] = count();
+  @latency_ns[pid, args->id] = hist(nsecs - @start[tid]);
+  delete(@start[tid]);
+}
+"""
+
+SYSSCOPE_SYSCALLS_ONLY = """\
+# The syscall collector alone: no slow-call sampling, no other collector.
+[slow_calls]
+enabled = false
+[block_io]
+enabled = false
+[cpu]
+enabled = false
+[gpu]
+enabled = false
+[kubernetes]
+pod_watch = "off"
+"""
+
+SYSSCOPE_DEFAULT = """\
+# sysscope's defaults: every collector the build has, slow-call check included.
+[kubernetes]
+pod_watch = "off"
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Process and kernel accounting
+
+
+def proc_cpu_ns(pid: int) -> int:
+    """CPU time (ns) all threads of `pid` have used, from schedstat (ns resolution)."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def bpf_programs() -> list[dict]:
+    """Every loaded eBPF program as bpftool describes it (run_time_ns/run_cnt with stats on)."""
+    try:
+        out = subprocess.run(
+            ["bpftool", "-j", "prog", "show"], capture_output=True, text=True, timeout=30
+        ).stdout
+        return json.loads(out or "[]")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+
+
+def raw_syscall_links() -> dict[int, str]:
+    """prog id -> tracepoint of every raw-tracepoint link on sys_enter/sys_exit."""
+    try:
+        out = subprocess.run(
+            ["bpftool", "-j", "link", "show"], capture_output=True, text=True, timeout=30
+        ).stdout
+        links = json.loads(out or "[]")
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+    return {
+        l["prog_id"]: l.get("tp_name", "")
+        for l in links
+        if l.get("type") == "raw_tracepoint" and l.get("tp_name") in ("sys_enter", "sys_exit")
+    }
+
+
+def foreign_syscall_programs(own_pids: set[int]) -> list[dict]:
+    """Programs attached to the syscall tracepoints that this benchmark did not start: they add
+    their cost to every configuration, the baseline included."""
+    links = raw_syscall_links()
+    if not links:
+        return []
+    owners = program_owners()
+    own = {f"[{p}]" for p in own_pids}
+    out = []
+    for p in bpf_programs():
+        if p.get("id") not in links:
+            continue
+        who = owners.get(p["id"], [])
+        if any(w.endswith(o) for w in who for o in own):
+            continue
+        out.append(
+            {
+                "id": p["id"],
+                "name": p.get("name", ""),
+                "tracepoint": links[p["id"]],
+                "owners": who,
+                "ns_per_run": (
+                    round(p["run_time_ns"] / p["run_cnt"], 1) if p.get("run_cnt") else None
+                ),
+            }
+        )
+    return out
+
+
+def prog_ids_of(pid: int) -> set[int]:
+    """Ids of the eBPF programs process `pid` holds open (from its fdinfo)."""
+    ids = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+    except OSError:
+        return ids
+    for fd in fds:
+        try:
+            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+                for line in f:
+                    if line.startswith("prog_id:"):
+                        ids.add(int(line.split()[1]))
+        except (OSError, ValueError, IndexError):
+            pass
+    return ids
+
+
+def program_owners() -> dict[int, list[str]]:
+    """prog id -> "comm[pid]" of every process holding it."""
+    owners: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        ids = prog_ids_of(int(entry))
+        if not ids:
+            continue
+        try:
+            comm = Path(f"/proc/{entry}/comm").read_text().strip()
+        except OSError:
+            comm = "?"
+        for i in ids:
+            owners.setdefault(i, []).append(f"{comm}[{entry}]")
+    return owners
+
+
+def programs_of(pids: set[int]) -> dict[int, dict]:
+    """Programs held by any of `pids`: id -> {name, run_time_ns, run_cnt}."""
+    ids = set()
+    for pid in pids:
+        ids |= prog_ids_of(pid)
+    out = {}
+    if not ids:
+        return out
+    for p in bpf_programs():
+        if p.get("id") in ids:
+            out[p["id"]] = {
+                "name": p.get("name", ""),
+                "run_time_ns": p.get("run_time_ns", 0),
+                "run_cnt": p.get("run_cnt", 0),
+            }
+    return out
+
+
+def bpf_ns_per_syscall(before: dict[int, dict], after: dict[int, dict], calls: int) -> Optional[float]:
+    """Kernel-measured run time per syscall of the per-syscall programs (those that ran at least
+    as often as the workload made calls), from BPF run-time statistics."""
+    total, found = 0.0, False
+    for pid, a in after.items():
+        b = before.get(pid)
+        if not b:
+            continue
+        runs = a["run_cnt"] - b["run_cnt"]
+        rt = a["run_time_ns"] - b["run_time_ns"]
+        if runs >= 0.9 * calls and runs > 0:
+            if rt <= 0:
+                return None  # statistics are off
+            total += rt / runs
+            found = True
+    return round(total, 1) if found else None
+
+
+STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+def set_bpf_stats(on: bool) -> None:
+    """kernel.bpf_stats_enabled: run-time statistics for every program (sysscope turns them on
+    through BPF_ENABLE_STATS while it runs; other holders of that keep them on regardless)."""
+    try:
+        STATS_SYSCTL.write_text("1\n" if on else "0\n")
+    except OSError as e:
+        log(f"cannot set {STATS_SYSCTL}: {e}")
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Configurations
+
+
+class Unavailable(Exception):
+    pass
+
+
+@dataclass
+class Running:
+    """A started configuration: how to wrap a workload command, whose CPU to add, how to stop."""
+
+    name: str
+    wrap: Callable[[list[str]], list[str]] = lambda cmd: cmd
+    tracer_pid: Optional[int] = None
+    wrapper: bool = False
+    stop: Callable[[], None] = lambda: None
+    extra: dict = field(default_factory=dict)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.bin = Path(args.bin_dir)
+        self.workload = str(self.bin / "sysscope-workload")
+        self.tmp = Path(tempfile.mkdtemp(prefix="sysscope-bench-"))
+        self.read_file = self.tmp / "read-heavy.dat"
+        with open(self.read_file, "wb") as f:
+            f.write(os.urandom(4 << 20))
+        with open(self.read_file, "rb") as f:  # into the page cache
+            while f.read(1 << 20):
+                pass
+        self.own_pids: set[int] = {os.getpid()}
+
+    # -- configurations ------------------------------------------------------------------------
+
+    def start(self, name: str) -> Running:
+        if name == "none":
+            return Running(name)
+        if name in ("empty", "empty+stats"):
+            return self.start_attach(name, ["empty_sys_enter", "empty_sys_exit"])
+        if name.startswith("attach:"):
+            # attach:PROG+PROG...[@OBJECT]: chosen programs of the object, or of another build
+            # of it (compares probe variants).
+            spec, _, obj = name.split(":", 1)[1].partition("@")
+            return self.start_attach(name, spec.split("+"), obj or None)
+        if name in ("probes", "probes+stats"):
+            return self.start_attach(name, ["cgroup_attach_task", "syscalls_sched_switch", "sched_process_exit",
+                                            "sys_exit", "sys_enter"])
+        if name == "sysscope-syscalls":
+            return self.start_exporter(name, SYSSCOPE_SYSCALLS_ONLY)
+        if name == "sysscope":
+            return self.start_exporter(name, SYSSCOPE_DEFAULT)
+        if name == "sysscope+stats":
+            return self.start_exporter(name, SYSSCOPE_DEFAULT + "[collection]\nprobe_stats = \"always\"\n")
+        if name == "bpftrace":
+            return self.start_bpftrace()
+        if name == "perf-trace":
+            if not shutil.which("perf"):
+                raise Unavailable("perf is not installed")
+            out = str(self.tmp / "perf-trace.txt")
+            return Running(name, wrap=lambda cmd: ["perf", "trace", "-s", "-o", out, "--"] + cmd, wrapper=True)
+        if name == "strace":
+            if not shutil.which("strace"):
+                raise Unavailable("strace is not installed")
+            out = str(self.tmp / "strace.txt")
+            return Running(name, wrap=lambda cmd: ["strace", "-c", "-f", "-o", out, "--"] + cmd, wrapper=True)
+        raise SystemExit(f"unknown configuration {name!r}")
+
+    def _spawn(self, cmd: list[str], **kw) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, **kw)
+        self.own_pids.add(p.pid)
+        return p
+
+    def _stopper(self, p: subprocess.Popen, sig=signal.SIGTERM) -> Callable[[], None]:
+        def stop() -> None:
+            if p.poll() is None:
+                p.send_signal(sig)
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            for stream in (p.stdin, p.stdout):
+                if stream:
+                    stream.close()
+            self.own_pids.discard(p.pid)
+
+        return stop
+
+    def start_attach(self, name: str, programs: list[str], obj: Optional[str] = None) -> Running:
+        cmd = [str(self.bin / "sysscope-bench"), "attach"]
+        if name.endswith("+stats"):
+            cmd += ["--stats", "always"]
+        if obj or self.args.object:
+            cmd += ["--object", obj or self.args.object]
+        p = self._spawn(cmd + programs, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = p.stdout.readline().strip()
+        if line != "attached":
+            self._stopper(p)()
+            raise Unavailable(f"sysscope-bench attach failed ({line or 'no output'})")
+        return Running(name, tracer_pid=p.pid, stop=self._stopper(p))
+
+    def start_exporter(self, name: str, config: str) -> Running:
+        cfg = self.tmp / f"{name}.toml"
+        cfg.write_text(config)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        p = self._spawn(
+            [str(self.bin / "sysscope"), f"--web.listen-address=127.0.0.1:{port}",
+             f"--config.file={cfg}", "--log.level=warn"],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if p.poll() is not None:
+                raise Unavailable(f"sysscope exited during start-up ({p.returncode})")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        else:
+            self._stopper(p)()
+            raise Unavailable("sysscope not ready after 60 s")
+        return Running(name, tracer_pid=p.pid, stop=self._stopper(p), extra={"port": port})
+
+    def start_bpftrace(self) -> Running:
+        if not shutil.which("bpftrace"):
+            raise Unavailable("bpftrace is not installed")
+        script = self.tmp / "equivalent.bt"
+        script.write_text(BPFTRACE_SCRIPT)
+        p = self._spawn(["bpftrace", str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        stdin=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if p.poll() is not None:
+                err = p.stderr.read().strip().splitlines()
+                raise Unavailable(f"bpftrace failed: {err[-1] if err else p.returncode}")
+            progs = programs_of({p.pid})
+            if len(progs) >= 2:
+                time.sleep(0.3)  # the second attachment completes after the load
+                break
+            time.sleep(0.2)
+        else:
+            self._stopper(p, signal.SIGINT)()
+            raise Unavailable("bpftrace did not attach within 60 s")
+        return Running("bpftrace", tracer_pid=p.pid, stop=self._stopper(p, signal.SIGINT))
+
+    # -- one measurement -----------------------------------------------------------------------
+
+    def workload_cmd(self, workload: str, threads: int, secs: float) -> list[str]:
+        s = f"{secs:g}"
+        if workload == "getppid":
+            step = ["loop-getppid", s, str(threads)]
+        elif workload == "dd":
+            step = ["loop-dd", s, str(threads), "512"]
+        elif workload == "read":
+            step = ["loop-read-file", str(self.read_file), s, str(threads), "4096"]
+        else:
+            raise SystemExit(f"unknown workload {workload!r}")
+        # wait-stdin: the tracer's own start-up stays outside the measured window.
+        return [self.workload, "wait-stdin"] + step
+
+    def measure(self, run: Running, workload: str, threads: int) -> dict:
+        cmd = run.wrap(self.workload_cmd(workload, threads, self.args.seconds))
+        tracer_pids = {run.tracer_pid} if run.tracer_pid else set()
+        progs_before = programs_of(tracer_pids) if tracer_pids else {}
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        if run.wrapper:
+            # The wrapper (strace, perf) is the child; the workload is its descendant. Wait until
+            # the workload blocks reading stdin, so the wrapper's start-up is not counted.
+            self._wait_workload_blocked(p.pid)
+            tracer_pids = {p.pid}
+        def tracer_cpu() -> int:
+            total = 0
+            for t in tracer_pids:
+                for q in tree_pids(t) if run.wrapper else [t]:
+                    if run.wrapper and q != t and self._is_workload(q):
+                        continue
+                    total += proc_cpu_ns(q)
+            return total
+        cpu0 = tracer_cpu()
+        t0 = time.monotonic()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        line = p.stdout.readline()
+        cpu1 = tracer_cpu()
+        wall = time.monotonic() - t0
+        rest, err = p.communicate(timeout=120)
+        m = re.search(r"calls=(\d+) ns_per_call=([\d.]+) threads=\d+ cpu_ns_per_call=([\d.]+)", line)
+        if not m:
+            raise RuntimeError(f"{' '.join(cmd)}: no result line (got {line!r}; stderr {err[-300:]!r})")
+        calls = int(m.group(1))
+        progs_after = programs_of({run.tracer_pid}) if run.tracer_pid else {}
+        tracer_ns = max(cpu1 - cpu0, 0)
+        cell = {
+            "calls": calls,
+            "wall_ns": float(m.group(2)),
+            "workload_cpu_ns": float(m.group(3)),
+            "tracer_cpu_ns": round(tracer_ns / calls, 1),
+            "cpu_ns": round(float(m.group(3)) + tracer_ns / calls, 1),
+            "window_s": round(wall, 3),
+        }
+        bpf = bpf_ns_per_syscall(progs_before, progs_after, calls) if progs_before else None
+        if bpf is not None:
+            cell["bpf_ns"] = bpf
+        return cell
+
+    def _wait_workload_blocked(self, root: int) -> None:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            for q in tree_pids(root):
+                if q != root and self._is_workload(q):
+                    try:
+                        with open(f"/proc/{q}/stat") as f:
+                            stat = f.read()
+                        state = stat[stat.rindex(")") + 2]
+                    except (OSError, ValueError, IndexError):
+                        continue
+                    if state == "S":
+                        time.sleep(0.05)
+                        return
+            time.sleep(0.02)
+        raise RuntimeError("the traced workload did not start within 30 s")
+
+    def _is_workload(self, pid: int) -> bool:
+        try:
+            return os.readlink(f"/proc/{pid}/exe").endswith("sysscope-workload")
+        except OSError:
+            return False
+
+    def exporter_probe_metrics(self, run: Running) -> dict:
+        """The exporter's own probe-cost metrics: ns per run per program."""
+        port = run.extra.get("port")
+        if not port:
+            return {}
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            return {}
+        secs, runs = {}, {}
+        for line in text.splitlines():
+            m = re.match(r'sysscope_probe_run_seconds_total\{program="([^"]+)"\} (\S+)', line)
+            if m:
+                secs[m.group(1)] = float(m.group(2))
+            m = re.match(r'sysscope_probe_runs_total\{program="([^"]+)"\} (\S+)', line)
+            if m:
+                runs[m.group(1)] = float(m.group(2))
+        return {k: {"run_seconds": secs[k], "runs": runs.get(k, 0)} for k in secs}
+
+    def programs_by_name(self, run: Running) -> dict:
+        out = {}
+        if run.tracer_pid:
+            for p in programs_of({run.tracer_pid}).values():
+                out[p["name"]] = {"run_seconds": p["run_time_ns"] / 1e9, "runs": p["run_cnt"]}
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries
+
+
+def median(xs: list[float]) -> Optional[float]:
+    return round(statistics.median(xs), 1) if xs else None
+
+
+def summarize(results: dict, configs: list[str], cells: list[tuple[str, int]]) -> list[dict]:
+    rows = []
+    for workload, threads in cells:
+        base = median([r["cpu_ns"] for r in results.get(("none", workload, threads), [])])
+        base_wall = median([r["wall_ns"] for r in results.get(("none", workload, threads), [])])
+        empty_added = None
+        for cfg in configs:
+            rs = results.get((cfg, workload, threads), [])
+            if not rs:
+                continue
+            cpu = median([r["cpu_ns"] for r in rs])
+            wall = median([r["wall_ns"] for r in rs])
+            added = round(cpu - base, 1) if base is not None and cfg != "none" else None
+            if cfg == "empty":
+                empty_added = added
+            bpf = median([r["bpf_ns"] for r in rs if "bpf_ns" in r])
+            rows.append(
+                {
+                    "workload": workload,
+                    "threads": threads,
+                    "config": cfg,
+                    "rounds": len(rs),
+                    "cpu_ns_per_syscall": cpu,
+                    "cpu_ns_added": added,
+                    "wall_ns_per_syscall": wall,
+                    "wall_ns_added": round(wall - base_wall, 1) if base_wall is not None and cfg != "none" else None,
+                    "bpf_ns_per_syscall": bpf,
+                    "samples_cpu_ns": [r["cpu_ns"] for r in rs],
+                }
+            )
+        for row in rows:
+            if row["workload"] == workload and row["threads"] == threads:
+                a, e = row["cpu_ns_added"], empty_added
+                row["x_empty_added"] = round(a / e, 2) if a is not None and e and e > 0 else None
+    return rows
+
+
+def ratio(rows: list[dict], num_cfg: str, den_cfg: str, workload: str, threads: int) -> Optional[float]:
+    get = {(r["config"], r["workload"], r["threads"]): r for r in rows}
+    a = get.get((num_cfg, workload, threads))
+    b = get.get((den_cfg, workload, threads))
+    if not a or not b or a["cpu_ns_added"] is None or not b["cpu_ns_added"] or b["cpu_ns_added"] <= 0:
+        return None
+    return round(a["cpu_ns_added"] / b["cpu_ns_added"], 2)
+
+
+def scaling(rows: list[dict], cfg: str, workload: str) -> Optional[float]:
+    """Proportional loss with 2 threads over the proportional loss with 1 thread."""
+    get = {(r["config"], r["workload"], r["threads"]): r for r in rows}
+    losses = []
+    for t in (1, 2):
+        r, b = get.get((cfg, workload, t)), get.get(("none", workload, t))
+        if not r or not b or r["cpu_ns_added"] is None or not b["cpu_ns_per_syscall"]:
+            return None
+        losses.append(r["cpu_ns_added"] / b["cpu_ns_per_syscall"])
+    if losses[0] <= 0:
+        return None
+    return round(losses[1] / losses[0], 2)
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    out = []
+
+    def add(what, value, goal, ok):
+        out.append({"target": what, "value": value, "goal": goal,
+                    "met": None if value is None else ok(value)})
+
+    for wl in ("getppid", "dd", "read"):
+        add(f"sysscope added / empty added ({wl}, 1 thread)", ratio(rows, "sysscope", "empty", wl, 1),
+            "<= 2", lambda v: v <= 2)
+    add("bpftrace added / sysscope added (getppid, 1 thread)", ratio(rows, "bpftrace", "sysscope", "getppid", 1),
+        ">= 5", lambda v: v >= 5)
+    add("perf trace -s added / sysscope added (getppid, 1 thread)",
+        ratio(rows, "perf-trace", "sysscope", "getppid", 1), ">= 30", lambda v: v >= 30)
+    add("strace -c added / sysscope added (getppid, 1 thread)", ratio(rows, "strace", "sysscope", "getppid", 1),
+        ">= 200", lambda v: v >= 200)
+    add("sysscope 2-thread loss / 1-thread loss (getppid)", scaling(rows, "sysscope", "getppid"),
+        "<= 1 (within 10% noise)", lambda v: v <= 1.10)
+    return out
+
+
+def print_table(rows: list[dict], tgts: list[dict], meta: dict) -> None:
+    print()
+    print(f"sysscope overhead benchmark  {meta['started_at']}  kernel {meta['host']['kernel']}  "
+          f"{meta['host']['cpus']} CPUs  load {meta['host']['load_before']} -> {meta['host']['load_after']}")
+    print(f"rounds {meta['settings']['rounds']} x {meta['settings']['seconds']} s per cell; "
+          "cost = CPU ns per syscall (workload + tracer), median over rounds")
+    if meta["foreign_programs"]:
+        print(f"WARNING: {len(meta['foreign_programs'])} programs of other processes are attached to "
+              "raw_syscalls and add to every row, the baseline too:")
+        for p in meta["foreign_programs"]:
+            print(f"  prog {p['id']} {p['name']} on {p['tracepoint']} ({', '.join(p['owners'])}) "
+                  f"{p['ns_per_run']} ns/run")
+    hdr = f"{'workload':<8} {'thr':>3} {'config':<18} {'ns/syscall':>10} {'added':>8} {'x empty':>7} {'wall ns':>9} {'bpf ns':>7}"
+    print()
+    print(hdr)
+    print("-" * len(hdr))
+    last = None
+    for r in rows:
+        key = (r["workload"], r["threads"])
+        if last and key != last:
+            print()
+        last = key
+        fmt = lambda v, spec: "-" if v is None else format(v, spec)
+        added = "-" if r["cpu_ns_added"] is None else f"{r['cpu_ns_added']:+.1f}"
+        print(f"{r['workload']:<8} {r['threads']:>3} {r['config']:<18} {fmt(r['cpu_ns_per_syscall'], '10.1f')} "
+              f"{added:>8} {fmt(r.get('x_empty_added'), '7.2f')} {fmt(r['wall_ns_per_syscall'], '9.1f')} "
+              f"{fmt(r['bpf_ns_per_syscall'], '7.1f')}")
+    print()
+    print(f"{'target':<58} {'value':>8}  {'goal':<24} met")
+    for t in tgts:
+        v = "-" if t["value"] is None else f"{t['value']:.2f}"
+        met = "n/a" if t["met"] is None else ("yes" if t["met"] else "NO")
+        print(f"{t['target']:<58} {v:>8}  {t['goal']:<24} {met}")
+    print()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", required=True, help="directory with sysscope, sysscope-bench, sysscope-workload")
+    ap.add_argument("--quick", action="store_true", help="3 rounds of 0.5 s cells (about 2 minutes)")
+    ap.add_argument("--smoke", action="store_true", help="1 round of 0.2 s cells: checks the machinery only")
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--seconds", type=float, help="length of one measured cell")
+    ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, "
+                    "empty+stats, probes, probes+stats, sysscope-syscalls, sysscope, sysscope+stats, bpftrace, "
+                    "perf-trace, strace, or attach:PROG+PROG...[@OBJECT] for chosen programs of the "
+                    "object (or of another build of it)")
+    ap.add_argument("--workloads", default="getppid,dd,read")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--object", help="another build of the probes object (compares probe variants)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. the variant measured)")
+    args = ap.parse_args()
+
+    default_configs = ["none", "empty", "sysscope-syscalls", "sysscope", "bpftrace", "perf-trace", "strace"]
+    if args.smoke:
+        args.rounds = args.rounds or 1
+        args.seconds = args.seconds or 0.2
+    elif args.quick:
+        args.rounds = args.rounds or 3
+        args.seconds = args.seconds or 0.5
+    else:
+        args.rounds = args.rounds or 7
+        args.seconds = args.seconds or 2.0
+        default_configs.insert(2, "empty+stats")
+        default_configs.insert(3, "probes")
+        default_configs.insert(6, "sysscope+stats")
+    configs = args.configs.split(",") if args.configs else default_configs
+    if "none" not in configs:
+        configs.insert(0, "none")
+    cells = [(w, int(t)) for w in args.workloads.split(",") for t in args.threads.split(",")]
+
+    if os.geteuid() != 0:
+        print("bench/overhead: needs root (loads eBPF programs)", file=sys.stderr)
+        return 2
+
+    bench = Bench(args)
+    stats_before = STATS_SYSCTL.read_text().strip() if STATS_SYSCTL.exists() else "0"
+    # Statistics off machine-wide, as on a node running sysscope with its defaults: each
+    # configuration turns them on itself if it does (the +stats ones, sysscope's samples).
+    set_bpf_stats(False)
+    try:
+        return run_rounds(args, bench, configs, cells)
+    finally:
+        set_bpf_stats(stats_before == "1")
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+
+
+def run_rounds(args: argparse.Namespace, bench: Bench, configs: list[str], cells: list[tuple[str, int]]) -> int:
+    started = dt.datetime.now(dt.timezone.utc)
+    meta = {
+        "schema": SCHEMA,
+        "started_at": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "label": args.label,
+        "revision": os.environ.get("SYSSCOPE_REVISION", ""),
+        "host": {
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "load_before": load_average(),
+        },
+        "settings": {"rounds": args.rounds, "seconds": args.seconds, "configs": configs,
+                     "cells": cells, "quick": args.quick, "smoke": args.smoke,
+                     "object": args.object or "embedded"},
+        "foreign_programs": foreign_syscall_programs(bench.own_pids),
+        "unavailable": {},
+        "probe_metrics": {},
+    }
+    if meta["foreign_programs"]:
+        log(f"warning: {len(meta['foreign_programs'])} foreign programs on raw_syscalls (see the table)")
+
+    results: dict[tuple, list] = {}
+    for rnd in range(args.rounds):
+        order = configs[rnd % len(configs):] + configs[: rnd % len(configs)]
+        for cfg in order:
+            if cfg in meta["unavailable"]:
+                continue
+            try:
+                run = bench.start(cfg)
+            except Unavailable as e:
+                log(f"{cfg}: unavailable: {e}")
+                meta["unavailable"][cfg] = str(e)
+                continue
+            try:
+                before = bench.programs_by_name(run)
+                for workload, threads in cells:
+                    cell = bench.measure(run, workload, threads)
+                    results.setdefault((cfg, workload, threads), []).append(cell)
+                    log(f"round {rnd + 1}/{args.rounds} {cfg:<18} {workload:<8} {threads}t "
+                        f"{cell['cpu_ns']:9.1f} ns/syscall (wall {cell['wall_ns']:.1f})")
+                if run.extra.get("port"):
+                    meta["probe_metrics"].setdefault(cfg, []).append(
+                        {"exporter": bench.exporter_probe_metrics(run), "bpftool": bench.programs_by_name(run),
+                         "bpftool_at_start": before})
+            finally:
+                run.stop()
+    meta["host"]["load_after"] = load_average()
+    meta["foreign_programs_after"] = foreign_syscall_programs(bench.own_pids)
+    rows = summarize(results, configs, cells)
+    tgts = targets(rows)
+    print_table(rows, tgts, meta)
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    suffix = "smoke" if args.smoke else ("quick" if args.quick else "full")
+    path = out_dir / f"overhead-{started.strftime('%Y%m%dT%H%M%SZ')}-{suffix}.json"
+    doc = dict(meta, results=rows, targets=tgts,
+               raw=[{"config": k[0], "workload": k[1], "threads": k[2], "samples": v} for k, v in results.items()])
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+//! Helpers of the benchmarks in `bench/` (not installed with sysscope, not used by the exporter).
+//!
+//! ```text
+//! sysscope-bench attach [--object PATH] [--stats off|sampled|always] PROGRAM[=TRACEPOINT] ...
+//!     Loads the probes object (the embedded one, or another build of it) and attaches just the
+//!     named raw-tracepoint programs, e.g. `empty_sys_enter empty_sys_exit`, the calibration
+//!     floor of the overhead benchmark. Prints `attached` when done, then holds the programs
+//!     until stdin is closed, SIGINT or SIGTERM. BPF run-time statistics are left off unless
+//!     `--stats` asks for them (as `collection.probe_stats` does for sysscope).
+//!
+//! sysscope-bench fill --pid PID --entries N
+//!     Fills the `SYSCALL_STATS` map of the running exporter PID with N synthetic entries
+//!     (this process's tgid, in fresh cgroups it creates, over every named syscall number), so
+//!     the scrape benchmark can measure a scrape of many live series. Prints
+//!     `ready entries=<n> cgroups=<c>`, then serves commands read from stdin, one per line:
+//!       bump      add one call to every entry (so the next read finds them all changed)
+//!       time-read time a full read of the map, one lookup per key and in batches; prints JSON
+//!     and on end of input removes its cgroups and exits (the exporter reclaims the entries).
+//! ```
+
+use std::{
+    io::{BufRead, Write},
+    os::fd::{AsFd, AsRawFd},
+    path::{Path, PathBuf},
+    time::Instant,
+};
+
+use anyhow::{bail, Context};
+use aya::maps::{Map, MapData, MapInfo, PerCpuHashMap, PerCpuValues};
+use sysscope::{
+    config::{Config, ProbeStatsMode},
+    metadata::cgroups,
+    probes::{LoadOptions, Probes},
+    syscall_table,
+};
+use sysscope_abi::{hist, maps, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: sysscope-bench attach [--object PATH] [--stats off|sampled|always] PROGRAM[=TRACEPOINT] ...\n       \
+         sysscope-bench fill --pid PID --entries N"
+    );
+    std::process::exit(2)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("attach") => attach(&args[1..]),
+        Some("fill") => fill(&args[1..]),
+        _ => usage(),
+    }
+}
+
+/// The tracepoint a program attaches to when the command line does not say.
+fn default_tracepoint(program: &str) -> Option<&'static str> {
+    if program.ends_with("sys_enter") {
+        Some("sys_enter")
+    } else if program.ends_with("sys_exit") {
+        Some("sys_exit")
+    } else if program.ends_with("sched_process_exit") {
+        Some("sched_process_exit")
+    } else if program.ends_with("sched_switch") {
+        Some("sched_switch")
+    } else if program.ends_with("cgroup_attach_task") {
+        Some("cgroup_attach_task")
+    } else {
+        None
+    }
+}
+
+fn attach(args: &[String]) -> anyhow::Result<()> {
+    let mut object: Option<PathBuf> = None;
+    let options = LoadOptions::default();
+    let mut config = Config::default();
+    config.collection.probe_stats = ProbeStatsMode::Off;
+    let mut programs = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        if arg == "--object" {
+            object = Some(it.next().unwrap_or_else(|| usage()).into());
+        } else if arg == "--stats" {
+            config.collection.probe_stats = match it.next().map(String::as_str) {
+                Some("off") => ProbeStatsMode::Off,
+                Some("sampled") => ProbeStatsMode::Sampled,
+                Some("always") => ProbeStatsMode::Always,
+                _ => usage(),
+            };
+        } else {
+            let (program, tracepoint) = match arg.split_once('=') {
+                Some((p, t)) => (p.to_string(), t.to_string()),
+                None => {
+                    let t = default_tracepoint(arg)
+                        .with_context(|| format!("{arg}: name its tracepoint as {arg}=TP"))?;
+                    (arg.clone(), t.to_string())
+                }
+            };
+            programs.push((program, tracepoint));
+        }
+    }
+    if programs.is_empty() {
+        usage();
+    }
+    let mut probes = match &object {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            // aya wants the object 8-byte aligned: copy it into u64 storage.
+            let mut words = vec![0u64; bytes.len().div_ceil(8)];
+            // SAFETY: `words` has at least bytes.len() bytes of storage.
+            let aligned = unsafe {
+                std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), bytes.len())
+            };
+            aligned.copy_from_slice(&bytes);
+            Probes::load_object(aligned, &config, &options)?
+        }
+        None => Probes::load(&config, &options)?,
+    };
+    for (program, tracepoint) in &programs {
+        probes.attach_raw_tracepoint("bench", program, tracepoint)?;
+    }
+    println!("attached");
+    std::io::stdout().flush()?;
+    wait_for_end();
+    drop(probes);
+    Ok(())
+}
+
+/// Blocks until stdin reaches its end or SIGINT/SIGTERM arrives.
+fn wait_for_end() {
+    // SAFETY: a plain sigset manipulated with the libc API; the signals are blocked so the
+    // reader thread's end or sigwait decides when to return.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        std::thread::spawn(|| {
+            let mut sink = String::new();
+            while std::io::stdin().lock().read_line(&mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+            libc::kill(libc::getpid(), libc::SIGTERM);
+        });
+        let mut sig = 0;
+        libc::sigwait(&set, &mut sig);
+    }
+}
+
+/// Ids and names of the eBPF maps process `pid` holds open.
+fn maps_of(pid: u32) -> anyhow::Result<Vec<(u32, String)>> {
+    let mut out = Vec::new();
+    let dir = format!("/proc/{pid}/fdinfo");
+    for fd in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let Ok(fd) = fd else { continue };
+        let Ok(info) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        for line in info.lines() {
+            if let Some(id) = line.strip_prefix("map_id:") {
+                if let Ok(id) = id.trim().parse::<u32>() {
+                    if let Ok(info) = MapInfo::from_id(id) {
+                        out.push((id, info.name_as_str().unwrap_or("").to_string()));
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+struct BenchCgroups {
+    dir: PathBuf,
+    ids: Vec<u64>,
+}
+
+impl BenchCgroups {
+    fn create(count: usize) -> anyhow::Result<Self> {
+        let root = cgroups::v2_mount()?;
+        let dir = root.join(format!("sysscope-bench-{}", std::process::id()));
+        let mut ids = Vec::with_capacity(count);
+        for i in 0..count {
+            let d = dir.join(format!("cg{i:04}"));
+            std::fs::create_dir_all(&d).with_context(|| format!("mkdir {}", d.display()))?;
+            ids.push(cgroups::id_of(&d)?);
+        }
+        Ok(Self { dir, ids })
+    }
+}
+
+impl Drop for BenchCgroups {
+    fn drop(&mut self) {
+        remove_tree(&self.dir);
+    }
+}
+
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn fill(args: &[String]) -> anyhow::Result<()> {
+    let mut pid: Option<u32> = None;
+    let mut entries: Option<usize> = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let value = it.next().unwrap_or_else(|| usage());
+        match arg.as_str() {
+            "--pid" => pid = value.parse().ok(),
+            "--entries" => entries = value.parse().ok(),
+            _ => usage(),
+        }
+    }
+    let (Some(pid), Some(entries)) = (pid, entries) else {
+        usage()
+    };
+    let id = maps_of(pid)?
+        .into_iter()
+        .find(|(_, name)| name == maps::SYSCALL_STATS)
+        .map(|(id, _)| id)
+        .with_context(|| format!("process {pid} holds no {} map", maps::SYSCALL_STATS))?;
+    let map = Map::from_map_data(MapData::from_id(id)?)?;
+    // A second descriptor of the same map for the batch reads (aya has no batch API).
+    let raw = MapData::from_id(id)?;
+    let mut stats: PerCpuHashMap<MapData, SyscallKey, SyscallStats> = PerCpuHashMap::try_from(map)?;
+
+    let nrs: Vec<u32> = (0..MAX_SYSCALL_NR)
+        .filter(|nr| syscall_table::name(*nr).is_some())
+        .collect();
+    let cgroup_count = entries.div_ceil(nrs.len()).max(1);
+    let cgroups = BenchCgroups::create(cgroup_count)?;
+    let tgid = std::process::id();
+    let keys: Vec<SyscallKey> = (0..entries)
+        .map(|i| SyscallKey {
+            cgroup_id: cgroups.ids[i / nrs.len()],
+            tgid,
+            nr: nrs[i % nrs.len()],
+        })
+        .collect();
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    let mut calls = 1u64;
+    let write_all = |stats: &mut PerCpuHashMap<MapData, SyscallKey, SyscallStats>,
+                     calls: u64|
+     -> anyhow::Result<()> {
+        for key in &keys {
+            let mut per_cpu = vec![SyscallStats::ZERO; cpus];
+            per_cpu[0].sum_ns = 700 * calls;
+            per_cpu[0].buckets[hist::bucket_index(700)] = calls;
+            let values = PerCpuValues::try_from(per_cpu)?;
+            stats
+                .insert(key, values, 0)
+                .with_context(|| format!("inserting {key:?} (is the map full?)"))?;
+        }
+        Ok(())
+    };
+    write_all(&mut stats, calls)?;
+    println!("ready entries={} cgroups={}", keys.len(), cgroup_count);
+    std::io::stdout().flush()?;
+
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line?;
+        match line.trim() {
+            "bump" => {
+                calls += 1;
+                write_all(&mut stats, calls)?;
+                println!("bumped calls={calls}");
+            }
+            "time-read" => {
+                let t = Instant::now();
+                let n = stats.iter().filter(|r| r.is_ok()).count();
+                let per_key = t.elapsed();
+                let t = Instant::now();
+                let m = batch_read_count(raw.fd().as_fd().as_raw_fd(), cpus)?;
+                let batch = t.elapsed();
+                println!(
+                    "{{\"entries\":{n},\"lookup_per_key_ms\":{:.3},\"batch_entries\":{m},\"batch_ms\":{:.3}}}",
+                    per_key.as_secs_f64() * 1e3,
+                    batch.as_secs_f64() * 1e3
+                );
+            }
+            "" => {}
+            other => bail!("unknown command `{other}` (expected bump or time-read)"),
+        }
+        std::io::stdout().flush()?;
+    }
+    Ok(())
+}
+
+/// Reads every entry of a per-CPU hash of (`SyscallKey`, `SyscallStats`) with
+/// `BPF_MAP_LOOKUP_BATCH`, returning how many entries it read.
+fn batch_read_count(map_fd: i32, cpus: usize) -> anyhow::Result<usize> {
+    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+    const CHUNK: usize = 1024;
+    #[repr(C)]
+    #[derive(Default)]
+    struct BatchAttr {
+        in_batch: u64,
+        out_batch: u64,
+        keys: u64,
+        values: u64,
+        count: u32,
+        map_fd: u32,
+        elem_flags: u64,
+        flags: u64,
+        // The kernel reads `size` bytes of bpf_attr; pad like the union's largest member.
+        _pad: [u64; 12],
+    }
+    let key_size = std::mem::size_of::<SyscallKey>();
+    let value_size = std::mem::size_of::<SyscallStats>().next_multiple_of(8) * cpus;
+    let mut keys = vec![0u8; key_size * CHUNK];
+    let mut values = vec![0u8; value_size * CHUNK];
+    let mut token_in = 0u32;
+    let mut token_out = 0u32;
+    let mut first = true;
+    let mut total = 0usize;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                &mut token_in as *mut u32 as u64
+            },
+            out_batch: &mut token_out as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: CHUNK as u32,
+            map_fd: map_fd as u32,
+            ..Default::default()
+        };
+        // SAFETY: attr points at buffers sized for CHUNK keys and values, as the kernel writes.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>() as u32,
+            )
+        };
+        total += attr.count as usize;
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENOENT) {
+                return Ok(total);
+            }
+            return Err(e).context("BPF_MAP_LOOKUP_BATCH");
+        }
+        first = false;
+        token_in = token_out;
+    }
+}
