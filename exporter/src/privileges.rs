@@ -84,6 +84,12 @@ pub fn required(config: &Config) -> u64 {
         keep |= 1 << CAP_DAC_READ_SEARCH;
         keep |= 1 << CAP_SYS_PTRACE;
     }
+    // Sampled probe statistics turn the kernel's BPF statistics on and off while running
+    // (BPF_ENABLE_STATS), which the kernel allows only with CAP_SYS_ADMIN. "always" enables
+    // them once at start and "off" never does: both run without it.
+    if config.collection.probe_stats == crate::config::ProbeStatsMode::Sampled {
+        keep |= 1 << CAP_SYS_ADMIN;
+    }
     keep
 }
 

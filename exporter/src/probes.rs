@@ -362,6 +362,10 @@ impl Probes {
     }
 }
 
+/// Names of the maps this process holds, by map id (see [`map_memory`]).
+static MAP_NAMES: std::sync::Mutex<std::collections::BTreeMap<u64, String>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
 /// Kernel memory of every eBPF map this process holds, by map name (the kernel's own account,
 /// `memlock` in the map's fdinfo), summed over maps of the same name.
 pub fn map_memory() -> Vec<(String, u64)> {
@@ -386,10 +390,20 @@ pub fn map_memory() -> Vec<(String, u64)> {
         if !seen.insert(id) {
             continue;
         }
-        let name = aya::maps::MapInfo::from_id(id as u32)
-            .ok()
-            .and_then(|i| i.name_as_str().map(str::to_owned))
-            .unwrap_or_else(|| format!("id_{id}"));
+        // Looking a map up by id needs CAP_SYS_ADMIN, which is dropped after start-up: names
+        // are learnt on the first call (made while loading) and remembered.
+        let name = {
+            let mut names = MAP_NAMES.lock().expect("map names lock");
+            names
+                .entry(id)
+                .or_insert_with(|| {
+                    aya::maps::MapInfo::from_id(id as u32)
+                        .ok()
+                        .and_then(|i| i.name_as_str().map(str::to_owned))
+                        .unwrap_or_else(|| format!("id_{id}"))
+                })
+                .clone()
+        };
         *by_name.entry(name).or_default() += bytes;
     }
     by_name.into_iter().collect()

@@ -165,6 +165,8 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
         }
     }
 
+    // Learn the maps' names while map ids can still be looked up (see probes::map_memory).
+    let _ = crate::probes::map_memory();
     let mut agent = Agent::new(Some(probes));
     for c in started {
         agent.add(c);

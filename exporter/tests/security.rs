@@ -255,16 +255,19 @@ fn capabilities_are_dropped_in_every_thread_after_start() {
     if !require_root("capabilities_are_dropped_in_every_thread_after_start") {
         return;
     }
-    use sysscope::privileges::{CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE};
+    use sysscope::privileges::{CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN, CAP_SYS_PTRACE};
     for (config, expected) in [
-        // Default: slow-call file paths are resolved, which needs these two.
+        // Default: slow-call file paths are resolved, which needs these two, and probe
+        // statistics are sampled, which needs CAP_SYS_ADMIN to switch them on and off.
         (
             TEST_CONFIG.to_string(),
-            (1u64 << CAP_DAC_READ_SEARCH) | (1 << CAP_SYS_PTRACE),
+            (1u64 << CAP_DAC_READ_SEARCH) | (1 << CAP_SYS_PTRACE) | (1 << CAP_SYS_ADMIN),
         ),
-        // Without path resolution: nothing at all.
+        // Statistics kept on from the start, no path resolution: nothing at all.
         (
-            format!("{TEST_CONFIG}[slow_calls]\nresolve_file_paths = false\n"),
+            format!(
+                "{TEST_CONFIG}probe_stats = \"always\"\n[slow_calls]\nresolve_file_paths = false\n"
+            ),
             0u64,
         ),
     ] {
