@@ -484,6 +484,12 @@ mod tests {
         let mut c = Config::default();
         assert_eq!(
             cap_names(required(&c)),
+            ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE", "CAP_SYS_ADMIN"]
+        );
+        // CAP_SYS_ADMIN is for sampled probe statistics only.
+        c.collection.probe_stats = crate::config::ProbeStatsMode::Always;
+        assert_eq!(
+            cap_names(required(&c)),
             ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"]
         );
         c.slow_calls.resolve_file_paths = false;
