@@ -205,13 +205,16 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
             })
         };
 
+        // Signal handlers before readiness: a SIGTERM sent as soon as /-/ready answers must
+        // shut down gracefully, not kill the process with the default action.
+        let shutdown = shutdown_signal();
         state.ready.store(true, Ordering::Relaxed);
         tracing::info!(
             address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             path = %cli.telemetry_path,
             "serving metrics"
         );
-        http::serve(listener, state, shutdown_signal(), Duration::from_secs(3)).await;
+        http::serve(listener, state, shutdown, Duration::from_secs(3)).await;
         background.abort();
         // Dropping the agent detaches every program and closes every map.
         drop(scraper);
@@ -223,12 +226,15 @@ fn run_exporter(cli: &Cli, config: Config) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now; the future resolves on the first signal.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+    async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+        }
     }
 }
