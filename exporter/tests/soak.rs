@@ -141,20 +141,11 @@ fn parse_wrk(out: &str) -> (u64, u64, u64, f64, f64) {
     (requests, non2xx, socket_errors, p50, p99)
 }
 
-/// The soaks measure memory and latency under a load they control: they run one at a time.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SOAKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SOAKS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 #[test]
 fn fifty_clients_scraping_for_thirty_seconds() {
     if !require_root("fifty_clients_scraping_for_thirty_seconds") {
         return;
     }
-    let _serial = serial();
     let _serial = serial();
     if Command::new("wrk").arg("--version").output().is_err() {
         panic!("wrk is not installed: run scripts/setup.sh --test");
@@ -329,7 +320,6 @@ fn twenty_thousand_processes_in_two_hundred_cgroups_default_maps() {
         return;
     }
     let _serial = serial();
-    let _serial = serial();
     churn("", 2);
 }
 
@@ -339,7 +329,6 @@ fn twenty_thousand_processes_in_two_hundred_cgroups_sized_maps() {
     if !require_root("twenty_thousand_processes_in_two_hundred_cgroups_sized_maps") {
         return;
     }
-    let _serial = serial();
     let _serial = serial();
     churn(
         "max_syscall_entries = 65536\nmax_exited_processes = 32768\n",

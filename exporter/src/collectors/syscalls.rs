@@ -1,8 +1,9 @@
 //! The syscall collector: counts, errors by errno and latency histograms per workload.
 //!
 //! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task`,
-//! `syscalls_sched_switch` (raw tracepoints, see `ebpf/probes/src/syscalls.rs`). Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`,
-//! `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written once at start.
+//! `syscalls_sched_switch` (raw tracepoints, see `ebpf/probes/src/syscalls.rs`).
+//! Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`, `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written
+//! once at start.
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
 //!
