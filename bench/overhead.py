@@ -303,8 +303,7 @@ class Bench:
             spec, _, obj = name.split(":", 1)[1].partition("@")
             return self.start_attach(name, spec.split("+"), obj or None)
         if name in ("probes", "probes+stats"):
-            return self.start_attach(name, ["cgroup_attach_task", "syscalls_sched_switch", "sched_process_exit",
-                                            "sys_exit", "sys_enter"])
+            return self.start_attach(name, ["sched_process_exit", "sys_exit", "sys_enter"])
         if name == "sysscope-syscalls":
             return self.start_exporter(name, SYSSCOPE_SYSCALLS_ONLY)
         if name == "sysscope":

@@ -70,7 +70,6 @@ pub mod hist {
 /// Names of the maps, as user space looks them up in the loaded object.
 pub mod maps {
     pub const SYSCALL_THREADS: &str = "SYSCALL_THREADS";
-    pub const SYSCALL_SLOTS: &str = "SYSCALL_SLOTS";
     pub const SYSCALL_STATS: &str = "SYSCALL_STATS";
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
     pub const PROCESS_EXITS: &str = "PROCESS_EXITS";
@@ -93,10 +92,6 @@ pub mod programs {
     pub const SYS_ENTER: &str = "sys_enter";
     pub const SYS_EXIT: &str = "sys_exit";
     pub const PROCESS_EXIT: &str = "sched_process_exit";
-    /// On `cgroup:cgroup_attach_task`: invalidates the cached cgroup ids.
-    pub const CGROUP_ATTACH: &str = "cgroup_attach_task";
-    /// On `sched:sched_switch`: parks the outgoing thread's syscall in flight.
-    pub const SYSCALLS_SCHED_SWITCH: &str = "syscalls_sched_switch";
     pub const EMPTY_SYS_ENTER: &str = "empty_sys_enter";
     pub const EMPTY_SYS_EXIT: &str = "empty_sys_exit";
     pub const TRACE_SYS_ENTER: &str = "trace_sys_enter";
@@ -129,8 +124,7 @@ pub mod counters {
     pub const SYSCALL_STATS_FULL: u32 = 0;
     /// An insert into `SYSCALL_ERRORS` failed because the map is full.
     pub const SYSCALL_ERRORS_FULL: u32 = 1;
-    /// A thread's entry time could not be stored: no `SYSCALL_THREADS` storage for the thread
-    /// (the kernel could not allocate it).
+    /// A thread's entry time could not be stored: `SYSCALL_THREADS` is full.
     pub const SYSCALL_THREADS_FULL: u32 = 2;
     /// A syscall returned without a recorded entry (attached mid-call, or the thread map was full).
     pub const SYSCALL_EXIT_WITHOUT_ENTER: u32 = 3;
@@ -183,10 +177,7 @@ pub mod noreturn {
     pub const EXIT_GROUP: u32 = u32::MAX;
 }
 
-/// A syscall in flight of a thread that was switched out during the call, kept in
-/// `SYSCALL_THREADS`, a task-local storage map (one value per thread, found from the task
-/// itself and freed with it). Calls that complete without a context switch never get here:
-/// their entry time stays in the CPU's slot.
+/// Per-thread state kept between `sys_enter` and `sys_exit` (`SYSCALL_THREADS`, key: tid).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadState {

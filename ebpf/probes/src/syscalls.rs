@@ -1,41 +1,23 @@
 //! Syscall probes: counts, errors by errno, latency histograms, slow-call samples.
 //!
-//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_switch`,
-//! `sched:sched_process_exit` and `cgroup:cgroup_attach_task` (raw_tp).
-//! Maps: `SYSCALL_SLOTS` (per-CPU: the running thread's call in flight, cached tgid and cgroup
-//! id), `SYSCALL_THREADS` (task-local storage: calls in flight of switched-out threads),
-//! `SYSCALL_STATS` (per-CPU, (cgroup, tgid, nr) -> sum + log2 buckets), `SYSCALL_ERRORS`
-//! (per-CPU, (cgroup, tgid, nr, errno) -> count), `PROCESS_EXITS` (tgid -> comm at exit, for
-//! reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS`
-//! (ring buffer).
+//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit` (raw_tp) and
+//! `sched:sched_process_exit` (raw_tp).
+//! Maps: `SYSCALL_THREADS` (tid -> entry time), `SYSCALL_STATS` (per-CPU, (cgroup, tgid, nr) ->
+//! sum + log2 buckets), `SYSCALL_ERRORS` (per-CPU, (cgroup, tgid, nr, errno) -> count),
+//! `PROCESS_EXITS` (tgid -> comm at exit, for reclaim), `SLOW_THRESHOLDS` (nr -> ns),
+//! `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS` (ring buffer).
 //!
-//! The hot path is what the overhead benchmark measured cheapest (docs/performance.md). A call
-//! that completes without a context switch, the common case, costs two clock reads
-//! (unavoidable for a duration), two inlined per-CPU array lookups for the CPU's slot, one
-//! per-CPU hash lookup for its (cgroup, process, syscall) entry, with no insert when it exists,
-//! and an inlined array lookup for the slow-call threshold. The slot keeps the entry time of
-//! the running thread's call and caches its tgid and cgroup id: the cache belongs to the
-//! thread until it is switched out, and the cgroup id stays valid until a `cgroup_attach_task`
-//! bumps `CGROUP_GENERATION`. When a thread is switched out during a call (it blocked, or was
-//! preempted), `sched_switch` parks the call in the thread's task-local storage, where
-//! `sys_exit` finds it on whichever CPU the thread resumes. Every value the hot path writes is
-//! per CPU, so no cache line is written by two CPUs. Errors and samples are off the common path.
-
+//! The hot path is one hash lookup at entry and two at exit (thread, stats), no map update when
+//! the entries exist, per-CPU values so no cache line is shared between CPUs, and one array
+//! lookup for the slow-call threshold. Everything else (errors, samples) is off the common path.
 //!
 //! The command-line tools set `SYSCALL_TARGET_ONLY` to count only their target (the trace
 //! filter's, see `trace.rs`); the exporter leaves it 0 and the check folds away at load.
 
-use core::{
-    cell::UnsafeCell,
-    intrinsics::{atomic_xadd, AtomicOrdering},
-};
-
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns,
-        generated::{bpf_get_current_task, bpf_get_current_task_btf, bpf_task_storage_get},
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
     },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -48,79 +30,10 @@ use sysscope_abi::{
 
 use crate::common::{count_drop, read_syscall_args, EEXIST};
 
-/// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
-/// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
-/// the type, key, value, max_entries (0: one value per task) and flags (must be no-prealloc).
-#[repr(C)]
-pub struct TaskStorage<V> {
-    r#type: *const [i32; 29], // BPF_MAP_TYPE_TASK_STORAGE
-    key: *const i32,
-    value: *const V,
-    max_entries: *const [i32; 0],
-    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
-}
-
-// SAFETY: the fields are placeholders the loader reads from BTF; they are never dereferenced.
-unsafe impl<V> Sync for TaskStorage<V> {}
-
-impl<V> TaskStorage<V> {
-    const fn new() -> Self {
-        Self {
-            r#type: core::ptr::null(),
-            key: core::ptr::null(),
-            value: core::ptr::null(),
-            max_entries: core::ptr::null(),
-            map_flags: core::ptr::null(),
-        }
-    }
-
-    /// The current thread's value, created zeroed when `create` and missing; null when missing
-    /// (or when the kernel cannot allocate it).
-    #[inline(always)]
-    fn current(&self, create: bool) -> *mut V {
-        let flags = if create {
-            BPF_LOCAL_STORAGE_GET_F_CREATE as u64
-        } else {
-            0
-        };
-        // SAFETY: the helper takes this map and the current task (a trusted BTF pointer).
-        unsafe {
-            bpf_task_storage_get(
-                self as *const Self as *mut core::ffi::c_void,
-                bpf_get_current_task_btf(),
-                core::ptr::null_mut(),
-                flags,
-            )
-            .cast()
-        }
-    }
-}
-
-#[unsafe(link_section = ".maps")]
-#[unsafe(export_name = "SYSCALL_THREADS")]
-static SYSCALL_THREADS: TaskStorage<ThreadState> = TaskStorage::new();
-
-/// The state of a CPU's running thread. Only programs running on that CPU touch it, and they do
-/// not nest, so plain reads and writes are enough.
-#[repr(C)]
-pub struct CpuSlot {
-    /// `bpf_get_current_task()` of the thread the cached fields belong to; 0 after a switch.
-    task: u64,
-    /// Entry time of its call in flight; 0 when none is in flight on this CPU.
-    start_ns: u64,
-    cgroup_id: u64,
-    /// `CGROUP_GENERATION` when `cgroup_id` was read (`NO_CGROUP`: not read yet).
-    cgroup_generation: u64,
-    tgid: u32,
-    nr: u32,
-}
-
-const NO_CGROUP: u64 = u64::MAX;
-
-#[map(name = "SYSCALL_SLOTS")]
-static SYSCALL_SLOTS: PerCpuArray<CpuSlot> = PerCpuArray::with_max_entries(1, 0);
-
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
+#[map(name = "SYSCALL_THREADS")]
+static SYSCALL_THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(32768, 0);
+
 #[map(name = "SYSCALL_STATS")]
 static SYSCALL_STATS: PerCpuHashMap<SyscallKey, SyscallStats> =
     PerCpuHashMap::with_max_entries(16384, 0);
@@ -149,140 +62,78 @@ static SLOW_EVENTS_PER_CPU_PER_SEC: u32 = 0;
 #[unsafe(no_mangle)]
 static SYSCALL_TARGET_ONLY: u32 = 0;
 
-/// Whether this task's syscalls are counted. For the exporter the global is 0, the verifier
-/// sees a constant and removes the check, so the hot path pays nothing for it.
 #[inline(always)]
-fn counted() -> bool {
+fn counted(pid_tgid: u64) -> bool {
     let target_only = unsafe { core::ptr::read_volatile(&SYSCALL_TARGET_ONLY) };
-    target_only == 0 || crate::trace::is_target(bpf_get_current_pid_tgid())
-}
-
-/// Cgroup migrations seen (in `.bss`): a thread's cached cgroup id is valid while the count it
-/// was read at is still current. Migrations are rare, so the count is almost always unchanged
-/// and re-reading after one is cheap.
-static CGROUP_GENERATION: Counter = Counter(UnsafeCell::new(0));
-
-/// A global `u64` updated with atomic adds (several CPUs may count at once).
-#[repr(transparent)]
-struct Counter(UnsafeCell<u64>);
-
-// SAFETY: every access is an atomic load or an atomic add.
-unsafe impl Sync for Counter {}
-
-impl Counter {
-    #[inline(always)]
-    fn get(&self) -> u64 {
-        // SAFETY: an aligned global; aligned 64-bit loads are atomic on BPF. (Load-acquire needs
-        // BPF ISA v4; the helper call that follows the load is what orders it in practice.)
-        unsafe { core::ptr::read_volatile(self.0.get()) }
-    }
-
-    #[inline(always)]
-    fn increment(&self) {
-        // SAFETY: an aligned global, updated atomically.
-        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(self.0.get(), 1) };
-    }
+    target_only == 0 || crate::trace::is_target(pid_tgid)
 }
 
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 const MAX_ERRNO: i64 = 4095;
 
-#[inline(always)]
-fn raw_slot() -> Option<&'static mut CpuSlot> {
-    // SAFETY: this CPU's value of a one-entry per-CPU array; programs on a CPU do not nest.
-    SYSCALL_SLOTS.get_ptr_mut(0).map(|p| unsafe { &mut *p })
-}
-
-/// The CPU's slot, claimed for the running thread (its cached fields reset if it belonged to
-/// another one).
-#[inline(always)]
-fn slot() -> Option<&'static mut CpuSlot> {
-    let slot = raw_slot()?;
-    let task = unsafe { bpf_get_current_task() };
-    if slot.task != task {
-        // The thread was switched in since its last call here: nothing of the slot is its own.
-        // (A call of another thread in flight was parked when that thread was switched out.)
-        slot.task = task;
-        slot.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        slot.cgroup_generation = NO_CGROUP;
-        slot.start_ns = 0;
-    }
-    Some(slot)
-}
-
-/// The stats key of the running thread's call `nr`, from the slot's cache.
-#[inline(always)]
-fn key_of(slot: &mut CpuSlot, nr: u32) -> SyscallKey {
-    // Read the count before the id: a migration moves the task first and counts afterwards,
-    // so an id read after a count that is already stale is re-read on the next call.
-    let generation = CGROUP_GENERATION.get();
-    if slot.cgroup_generation != generation {
-        slot.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-        // A migration counted meanwhile may have moved this thread after the read: then the
-        // id is used for this call only, and read again on the next.
-        slot.cgroup_generation = if CGROUP_GENERATION.get() == generation {
-            generation
-        } else {
-            NO_CGROUP
-        };
-    }
-    SyscallKey {
-        cgroup_id: slot.cgroup_id,
-        tgid: slot.tgid,
-        nr,
-    }
-}
-
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long id)
     let nr = ctx.arg::<u64>(1) as u32;
-    if !counted() {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if !counted(pid_tgid) {
         return 0;
     }
-    let Some(slot) = slot() else {
-        return 0;
-    };
     if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
         // No sys_exit will follow: count the call now, with no duration.
-        let key = key_of(slot, nr);
+        let key = SyscallKey {
+            cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+            tgid: (pid_tgid >> 32) as u32,
+            nr,
+        };
         record_duration(&key, 0);
         return 0;
     }
-    slot.nr = nr;
-    slot.start_ns = unsafe { bpf_ktime_get_ns() };
+    let tid = pid_tgid as u32;
+    let now = unsafe { bpf_ktime_get_ns() };
+    match SYSCALL_THREADS.get_ptr_mut(&tid) {
+        Some(state) => unsafe {
+            (*state).start_ns = now;
+            (*state).nr = nr;
+        },
+        None => {
+            let state = ThreadState {
+                start_ns: now,
+                nr,
+                _pad: 0,
+            };
+            if SYSCALL_THREADS
+                .insert(&tid, &state, BPF_NOEXIST as u64)
+                .is_err()
+            {
+                count_drop(counters::SYSCALL_THREADS_FULL);
+            }
+        }
+    }
     0
 }
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(slot) = slot() else {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    let Some(state) = SYSCALL_THREADS.get_ptr_mut(&tid) else {
+        count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
         return 0;
     };
-    let (start_ns, nr) = if slot.start_ns != 0 {
-        let entered = (slot.start_ns, slot.nr);
-        slot.start_ns = 0;
-        entered
-    } else {
-        // Switched out during the call: it was parked with the thread.
-        let parked = SYSCALL_THREADS.current(false);
-        if parked.is_null() {
-            count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
-            return 0;
-        }
-        // SAFETY: a non-null task-storage value of the current task.
-        let parked = unsafe { &mut *parked };
-        let entered = (parked.start_ns, parked.nr);
-        parked.start_ns = 0;
-        entered
-    };
+    let (start_ns, nr) = unsafe { ((*state).start_ns, (*state).nr) };
     if start_ns == 0 {
         count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
         return 0;
     }
+    unsafe { (*state).start_ns = 0 };
     let duration = now.saturating_sub(start_ns);
-    let key = key_of(slot, nr);
+    let key = SyscallKey {
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        tgid: (pid_tgid >> 32) as u32,
+        nr,
+    };
     record_duration(&key, duration);
 
     // TP_PROTO(struct pt_regs *regs, long ret)
@@ -291,48 +142,25 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         record_error(&key, (-ret) as u16);
     }
 
-    if let Some(threshold) = SLOW_THRESHOLDS.get(key.nr) {
+    if let Some(threshold) = SLOW_THRESHOLDS.get(nr) {
         let threshold = *threshold;
         if threshold != 0 && duration >= threshold {
-            let tid = bpf_get_current_pid_tgid() as u32;
             sample_slow_call(&ctx, &key, tid, start_ns, now, ret);
         }
     }
     0
 }
 
-/// A thread is switched out (it is still `current` here): its call in flight, if any, moves
-/// from the CPU's slot into its task-local storage, and the slot's cache stops being its own.
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn syscalls_sched_switch(_ctx: RawTracePointContext) -> i32 {
-    let Some(slot) = raw_slot() else {
-        return 0;
-    };
-    if slot.start_ns != 0 {
-        let parked = SYSCALL_THREADS.current(true);
-        if parked.is_null() {
-            count_drop(counters::SYSCALL_THREADS_FULL);
-        } else {
-            // SAFETY: a non-null task-storage value of the current task.
-            let parked = unsafe { &mut *parked };
-            parked.start_ns = slot.start_ns;
-            parked.nr = slot.nr;
-        }
-        slot.start_ns = 0;
-    }
-    slot.task = 0;
-    0
-}
-
-/// Queues a process for reclaim when its leader exits, with the comm user space can no longer
-/// read from /proc. (Each thread's `SYSCALL_THREADS` value is freed by the kernel with it.)
+/// Frees the thread's entry-time slot when a thread exits, and queues the process for reclaim
+/// when its leader exits, with the comm user space can no longer read from /proc.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     // The tracepoint fires in the exiting task's context.
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let tgid = (pid_tgid >> 32) as u32;
-    if tid == tgid && counted() {
+    let _ = SYSCALL_THREADS.remove(&tid);
+    if tid == tgid && counted(pid_tgid) {
         let exit = ProcessExit {
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
             cgroup_id: unsafe { bpf_get_current_cgroup_id() },
@@ -342,14 +170,6 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
             count_drop(counters::PROCESS_EXITS_FULL);
         }
     }
-    0
-}
-
-/// A task moved to another cgroup (`cgroup.procs`, `cgroup.threads`, ...): every cached
-/// cgroup id may be stale. Fires after the move, once per moved process or thread.
-#[raw_tracepoint(tracepoint = "cgroup_attach_task")]
-pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
-    CGROUP_GENERATION.increment();
     0
 }
 

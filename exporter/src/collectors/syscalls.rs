@@ -173,12 +173,8 @@ impl SyscallMaps {
             .map_err(map_err(maps::SYSCALL_ERRORS))?;
         let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
             .map_err(map_err(maps::PROCESS_EXITS))?;
-        // Exit tracking first, so no process can exit unseen once syscalls are counted; cgroup
-        // moves and context switches before the syscall probes, which rely on them to keep
-        // their per-CPU cache valid and to park calls of switched-out threads.
+        // Exit tracking first, so no process can exit unseen once syscalls are counted.
         probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
-        probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
-        probes.attach_raw_tracepoint(collector, programs::SYSCALLS_SCHED_SWITCH, "sched_switch")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_ENTER, "sys_enter")?;
         Ok(Self {
