@@ -11,7 +11,8 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use aya::Pod;
 
 /// Entries asked for per call (grown when one hash bucket holds more).
-const CHUNK: usize = 512;
+/// Entries asked for per batch call.
+pub const CHUNK: usize = 512;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BatchError {

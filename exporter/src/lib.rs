@@ -13,7 +13,6 @@ pub mod cli;
 pub mod collectors;
 pub mod config;
 pub mod exposition;
-pub mod map_batch;
 pub mod metadata;
 pub mod privileges;
 pub mod probe_stats;
