@@ -48,8 +48,8 @@ use crate::{
 pub const NAME: &str = "block_io";
 
 /// Families named in `sysscope_dropped_series_total{family}`.
-const IO_FAMILY: &str = "sysscope_block_io_bytes_total";
-const LATENCY_FAMILY: &str = "sysscope_block_io_duration_seconds";
+const IO_FAMILY: &str = "block_io";
+const LATENCY_FAMILY: &str = "block_io_latency";
 
 /// A request in flight longer than this never completed (device gone, completion missed):
 /// its `BLOCK_INFLIGHT` entry is removed and counted. Far beyond any SCSI or NVMe timeout.
