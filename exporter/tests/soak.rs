@@ -325,10 +325,6 @@ fn twenty_thousand_processes_in_two_hundred_cgroups_default_maps() {
 
 /// With maps sized for the churn, (nearly) nothing is lost, so the folding is checked tightly.
 #[test]
-// Known defect, under investigation: in full-suite runs this soak's accounting has come up
-// 1-9% short (calls neither in their series, nor in "other", nor "(unresolved)", nor counted as
-// lost), while it passes when run on its own. Run it with `cargo test --test soak -- --ignored`.
-#[ignore = "accounting comes up short in full-suite runs; see the comment above"]
 fn twenty_thousand_processes_in_two_hundred_cgroups_sized_maps() {
     if !require_root("twenty_thousand_processes_in_two_hundred_cgroups_sized_maps") {
         return;

@@ -27,7 +27,14 @@ fn exact_counts_and_errno_for_a_child_in_a_fresh_cgroup() {
         &["getppid", &N.to_string(), "openat-missing", &M.to_string()],
     );
 
-    let samples = parse_samples(&exporter.scrape());
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    // On failure, show everything exported for the test cgroup.
+    let context: String = text
+        .lines()
+        .filter(|l| l.contains(cg.rel.as_str()) && !l.contains("_bucket"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let series = [("cgroup", cg.rel.as_str()), ("comm", WORKLOAD_COMM)];
     let with = |syscall: &'static str| {
         let mut v = series.to_vec();
@@ -37,7 +44,7 @@ fn exact_counts_and_errno_for_a_child_in_a_fresh_cgroup() {
     assert_eq!(
         sum(&samples, "sysscope_syscalls_total", &with("getppid")),
         N as f64,
-        "getppid count"
+        "getppid count; the cgroup's series:\n{context}"
     );
     assert_eq!(
         sum(
@@ -53,7 +60,7 @@ fn exact_counts_and_errno_for_a_child_in_a_fresh_cgroup() {
     assert_eq!(
         sum(&samples, "sysscope_syscall_errors_total", &enoent),
         M as f64,
-        "openat ENOENT errors"
+        "openat ENOENT errors; the cgroup's series:\n{context}"
     );
     assert_eq!(
         sum(&samples, "sysscope_syscalls_total", &with("openat")),
@@ -157,9 +164,24 @@ fn counters_survive_reclaim_and_sum_over_processes() {
     assert_eq!(third, 500.0);
     // The kernel map no longer holds entries for this cgroup once they were read.
     let id = cg.id();
-    let leftover = eventually(Duration::from_secs(5), || {
+    // The check itself must be able to see entries: the cgroup has a live process right now.
+    let mut live = cg
+        .command(workload_bin())
+        .args(["sleep", "1", "1000"])
+        .spawn()
+        .expect("spawn");
+    let seen = eventually(Duration::from_secs(5), || {
+        (kernel_entries_for_cgroup(&exporter, id) > 0).then_some(())
+    });
+    live.kill().ok();
+    live.wait().ok();
+    assert!(
+        seen.is_some(),
+        "bpftool shows no entry of a live process in the cgroup"
+    );
+    let leftover = eventually(Duration::from_secs(10), || {
         exporter.scrape();
-        (kernel_entries_for_cgroup(id) == 0).then_some(())
+        (kernel_entries_for_cgroup(&exporter, id) == 0).then_some(())
     });
     assert!(
         leftover.is_some(),
@@ -167,35 +189,47 @@ fn counters_survive_reclaim_and_sum_over_processes() {
     );
 }
 
-/// Keys of `SYSCALL_STATS` whose cgroup id is `id`, read with bpftool (independent of sysscope).
-fn kernel_entries_for_cgroup(id: u64) -> usize {
+/// Keys of the exporter's own `SYSCALL_STATS` whose cgroup id is `id`, read with bpftool
+/// (independent of sysscope). Other tests' exporters, running in parallel, hold maps of the
+/// same name: the map is found among the ids the exporter process holds open.
+fn kernel_entries_for_cgroup(exporter: &Exporter, id: u64) -> usize {
+    let map_id = bpf_map_ids_of(exporter.child.id())
+        .into_iter()
+        .find(|map_id| {
+            let out = Command::new("bpftool")
+                .args(["-j", "map", "show", "id", &map_id.to_string()])
+                .output()
+                .expect("bpftool");
+            let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            info["name"] == "SYSCALL_STATS"
+        })
+        .expect("the exporter holds its SYSCALL_STATS map open");
     let out = Command::new("bpftool")
-        .args(["-j", "map", "dump", "name", "SYSCALL_STATS"])
+        .args(["-j", "map", "dump", "id", &map_id.to_string()])
         .output()
         .expect("bpftool");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let maps: serde_json::Value = match serde_json::from_str(&text) {
-        Ok(v) => v,
-        Err(_) => return 0,
-    };
-    // With several sysscope instances loaded (parallel tests), bpftool prints one array per map.
-    let entries: Vec<&serde_json::Value> = match &maps {
-        serde_json::Value::Array(a) if a.first().is_some_and(|v| v.is_array()) => a
-            .iter()
-            .flat_map(|m| m.as_array().unwrap().iter())
-            .collect(),
-        serde_json::Value::Array(a) => a.iter().collect(),
-        _ => vec![],
-    };
+    assert!(out.status.success(), "bpftool map dump id {map_id} failed");
+    let entries: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("bpftool prints JSON");
+    let entries = entries
+        .as_array()
+        .expect("bpftool prints a list of entries");
     entries
         .iter()
         .filter(|e| {
-            let key = e["key"].as_array().cloned().unwrap_or_default();
+            let key = e["key"].as_array().expect("an entry has a key");
             let bytes: Vec<u8> = key
                 .iter()
-                .filter_map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+                .map(|b| {
+                    let b = b.as_str().expect("key bytes are strings");
+                    u8::from_str_radix(b.trim_start_matches("0x"), 16).expect("a hex byte")
+                })
                 .collect();
-            bytes.len() >= 8 && u64::from_le_bytes(bytes[..8].try_into().unwrap()) == id
+            u64::from_le_bytes(
+                bytes[..8]
+                    .try_into()
+                    .expect("a key starts with the cgroup id"),
+            ) == id
         })
         .count()
 }

@@ -376,9 +376,12 @@ impl SyscallCollector {
             entry.seen = generation;
             let d = delta(&entry.last, &cur);
             if d.count() > 0 || d.sum_ns > 0 || entry.target.is_none() {
-                // A cgroup newer than this cycle's walk: keep the values for the next cycle
-                // (and the entry in the kernel) rather than attribute them to no cgroup.
-                let Some(workload) = labeler.try_workload(key.cgroup_id, key.tgid) else {
+                // Not nameable yet (a cgroup newer than this cycle's walk, a process that
+                // exited since the snapshot): keep the values for the next cycle (and the
+                // entry in the kernel) rather than attribute them to a placeholder.
+                let Some(workload) =
+                    labeler.try_workload(key.cgroup_id, key.tgid, reclaim.contains(&key.tgid))
+                else {
                     continue;
                 };
                 entry.last = cur;
@@ -430,7 +433,9 @@ impl SyscallCollector {
                 cur - entry.last
             };
             if d > 0 || entry.target.is_none() {
-                let Some(workload) = labeler.try_workload(key.cgroup_id, key.tgid) else {
+                let Some(workload) =
+                    labeler.try_workload(key.cgroup_id, key.tgid, reclaim.contains(&key.tgid))
+                else {
                     continue;
                 };
                 entry.last = cur;
@@ -515,8 +520,13 @@ impl Collector for SyscallCollector {
             self.error_entries.remove(&key);
         }
         {
-            // Entries deferred this cycle (cgroup too new) still need the exit-time name.
-            let remaining: HashSet<u32> = self.entries.keys().map(|k| k.tgid).collect();
+            // Entries deferred this cycle still need the exit-time name.
+            let remaining: HashSet<u32> = self
+                .entries
+                .keys()
+                .map(|k| k.tgid)
+                .chain(self.error_entries.keys().map(|k| k.tgid))
+                .collect();
             let mut labeler = self.labeler.lock().expect("labeler lock");
             for tgid in &exited {
                 let _ = self.exits.remove(tgid);

@@ -137,16 +137,29 @@ impl Labeler {
         labels
     }
 
-    /// The workload of a kernel (cgroup id, tgid) pair, or `None` while its cgroup is too new
-    /// to be known: the caller should keep the values and ask again next cycle rather than
-    /// attribute them to `(unresolved)`.
-    pub fn try_workload(&mut self, cgroup_id: u64, tgid: u32) -> Option<Workload> {
+    /// The workload of a kernel (cgroup id, tgid) pair, or `None` while it cannot be named
+    /// yet: its cgroup is newer than this cycle's walk, or its process exited between the map
+    /// read and now (its exit record, read next cycle, carries the name). The caller keeps the
+    /// values and asks again next cycle rather than attribute them to a placeholder. On the
+    /// `last_chance` (the entry is about to be reclaimed) placeholders are used instead.
+    pub fn try_workload(
+        &mut self,
+        cgroup_id: u64,
+        tgid: u32,
+        last_chance: bool,
+    ) -> Option<Workload> {
         if !self.labels.contains_key(&cgroup_id)
             && self.cgroups.lookup(cgroup_id) == cgroups::Resolution::Pending
         {
             return None;
         }
-        Some(self.workload(cgroup_id, tgid))
+        let comm = match self.comms.lookup(tgid) {
+            Some(comm) => comm,
+            // Alive but unreadable: waiting would not help.
+            None if last_chance || self.comms.alive(tgid) => Arc::from(processes::UNKNOWN_COMM),
+            None => return None,
+        };
+        Some(self.workload_named(cgroup_id, tgid, comm))
     }
 
     /// Labels of cgroup `id` whose path (relative to the v2 root) the caller already knows,
@@ -186,3 +199,48 @@ impl Labeler {
 
 /// The labeler shared by collectors.
 pub type SharedLabeler = Arc<std::sync::Mutex<Labeler>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{os::unix::fs::MetadataExt, time::Duration};
+
+    /// A process that exits between the map read and the labelling has no readable name: its
+    /// values wait for the exit record (which names it) instead of going to a placeholder,
+    /// unless this is the last chance before its entries are reclaimed.
+    #[test]
+    fn exited_process_is_deferred_until_its_exit_record_names_it() {
+        let cgroup_root = tempfile::tempdir().unwrap();
+        let proc_root = tempfile::tempdir().unwrap();
+        let root_id = std::fs::metadata(cgroup_root.path()).unwrap().ino();
+        let mut labeler = Labeler::new(cgroup_root.path().into(), false);
+        labeler.comms =
+            processes::CommResolver::new(proc_root.path().into(), Duration::from_secs(5));
+        labeler.new_cycle();
+
+        std::fs::create_dir(proc_root.path().join("42")).unwrap();
+        std::fs::write(proc_root.path().join("42/comm"), "trainer\n").unwrap();
+        let live = labeler.try_workload(root_id, 42, false).expect("named");
+        assert_eq!((&*live.cgroup.path, &*live.comm), ("/", "trainer"));
+
+        // Gone before its name was ever read.
+        assert!(labeler.try_workload(root_id, 43, false).is_none());
+        let last = labeler
+            .try_workload(root_id, 43, true)
+            .expect("placeholder");
+        assert_eq!(&*last.comm, processes::UNKNOWN_COMM);
+        // The exit record arrives: named from then on.
+        let mut comm = [0u8; 16];
+        comm[..6].copy_from_slice(b"loader");
+        labeler.comms.set_exited(43, &comm);
+        let named = labeler.try_workload(root_id, 43, false).expect("named");
+        assert_eq!(&*named.comm, "loader");
+
+        // Alive but unreadable: waiting would not help, the placeholder is used at once.
+        std::fs::create_dir(proc_root.path().join("44")).unwrap();
+        let unreadable = labeler
+            .try_workload(root_id, 44, false)
+            .expect("placeholder");
+        assert_eq!(&*unreadable.comm, processes::UNKNOWN_COMM);
+    }
+}

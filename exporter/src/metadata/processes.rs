@@ -32,24 +32,27 @@ impl CommResolver {
         }
     }
 
-    /// The current comm of `tgid`, re-read when older than the TTL (a process may exec).
+    /// The current comm of `tgid`, re-read when older than the TTL (a process may exec);
+    /// `UNKNOWN_COMM` for a process gone before its name could be read.
     pub fn resolve(&mut self, tgid: u32) -> Arc<str> {
+        self.lookup(tgid).unwrap_or_else(|| Arc::from(UNKNOWN_COMM))
+    }
+
+    /// Like [`Self::resolve`], but `None` instead of the placeholder: a process that exited
+    /// between a map read and this lookup has no readable name until its exit record arrives.
+    pub fn lookup(&mut self, tgid: u32) -> Option<Arc<str>> {
         if let Some((comm, at)) = self.cache.get(&tgid) {
             if at.elapsed() < self.ttl {
-                return comm.clone();
+                return Some(comm.clone());
             }
         }
         match self.read(tgid) {
             Some(comm) => {
                 self.cache.insert(tgid, (comm.clone(), Instant::now()));
-                comm
+                Some(comm)
             }
             // Gone: keep the last name we knew, if any.
-            None => self
-                .cache
-                .get(&tgid)
-                .map(|(c, _)| c.clone())
-                .unwrap_or_else(|| Arc::from(UNKNOWN_COMM)),
+            None => self.cache.get(&tgid).map(|(c, _)| c.clone()),
         }
     }
 

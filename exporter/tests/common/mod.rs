@@ -150,28 +150,15 @@ pub fn run_workload_joined(cg: &TestCgroup, args: &[&str]) {
 
 /// eBPF program ids held open by process `pid` (from /proc/<pid>/fdinfo).
 pub fn bpf_program_ids_of(pid: u32) -> Vec<u64> {
-    let mut ids = Vec::new();
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-        return ids;
-    };
-    for fd in fds.flatten() {
-        if let Ok(info) = std::fs::read_to_string(fd.path()) {
-            for line in info.lines() {
-                if let Some(id) = line.strip_prefix("prog_id:") {
-                    if let Ok(id) = id.trim().parse() {
-                        ids.push(id);
-                    }
-                }
-            }
-        }
-    }
-    ids.sort_unstable();
-    ids.dedup();
-    ids
+    bpf_object_ids_of(pid, "prog_id:")
 }
 
 /// eBPF map ids held open by process `pid` (from /proc/<pid>/fdinfo).
 pub fn bpf_map_ids_of(pid: u32) -> Vec<u64> {
+    bpf_object_ids_of(pid, "map_id:")
+}
+
+fn bpf_object_ids_of(pid: u32, field: &str) -> Vec<u64> {
     let mut ids = Vec::new();
     let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
         return ids;
@@ -179,7 +166,7 @@ pub fn bpf_map_ids_of(pid: u32) -> Vec<u64> {
     for fd in fds.flatten() {
         if let Ok(info) = std::fs::read_to_string(fd.path()) {
             for line in info.lines() {
-                if let Some(id) = line.strip_prefix("map_id:") {
+                if let Some(id) = line.strip_prefix(field) {
                     if let Ok(id) = id.trim().parse() {
                         ids.push(id);
                     }
