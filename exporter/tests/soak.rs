@@ -408,6 +408,7 @@ fn churn_round(exporter: &Exporter, round: usize, budget: usize) -> u64 {
             // during the round: add up its increases, resets included, like increase() does.
             let mut other_prev = other_before;
             let mut other_increase = 0.0f64;
+            let mut other_seen = Vec::new();
             loop {
                 let done = stop.load(Ordering::Relaxed);
                 let (status, _, body) = http_get(port, "/metrics", None).expect("scrape");
@@ -452,13 +453,21 @@ fn churn_round(exporter: &Exporter, round: usize, budget: usize) -> u64 {
                     other_now
                 };
                 other_prev = other_now;
+                other_seen.push(other_now);
                 scrapes += 1;
                 if done {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(500));
             }
-            (last, max_series, scrapes, other_increase, other_prev)
+            (
+                last,
+                max_series,
+                scrapes,
+                other_increase,
+                other_prev,
+                other_seen,
+            )
         })
     };
 
@@ -498,7 +507,8 @@ fn churn_round(exporter: &Exporter, round: usize, budget: usize) -> u64 {
     // Two background reads after the end, then the scraper's final scrape.
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
-    let (last, max_series, scrapes, other_increase, other_last) = scraper.join().expect("scraper");
+    let (last, max_series, scrapes, other_increase, other_last, other_seen) =
+        scraper.join().expect("scraper");
     let after = parse_samples(&exporter.scrape());
     // The final scrape is the latest state of every series still exported: values deferred
     // by a cycle (cgroups newer than the walk, or removed before it) land in it.
@@ -576,6 +586,37 @@ fn churn_round(exporter: &Exporter, round: usize, budget: usize) -> u64 {
     );
     // ...and what is missing from the test cgroups' own series was folded into "other",
     // lost with its cgroup's path, or counted as lost by the probes.
+    if counted_ours + other_delta + unresolved + lost < truth {
+        // Say where the shortfall is: the test cgroups that came up short, and every other
+        // getppid series (outside the test cgroups and "other") that changed.
+        let mut per_cgroup: BTreeMap<&str, f64> = names.iter().map(|n| (n.as_str(), 0.0)).collect();
+        for (l, v) in last.values() {
+            if l.get("syscall").map(String::as_str) == Some("getppid") {
+                if let Some(c) = l.get("cgroup").and_then(|c| per_cgroup.get_mut(c.as_str())) {
+                    *c += v;
+                }
+            }
+        }
+        let short: Vec<_> = per_cgroup
+            .iter()
+            .filter(|(_, v)| **v + 0.5 < (CHILDREN * CALLS) as f64)
+            .collect();
+        eprintln!(
+            "churn: {} test cgroups below {}; \"other\" getppid before {other_before}, at each \
+             scrape {other_seen:?}, at the end {other_now}",
+            short.len(),
+            CHILDREN * CALLS
+        );
+        for (l, v) in last.values() {
+            let c = l.get("cgroup").map(String::as_str).unwrap_or("");
+            if l.get("syscall").map(String::as_str) == Some("getppid")
+                && !names.contains(c)
+                && c != "other"
+            {
+                eprintln!("churn: elsewhere {l:?} = {v}");
+            }
+        }
+    }
     assert!(
         counted_ours + (other_delta) + unresolved + lost >= truth,
         "calls vanished silently: truth {truth}, counted {counted_ours} + other {} + unresolved \

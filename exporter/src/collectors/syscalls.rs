@@ -362,6 +362,7 @@ impl SyscallCollector {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let seen_at = Instant::now();
         let snapshot = self.snapshot_stats();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
@@ -376,11 +377,12 @@ impl SyscallCollector {
             entry.seen = generation;
             let d = delta(&entry.last, &cur);
             if d.count() > 0 || d.sum_ns > 0 || entry.target.is_none() {
-                // Not nameable yet (a cgroup newer than this cycle's walk, a process that
-                // exited since the snapshot): keep the values for the next cycle (and the
-                // entry in the kernel) rather than attribute them to a placeholder.
+                // Not nameable yet (a process that exited since the snapshot): keep the
+                // values for the next cycle (and the entry in the kernel) rather than
+                // attribute them to a placeholder.
+                let last_chance = reclaim.contains(&key.tgid);
                 let Some(workload) =
-                    labeler.try_workload(key.cgroup_id, key.tgid, reclaim.contains(&key.tgid))
+                    labeler.try_workload(key.cgroup_id, key.tgid, seen_at, last_chance)
                 else {
                     continue;
                 };
@@ -415,6 +417,7 @@ impl SyscallCollector {
         let cost = self.series_cost();
         let generation = self.generation;
         let mut to_delete = Vec::new();
+        let seen_at = Instant::now();
         let snapshot = self.snapshot_errors();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
@@ -433,8 +436,9 @@ impl SyscallCollector {
                 cur - entry.last
             };
             if d > 0 || entry.target.is_none() {
+                let last_chance = reclaim.contains(&key.tgid);
                 let Some(workload) =
-                    labeler.try_workload(key.cgroup_id, key.tgid, reclaim.contains(&key.tgid))
+                    labeler.try_workload(key.cgroup_id, key.tgid, seen_at, last_chance)
                 else {
                     continue;
                 };

@@ -117,6 +117,8 @@ pub struct CgroupResolver {
     paths: HashMap<u64, Arc<str>>,
     /// Whether this collection cycle already walked the hierarchy.
     scanned_this_cycle: bool,
+    /// When the latest walk started.
+    last_walk: Option<Instant>,
     /// Ids a walk did not find (cgroups removed before we saw them), retried after a while.
     missing: HashMap<u64, Instant>,
     retry_missing: Duration,
@@ -128,6 +130,7 @@ impl CgroupResolver {
             root,
             paths: HashMap::new(),
             scanned_this_cycle: false,
+            last_walk: None,
             missing: HashMap::new(),
             retry_missing: Duration::from_secs(30),
         }
@@ -176,10 +179,36 @@ impl CgroupResolver {
         }
     }
 
+    /// Looks up cgroup `id`, which was in use at `seen_at` (e.g. it keys an entry of a map
+    /// snapshot taken then). Unlike [`Self::lookup`] this never answers `Pending`: a walk
+    /// started after `seen_at` finds every cgroup that still exists, so an id it did not find
+    /// is gone, and an older walk is simply repeated. At most one walk per `seen_at`.
+    pub fn lookup_seen(&mut self, id: u64, seen_at: Instant) -> Resolution {
+        if let Some(p) = self.paths.get(&id) {
+            return Resolution::Known(p.clone());
+        }
+        if let Some(at) = self.missing.get(&id) {
+            if at.elapsed() < self.retry_missing {
+                return Resolution::Gone;
+            }
+        }
+        if self.last_walk.is_none_or(|walk| walk < seen_at) {
+            self.rescan();
+        }
+        match self.paths.get(&id) {
+            Some(p) => Resolution::Known(p.clone()),
+            None => {
+                self.missing.insert(id, Instant::now());
+                Resolution::Gone
+            }
+        }
+    }
+
     /// Walks the hierarchy, adding every cgroup found; ids of removed cgroups are kept so
     /// their last series keep their label until they are retired.
     pub fn rescan(&mut self) {
         self.scanned_this_cycle = true;
+        self.last_walk = Some(Instant::now());
         self.missing
             .retain(|_, at| at.elapsed() < Duration::from_secs(300));
         let mut stack = vec![(self.root.clone(), String::from("/"))];
@@ -238,6 +267,43 @@ pub fn id_of(dir: &Path) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every id of a map snapshot is resolved or found gone by one walk made after the
+    /// snapshot: none waits for a later cycle (a cgroup removed meanwhile would wait forever).
+    #[test]
+    fn ids_of_a_snapshot_resolve_or_are_gone_after_one_walk() {
+        let root = tempfile::tempdir().unwrap();
+        let kept = root.path().join("kept");
+        let removed = root.path().join("removed");
+        std::fs::create_dir(&kept).unwrap();
+        std::fs::create_dir(&removed).unwrap();
+        let outside = tempfile::tempdir().unwrap().keep().join("later");
+        std::fs::create_dir(&outside).unwrap();
+        let kept_id = id_of(&kept).unwrap();
+        let removed_id = id_of(&removed).unwrap();
+        // Removed before any walk saw it (its processes exited, then it was removed).
+        std::fs::remove_dir(&removed).unwrap();
+        let mut r = CgroupResolver::new(root.path().into());
+        r.new_cycle();
+        // A walk earlier in the cycle (another collector) does not make later ids pending.
+        r.rescan();
+        // Created after that walk (made elsewhere and moved in, so that no inode number of
+        // the removed directory can be reused for it).
+        let later = root.path().join("later");
+        std::fs::rename(&outside, &later).unwrap();
+        let later_id = id_of(&later).unwrap();
+
+        let seen_at = Instant::now();
+        assert_eq!(r.lookup_seen(removed_id, seen_at), Resolution::Gone);
+        assert_eq!(
+            r.lookup_seen(later_id, seen_at),
+            Resolution::Known(Arc::from("/later"))
+        );
+        assert_eq!(
+            r.lookup_seen(kept_id, seen_at),
+            Resolution::Known(Arc::from("/kept"))
+        );
+    }
 
     #[test]
     fn finds_unified_mount_in_hybrid_layout() {

@@ -7,7 +7,7 @@ pub mod devices;
 pub mod kubernetes;
 pub mod processes;
 
-use std::{collections::HashMap, path::PathBuf, sync::Arc};
+use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
 
 use crate::series::{CgroupLabels, Workload};
 
@@ -137,21 +137,22 @@ impl Labeler {
         labels
     }
 
-    /// The workload of a kernel (cgroup id, tgid) pair, or `None` while it cannot be named
-    /// yet: its cgroup is newer than this cycle's walk, or its process exited between the map
-    /// read and now (its exit record, read next cycle, carries the name). The caller keeps the
-    /// values and asks again next cycle rather than attribute them to a placeholder. On the
-    /// `last_chance` (the entry is about to be reclaimed) placeholders are used instead.
+    /// The workload of a kernel (cgroup id, tgid) pair from a map snapshot taken at `seen_at`,
+    /// or `None` while it cannot be named yet: its process exited between the snapshot and now
+    /// (its exit record, read next cycle, carries the name). The caller keeps the values and
+    /// asks again next cycle rather than attribute them to a placeholder. On the `last_chance`
+    /// (the entry is about to be reclaimed) the placeholder is used instead. A cgroup removed
+    /// before it could be resolved is `(unresolved)`.
     pub fn try_workload(
         &mut self,
         cgroup_id: u64,
         tgid: u32,
+        seen_at: Instant,
         last_chance: bool,
     ) -> Option<Workload> {
-        if !self.labels.contains_key(&cgroup_id)
-            && self.cgroups.lookup(cgroup_id) == cgroups::Resolution::Pending
-        {
-            return None;
+        if !self.labels.contains_key(&cgroup_id) {
+            // Resolved (or found gone) now, so that `cgroup()` below walks no further.
+            let _ = self.cgroups.lookup_seen(cgroup_id, seen_at);
         }
         let comm = match self.comms.lookup(tgid) {
             Some(comm) => comm,
@@ -220,26 +221,32 @@ mod tests {
 
         std::fs::create_dir(proc_root.path().join("42")).unwrap();
         std::fs::write(proc_root.path().join("42/comm"), "trainer\n").unwrap();
-        let live = labeler.try_workload(root_id, 42, false).expect("named");
+        let live = labeler
+            .try_workload(root_id, 42, Instant::now(), false)
+            .expect("named");
         assert_eq!((&*live.cgroup.path, &*live.comm), ("/", "trainer"));
 
         // Gone before its name was ever read.
-        assert!(labeler.try_workload(root_id, 43, false).is_none());
+        assert!(labeler
+            .try_workload(root_id, 43, Instant::now(), false)
+            .is_none());
         let last = labeler
-            .try_workload(root_id, 43, true)
+            .try_workload(root_id, 43, Instant::now(), true)
             .expect("placeholder");
         assert_eq!(&*last.comm, processes::UNKNOWN_COMM);
         // The exit record arrives: named from then on.
         let mut comm = [0u8; 16];
         comm[..6].copy_from_slice(b"loader");
         labeler.comms.set_exited(43, &comm);
-        let named = labeler.try_workload(root_id, 43, false).expect("named");
+        let named = labeler
+            .try_workload(root_id, 43, Instant::now(), false)
+            .expect("named");
         assert_eq!(&*named.comm, "loader");
 
         // Alive but unreadable: waiting would not help, the placeholder is used at once.
         std::fs::create_dir(proc_root.path().join("44")).unwrap();
         let unreadable = labeler
-            .try_workload(root_id, 44, false)
+            .try_workload(root_id, 44, Instant::now(), false)
             .expect("placeholder");
         assert_eq!(&*unreadable.comm, processes::UNKNOWN_COMM);
     }
