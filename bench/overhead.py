@@ -300,10 +300,11 @@ class Bench:
         if name.startswith("attach:"):
             # attach:PROG+PROG...[@OBJECT]: chosen programs of the object, or of another build
             # of it (compares probe variants).
-            spec, _, obj = name.split(":", 1)[1].partition("@")
+            # A trailing "+stats" turns run-time statistics on, as for the other rows.
+            spec, _, obj = name.split(":", 1)[1].removesuffix("+stats").partition("@")
             return self.start_attach(name, spec.split("+"), obj or None)
         if name in ("probes", "probes+stats"):
-            return self.start_attach(name, ["sched_process_exit", "sys_exit", "sys_enter"])
+            return self.start_attach(name, ["sched_process_exit", "cgroup_attach_task", "sys_exit", "sys_enter"])
         if name == "sysscope-syscalls":
             return self.start_exporter(name, SYSSCOPE_SYSCALLS_ONLY)
         if name == "sysscope":
@@ -682,7 +683,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, help="length of one measured cell")
     ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, "
                     "empty+stats, probes, probes+stats, sysscope-syscalls, sysscope, sysscope+stats, bpftrace, "
-                    "perf-trace, strace, or attach:PROG+PROG...[@OBJECT] for chosen programs of the "
+                    "perf-trace, strace, or attach:PROG+PROG...[@OBJECT][+stats] for chosen programs of the "
                     "object (or of another build of it)")
     ap.add_argument("--workloads", default="getppid,dd,read")
     ap.add_argument("--threads", default="1,2")

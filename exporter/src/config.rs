@@ -113,8 +113,9 @@ pub struct LimitsConfig {
     /// Exported syscall series (every histogram bucket counts as one). Label sets beyond it
     /// fold into `comm="other"`, then `cgroup="other"`; see docs/metrics.md.
     pub max_series: usize,
-    /// Unused, accepted for older config files: the per-thread syscall state lives in
-    /// task-local storage, one value per thread, freed with the thread.
+    /// Threads with a call in flight the command-line tools (`sysscope summary/trace/...`)
+    /// track at once (`TRACE_THREADS`). The exporter's per-thread syscall state needs no
+    /// limit: it lives in task-local storage, one value per thread, freed with the thread.
     pub max_threads: u32,
     /// (cgroup, process, syscall) entries in the kernel's syscall map.
     pub max_syscall_entries: u32,

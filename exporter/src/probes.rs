@@ -189,7 +189,9 @@ impl Probes {
         let limits = &config.limits;
         let mut loader = EbpfLoader::new();
         loader
-            .map_max_entries(maps::SYSCALL_THREADS, limits.max_threads)
+            // Task-local storage (per-thread syscall state) has no user-space wrapper in aya;
+            // user space never reads it.
+            .allow_unsupported_maps()
             .map_max_entries(maps::SYSCALL_STATS, limits.max_syscall_entries)
             .map_max_entries(maps::SYSCALL_ERRORS, limits.max_error_entries)
             .map_max_entries(maps::PROCESS_EXITS, limits.max_exited_processes)

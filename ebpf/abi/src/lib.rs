@@ -92,6 +92,8 @@ pub mod programs {
     pub const SYS_ENTER: &str = "sys_enter";
     pub const SYS_EXIT: &str = "sys_exit";
     pub const PROCESS_EXIT: &str = "sched_process_exit";
+    /// On `cgroup:cgroup_attach_task`: invalidates the cached cgroup ids.
+    pub const CGROUP_ATTACH: &str = "cgroup_attach_task";
     pub const EMPTY_SYS_ENTER: &str = "empty_sys_enter";
     pub const EMPTY_SYS_EXIT: &str = "empty_sys_exit";
     pub const TRACE_SYS_ENTER: &str = "trace_sys_enter";
@@ -124,7 +126,8 @@ pub mod counters {
     pub const SYSCALL_STATS_FULL: u32 = 0;
     /// An insert into `SYSCALL_ERRORS` failed because the map is full.
     pub const SYSCALL_ERRORS_FULL: u32 = 1;
-    /// A thread's entry time could not be stored: `SYSCALL_THREADS` is full.
+    /// A thread's entry time could not be stored: the kernel could not give the thread its
+    /// `SYSCALL_THREADS` task storage (out of memory, or the storage busy on this CPU).
     pub const SYSCALL_THREADS_FULL: u32 = 2;
     /// A syscall returned without a recorded entry (attached mid-call, or the thread map was full).
     pub const SYSCALL_EXIT_WITHOUT_ENTER: u32 = 3;
@@ -177,15 +180,30 @@ pub mod noreturn {
     pub const EXIT_GROUP: u32 = u32::MAX;
 }
 
-/// Per-thread state kept between `sys_enter` and `sys_exit` (`SYSCALL_THREADS`, key: tid).
+/// Per-thread state kept between `sys_enter` and `sys_exit` in `SYSCALL_THREADS`, a task-local
+/// storage map (one value per thread, found from the task itself and freed with it).
+///
+/// Besides the call in flight it caches what is the same for every call of the thread, so
+/// the hot path makes no helper call for it: the tgid, and the cgroup id, valid while
+/// `cgroup_generation` equals the probes' count of cgroup migrations.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadState {
     /// `bpf_ktime_get_ns()` at entry; 0 when no call is in flight.
     pub start_ns: u64,
+    /// Cached cgroup v2 id of the thread.
+    pub cgroup_id: u64,
+    /// Migration count when `cgroup_id` was read ([`ThreadState::NO_CGROUP`]: not read yet).
+    pub cgroup_generation: u64,
+    /// Cached tgid (0 until the thread's first call fills it in).
+    pub tgid: u32,
     /// Syscall number at entry.
     pub nr: u32,
-    pub _pad: u32,
+}
+
+impl ThreadState {
+    /// `cgroup_generation` of a thread whose cgroup id was never read.
+    pub const NO_CGROUP: u64 = u64::MAX;
 }
 
 /// Key of `SYSCALL_STATS`: one entry per (cgroup, process, syscall).

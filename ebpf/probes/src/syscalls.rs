@@ -1,23 +1,38 @@
 //! Syscall probes: counts, errors by errno, latency histograms, slow-call samples.
 //!
-//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit` (raw_tp) and
-//! `sched:sched_process_exit` (raw_tp).
-//! Maps: `SYSCALL_THREADS` (tid -> entry time), `SYSCALL_STATS` (per-CPU, (cgroup, tgid, nr) ->
-//! sum + log2 buckets), `SYSCALL_ERRORS` (per-CPU, (cgroup, tgid, nr, errno) -> count),
-//! `PROCESS_EXITS` (tgid -> comm at exit, for reclaim), `SLOW_THRESHOLDS` (nr -> ns),
-//! `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS` (ring buffer).
+//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_process_exit`
+//! and `cgroup:cgroup_attach_task` (raw_tp).
+//! Maps: `SYSCALL_THREADS` (task-local storage: entry time, cached tgid and cgroup id),
+//! `SYSCALL_STATS` (per-CPU, (cgroup, tgid, nr) -> sum + log2 buckets), `SYSCALL_ERRORS`
+//! (per-CPU, (cgroup, tgid, nr, errno) -> count), `PROCESS_EXITS` (tgid -> comm at exit, for
+//! reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS`
+//! (ring buffer).
 //!
-//! The hot path is one hash lookup at entry and two at exit (thread, stats), no map update when
-//! the entries exist, per-CPU values so no cache line is shared between CPUs, and one array
-//! lookup for the slow-call threshold. Everything else (errors, samples) is off the common path.
+//! The hot path (docs/performance.md) per syscall: two clock reads (unavoidable for a
+//! duration), two task-storage lookups for the thread's state (cheaper than a hash lookup by
+//! tid, and freed by the kernel with the thread, so process churn never fills a thread map),
+//! one per-CPU hash lookup for the (cgroup, process, syscall) entry, with no insert when it
+//! exists, and an inlined array lookup for the slow-call threshold. The tgid and the cgroup id
+//! are cached in the thread's state: the cgroup id stays valid until a `cgroup_attach_task`
+//! bumps `CGROUP_GENERATION`, so no helper call is made for them on the common path. Every
+//! value written per syscall belongs to the thread or to the CPU: no cache line is written by
+//! two CPUs, and a program preempted mid-run shares no state with the next task on its CPU.
+//! Errors and samples are off the common path.
 //!
 //! The command-line tools set `SYSCALL_TARGET_ONLY` to count only their target (the trace
 //! filter's, see `trace.rs`); the exporter leaves it 0 and the check folds away at load.
 
+use core::{
+    cell::UnsafeCell,
+    intrinsics::{atomic_xadd, AtomicOrdering},
+};
+
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, BPF_NOEXIST},
     helpers::{
-        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
+        bpf_ktime_get_ns,
+        generated::{bpf_get_current_task_btf, bpf_task_storage_get},
     },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -30,10 +45,59 @@ use sysscope_abi::{
 
 use crate::common::{count_drop, read_syscall_args, EEXIST};
 
-// Capacities here are defaults; the exporter resizes the maps from its config before loading.
-#[map(name = "SYSCALL_THREADS")]
-static SYSCALL_THREADS: HashMap<u32, ThreadState> = HashMap::with_max_entries(32768, 0);
+/// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
+/// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
+/// the type, key, value, max_entries (0: one value per task) and flags (must be no-prealloc).
+#[repr(C)]
+pub struct TaskStorage<V> {
+    r#type: *const [i32; 29], // BPF_MAP_TYPE_TASK_STORAGE
+    key: *const i32,
+    value: *const V,
+    max_entries: *const [i32; 0],
+    map_flags: *const [i32; BPF_F_NO_PREALLOC as usize],
+}
 
+// SAFETY: the fields are placeholders the loader reads from BTF; they are never dereferenced.
+unsafe impl<V> Sync for TaskStorage<V> {}
+
+impl<V> TaskStorage<V> {
+    const fn new() -> Self {
+        Self {
+            r#type: core::ptr::null(),
+            key: core::ptr::null(),
+            value: core::ptr::null(),
+            max_entries: core::ptr::null(),
+            map_flags: core::ptr::null(),
+        }
+    }
+
+    /// The current thread's value, created zeroed when `create` and missing; null when missing
+    /// (or when the kernel cannot allocate it).
+    #[inline(always)]
+    fn current(&self, create: bool) -> *mut V {
+        let flags = if create {
+            BPF_LOCAL_STORAGE_GET_F_CREATE as u64
+        } else {
+            0
+        };
+        // SAFETY: the helper takes this map and the current task (a trusted BTF pointer).
+        unsafe {
+            bpf_task_storage_get(
+                self as *const Self as *mut core::ffi::c_void,
+                bpf_get_current_task_btf(),
+                core::ptr::null_mut(),
+                flags,
+            )
+            .cast()
+        }
+    }
+}
+
+#[unsafe(link_section = ".maps")]
+#[unsafe(export_name = "SYSCALL_THREADS")]
+static SYSCALL_THREADS: TaskStorage<ThreadState> = TaskStorage::new();
+
+// Capacities here are defaults; the exporter resizes the maps from its config before loading.
 #[map(name = "SYSCALL_STATS")]
 static SYSCALL_STATS: PerCpuHashMap<SyscallKey, SyscallStats> =
     PerCpuHashMap::with_max_entries(16384, 0);
@@ -63,77 +127,114 @@ static SLOW_EVENTS_PER_CPU_PER_SEC: u32 = 0;
 static SYSCALL_TARGET_ONLY: u32 = 0;
 
 #[inline(always)]
-fn counted(pid_tgid: u64) -> bool {
-    let target_only = unsafe { core::ptr::read_volatile(&SYSCALL_TARGET_ONLY) };
-    target_only == 0 || crate::trace::is_target(pid_tgid)
+fn target_only() -> bool {
+    unsafe { core::ptr::read_volatile(&SYSCALL_TARGET_ONLY) != 0 }
+}
+
+/// Cgroup migrations seen (in `.bss`): a thread's cached cgroup id is valid while the count it
+/// was read at is still current. Migrations are rare, so the count is almost always unchanged
+/// and re-reading after one is cheap.
+static CGROUP_GENERATION: Counter = Counter(UnsafeCell::new(0));
+
+/// A global `u64` updated with atomic adds (several CPUs may count at once).
+#[repr(transparent)]
+struct Counter(UnsafeCell<u64>);
+
+// SAFETY: every access is an atomic load or an atomic add.
+unsafe impl Sync for Counter {}
+
+impl Counter {
+    #[inline(always)]
+    fn get(&self) -> u64 {
+        // SAFETY: an aligned global; aligned 64-bit loads are atomic on BPF. (Load-acquire needs
+        // BPF ISA v4; the helper call that follows the load is what orders it in practice.)
+        unsafe { core::ptr::read_volatile(self.0.get()) }
+    }
+
+    #[inline(always)]
+    fn increment(&self) {
+        // SAFETY: an aligned global, updated atomically.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(self.0.get(), 1) };
+    }
 }
 
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 const MAX_ERRNO: i64 = 4095;
 
+/// The (cgroup, process) part of the thread's stats key, from its cached state.
+#[inline(always)]
+fn key_of(state: &mut ThreadState, nr: u32) -> SyscallKey {
+    // Read the count before the id: a migration moves the task first and counts afterwards,
+    // so an id read after a count that is already stale is re-read on the next call.
+    let generation = CGROUP_GENERATION.get();
+    if state.cgroup_generation != generation {
+        state.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+        // A migration counted meanwhile may have moved this thread after the read: then the
+        // id is used for this call only, and read again on the next.
+        state.cgroup_generation = if CGROUP_GENERATION.get() == generation {
+            generation
+        } else {
+            ThreadState::NO_CGROUP
+        };
+    }
+    SyscallKey {
+        cgroup_id: state.cgroup_id,
+        tgid: state.tgid,
+        nr,
+    }
+}
+
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long id)
     let nr = ctx.arg::<u64>(1) as u32;
-    let pid_tgid = bpf_get_current_pid_tgid();
-    if !counted(pid_tgid) {
+    if target_only() && !crate::trace::is_target(bpf_get_current_pid_tgid()) {
         return 0;
+    }
+    let state = SYSCALL_THREADS.current(true);
+    if state.is_null() {
+        count_drop(counters::SYSCALL_THREADS_FULL);
+        return 0;
+    }
+    // SAFETY: a non-null task-storage value of the current task, ours until the program ends.
+    let state = unsafe { &mut *state };
+    if state.tgid == 0 {
+        // First call of this thread (tgid 0 is the idle task, which makes no syscalls).
+        state.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        state.cgroup_generation = ThreadState::NO_CGROUP;
     }
     if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
         // No sys_exit will follow: count the call now, with no duration.
-        let key = SyscallKey {
-            cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-            tgid: (pid_tgid >> 32) as u32,
-            nr,
-        };
+        let key = key_of(state, nr);
         record_duration(&key, 0);
         return 0;
     }
-    let tid = pid_tgid as u32;
-    let now = unsafe { bpf_ktime_get_ns() };
-    match SYSCALL_THREADS.get_ptr_mut(&tid) {
-        Some(state) => unsafe {
-            (*state).start_ns = now;
-            (*state).nr = nr;
-        },
-        None => {
-            let state = ThreadState {
-                start_ns: now,
-                nr,
-                _pad: 0,
-            };
-            if SYSCALL_THREADS
-                .insert(&tid, &state, BPF_NOEXIST as u64)
-                .is_err()
-            {
-                count_drop(counters::SYSCALL_THREADS_FULL);
-            }
-        }
-    }
+    state.nr = nr;
+    state.start_ns = unsafe { bpf_ktime_get_ns() };
     0
 }
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     let now = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let Some(state) = SYSCALL_THREADS.get_ptr_mut(&tid) else {
-        count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+    let state = SYSCALL_THREADS.current(false);
+    if state.is_null() {
+        // With a target, every other thread's calls end here: not a miss.
+        if !target_only() {
+            count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+        }
         return 0;
-    };
-    let (start_ns, nr) = unsafe { ((*state).start_ns, (*state).nr) };
+    }
+    // SAFETY: as in sys_enter.
+    let state = unsafe { &mut *state };
+    let start_ns = state.start_ns;
     if start_ns == 0 {
         count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
         return 0;
     }
-    unsafe { (*state).start_ns = 0 };
+    state.start_ns = 0;
     let duration = now.saturating_sub(start_ns);
-    let key = SyscallKey {
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        tgid: (pid_tgid >> 32) as u32,
-        nr,
-    };
+    let key = key_of(state, state.nr);
     record_duration(&key, duration);
 
     // TP_PROTO(struct pt_regs *regs, long ret)
@@ -142,25 +243,25 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         record_error(&key, (-ret) as u16);
     }
 
-    if let Some(threshold) = SLOW_THRESHOLDS.get(nr) {
+    if let Some(threshold) = SLOW_THRESHOLDS.get(key.nr) {
         let threshold = *threshold;
         if threshold != 0 && duration >= threshold {
+            let tid = bpf_get_current_pid_tgid() as u32;
             sample_slow_call(&ctx, &key, tid, start_ns, now, ret);
         }
     }
     0
 }
 
-/// Frees the thread's entry-time slot when a thread exits, and queues the process for reclaim
-/// when its leader exits, with the comm user space can no longer read from /proc.
+/// Queues a process for reclaim when its leader exits, with the comm user space can no longer
+/// read from /proc. (Each thread's `SYSCALL_THREADS` value is freed by the kernel with it.)
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     // The tracepoint fires in the exiting task's context.
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let tgid = (pid_tgid >> 32) as u32;
-    let _ = SYSCALL_THREADS.remove(&tid);
-    if tid == tgid && counted(pid_tgid) {
+    if tid == tgid && (!target_only() || crate::trace::is_target(pid_tgid)) {
         let exit = ProcessExit {
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
             cgroup_id: unsafe { bpf_get_current_cgroup_id() },
@@ -170,6 +271,14 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
             count_drop(counters::PROCESS_EXITS_FULL);
         }
     }
+    0
+}
+
+/// A task moved to another cgroup (`cgroup.procs`, `cgroup.threads`, ...): every cached
+/// cgroup id may be stale. Fires after the move, once per moved process or thread.
+#[raw_tracepoint(tracepoint = "cgroup_attach_task")]
+pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
+    CGROUP_GENERATION.increment();
     0
 }
 

@@ -175,6 +175,7 @@ impl SyscallMaps {
             .map_err(map_err(maps::PROCESS_EXITS))?;
         // Exit tracking first, so no process can exit unseen once syscalls are counted.
         probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
+        probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_ENTER, "sys_enter")?;
         Ok(Self {
