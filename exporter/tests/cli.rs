@@ -653,6 +653,9 @@ fn trace_has_the_targets_block_io_only() {
     let dev = LoopDevice::new(64 * MIB);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("block.json");
+    // The exporter counts the same requests its own way (every cgroup, labelled), to
+    // cross-check the number of requests the kernel issued.
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
 
     // Another workload writes to the same device, in its own cgroup, all along the trace.
     let other = TestCgroup::new("sysscope-test-trace-other-io");
@@ -717,6 +720,29 @@ fn trace_has_the_targets_block_io_only() {
     );
     // At least one request per 1 MiB call, whatever the device splits them into.
     assert!(w_req >= M_MIB && r_req >= M_MIB, "{requests}");
+    // The exporter saw the same number of dd requests on the device outside the other
+    // workload's cgroup (reads by udev probing the device are not dd's).
+    let exporter_requests = |samples: &[Sample], op: &str| {
+        let of = |extra: &[(&str, &str)]| {
+            let mut want = vec![("device", dev.name.as_str()), ("op", op), ("comm", "dd")];
+            want.extend_from_slice(extra);
+            sum(samples, "sysscope_block_io_requests_total", &want) as u64
+        };
+        of(&[]) - of(&[("cgroup", other.rel.as_str())])
+    };
+    let seen = eventually(std::time::Duration::from_secs(10), || {
+        let s = parse_samples(&exporter.scrape());
+        (exporter_requests(&s, "write") == w_req && exporter_requests(&s, "read") == r_req)
+            .then_some(())
+    });
+    if seen.is_none() {
+        let s = parse_samples(&exporter.scrape());
+        panic!(
+            "requests: trace write {w_req} read {r_req}, exporter write {} read {}",
+            exporter_requests(&s, "write"),
+            exporter_requests(&s, "read")
+        );
+    }
     // The counters start at zero at the trace's start.
     let first = events
         .iter()

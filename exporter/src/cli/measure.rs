@@ -1,6 +1,7 @@
 //! The measuring loop shared by `summary`, `trace` and `diagnose`: load the probes for the
-//! target, start it, read the syscall maps and/or the trace stream until the session ends,
-//! and report what the probes dropped.
+//! target, start it, read the syscall maps and/or the trace stream (and, for `trace`, the
+//! target's block I/O, see [`super::block`]) until the session ends, and report what the
+//! probes dropped.
 
 use std::time::{Duration, Instant};
 
