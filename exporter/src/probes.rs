@@ -129,6 +129,11 @@ pub struct LoadOptions {
     pub syscalls_target_only: bool,
     /// Kernel offsets for the block probes, resolved from BTF (`None`: block probes stay idle).
     pub block_io: Option<BlockProbeConfig>,
+    /// The block probes record only the trace target's requests and stream them to
+    /// `TRACE_BLOCK_EVENTS` (global `BLOCK_TRACE`).
+    pub block_trace: bool,
+    /// Size of `TRACE_BLOCK_EVENTS` in bytes (0: the object's one page; a power of two).
+    pub block_trace_ring_buffer_bytes: u32,
 }
 
 /// One program as attached (or not) by a collector.
@@ -219,6 +224,15 @@ impl Probes {
             .map_max_entries(maps::BLOCK_LATENCY, block_io::latency_capacity(config));
         if let Some(block_config) = &options.block_io {
             loader.override_global(globals::BLOCK_CONFIG, block_config, true);
+        }
+        if options.block_trace {
+            loader.override_global(globals::BLOCK_TRACE, &1u32, false);
+        }
+        if options.block_trace_ring_buffer_bytes != 0 {
+            loader.map_max_entries(
+                maps::TRACE_BLOCK_EVENTS,
+                options.block_trace_ring_buffer_bytes,
+            );
         }
         let ebpf = loader.load(object).map_err(ProbeError::Load)?;
         let stats = RunTimeStats::start(config.collection.probe_stats);

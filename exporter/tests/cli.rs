@@ -294,7 +294,10 @@ fn trace_writes_trace_event_format_with_exact_slices() {
     assert!(err.contains("nothing dropped"), "{err}");
     let (v, events) = trace_json(&out);
     let pid = v["otherData"]["target"]["pid"].as_u64().unwrap();
-    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    let slices: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "syscall")
+        .collect();
     for s in &slices {
         assert!(s["ts"].as_f64().unwrap() >= 0.0 && s["dur"].as_f64().unwrap() >= 0.0);
         assert_eq!(
@@ -377,7 +380,10 @@ fn trace_limits_and_text_log() {
     ]);
     assert_eq!(code, 0, "{err}");
     let (v, events) = trace_json(&out);
-    let slices = events.iter().filter(|e| e["ph"] == "X").count();
+    let slices = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "syscall")
+        .count();
     assert_eq!(slices, 100);
     let over = v["otherData"]["dropped_over_max_events"].as_u64().unwrap();
     assert!(over >= 400, "{over}");
@@ -579,4 +585,290 @@ fn top_from_a_running_exporter_needs_no_privileges() {
         .find(|l| l.contains(&cg.rel))
         .unwrap_or_else(|| panic!("{} not in:\n{text}", cg.rel));
     assert!(row.contains("getppid"), "{row}");
+}
+
+/// A loop device over a sparse temporary file, detached on drop.
+struct LoopDevice {
+    /// `/dev/loopN`
+    path: String,
+    /// `loopN`, the kernel's disk name
+    name: String,
+    _backing: tempfile::TempDir,
+}
+
+impl LoopDevice {
+    fn new(size: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("backing.img");
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(size))
+            .expect("create backing file");
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&file)
+            .output()
+            .expect("losetup (util-linux) must be installed");
+        assert!(
+            out.status.success(),
+            "losetup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let name = path.trim_start_matches("/dev/").to_string();
+        Self {
+            path,
+            name,
+            _backing: dir,
+        }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.path]).status();
+    }
+}
+
+/// The args of the last sample (by time) of counter track `name`.
+fn last_counter<'a>(events: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
+    events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == name)
+        .max_by(|a, b| {
+            a["ts"]
+                .as_f64()
+                .unwrap()
+                .total_cmp(&b["ts"].as_f64().unwrap())
+        })
+        .map(|e| &e["args"])
+}
+
+#[test]
+fn trace_has_the_targets_block_io_only() {
+    if !require_root("trace_has_the_targets_block_io_only") {
+        return;
+    }
+    const MIB: u64 = 1024 * 1024;
+    const M_MIB: u64 = 8;
+    let dev = LoopDevice::new(64 * MIB);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("block.json");
+    // The exporter counts the same requests its own way (every cgroup, labelled), to
+    // cross-check the number of requests the kernel issued.
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+
+    // Another workload writes to the same device, in its own cgroup, all along the trace.
+    let other = TestCgroup::new("sysscope-test-trace-other-io");
+    let rounds = dir.path().join("rounds");
+    let mut noise = other
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "while :; do dd if=/dev/zero of={} bs=64k count=16 seek=512 oflag=direct \
+             2>/dev/null; echo >> {}; done",
+            dev.path,
+            rounds.display()
+        ))
+        .spawn()
+        .unwrap();
+    let rounds_done = || {
+        std::fs::read_to_string(&rounds)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    while rounds_done() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let before = rounds_done();
+
+    // The target: exactly M MiB written with O_DIRECT, then read back with O_DIRECT.
+    let script = format!(
+        "dd if=/dev/zero of={d} bs=1M count={M_MIB} oflag=direct 2>/dev/null && \
+         dd if={d} of=/dev/null bs=1M count={M_MIB} iflag=direct 2>/dev/null",
+        d = dev.path
+    );
+    let (code, _, err) = sysscope(&[
+        "trace",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let during = rounds_done() - before;
+    let _ = noise.kill();
+    let _ = noise.wait();
+    assert_eq!(code, 0, "{err}");
+    assert!(during > 0, "the other workload did no I/O during the trace");
+    assert!(!err.contains("no block I/O tracks"), "{err}");
+    eprintln!("{err}");
+
+    let (v, events) = trace_json(&out);
+    let m = M_MIB * MIB;
+    // Counter tracks named after the device end at exactly what dd moved: the other
+    // workload's 1 MiB rounds on the same device are not the target's.
+    let bytes = last_counter(&events, &format!("{} bytes", dev.name))
+        .unwrap_or_else(|| panic!("no `{} bytes` counter track: {err}", dev.name));
+    assert_eq!(bytes["write"].as_u64(), Some(m), "{bytes}");
+    assert_eq!(bytes["read"].as_u64(), Some(m), "{bytes}");
+    let requests = last_counter(&events, &format!("{} requests", dev.name)).unwrap();
+    let (w_req, r_req) = (
+        requests["write"].as_u64().unwrap(),
+        requests["read"].as_u64().unwrap(),
+    );
+    // At least one request per 1 MiB call, whatever the device splits them into.
+    assert!(w_req >= M_MIB && r_req >= M_MIB, "{requests}");
+    // The exporter saw the same number of dd requests on the device outside the other
+    // workload's cgroup (reads by udev probing the device are not dd's).
+    let exporter_requests = |samples: &[Sample], op: &str| {
+        let of = |extra: &[(&str, &str)]| {
+            let mut want = vec![("device", dev.name.as_str()), ("op", op), ("comm", "dd")];
+            want.extend_from_slice(extra);
+            sum(samples, "sysscope_block_io_requests_total", &want) as u64
+        };
+        of(&[]) - of(&[("cgroup", other.rel.as_str())])
+    };
+    let seen = eventually(std::time::Duration::from_secs(10), || {
+        let s = parse_samples(&exporter.scrape());
+        (exporter_requests(&s, "write") == w_req && exporter_requests(&s, "read") == r_req)
+            .then_some(())
+    });
+    if seen.is_none() {
+        let s = parse_samples(&exporter.scrape());
+        panic!(
+            "requests: trace write {w_req} read {r_req}, exporter write {} read {}",
+            exporter_requests(&s, "write"),
+            exporter_requests(&s, "read")
+        );
+    }
+    // The counters start at zero at the trace's start.
+    let first = events
+        .iter()
+        .find(|e| e["ph"] == "C" && e["name"] == format!("{} bytes", dev.name).as_str())
+        .unwrap();
+    assert_eq!(first["ts"].as_f64(), Some(0.0));
+    assert_eq!(first["args"]["write"].as_u64(), Some(0));
+
+    // One slice per request, on tracks named after the device, all of them dd's.
+    let block_pid = events
+        .iter()
+        .find(|e| e["ph"] == "M" && e["args"]["name"] == "block I/O of the target")
+        .expect("block process named")["pid"]
+        .as_u64()
+        .unwrap();
+    let lanes: BTreeMap<u64, String> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["pid"] == block_pid)
+        .map(|e| {
+            (
+                e["tid"].as_u64().unwrap(),
+                e["args"]["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        lanes.values().any(|n| n == &dev.name),
+        "device track names: {lanes:?}"
+    );
+    let slices: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "block")
+        .collect();
+    for op in ["write", "read"] {
+        let of_op: Vec<_> = slices
+            .iter()
+            .filter(|s| s["name"] == op && s["args"]["device"] == dev.name.as_str())
+            .collect();
+        let sum: u64 = of_op
+            .iter()
+            .map(|s| s["args"]["bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(sum, m, "{op}: slices hold {sum} bytes");
+        let expected = if op == "write" { w_req } else { r_req };
+        assert_eq!(of_op.len() as u64, expected, "{op}: slices vs requests");
+        for s in &of_op {
+            assert_eq!(s["args"]["comm"], "dd", "{s}");
+            assert!(lanes[&s["tid"].as_u64().unwrap()].starts_with(&dev.name));
+            assert!(s["dur"].as_f64().unwrap() >= 0.0 && s["args"]["sector"].is_u64());
+        }
+    }
+    // Slices of one track never overlap (viewers need them nested).
+    let mut by_lane: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+    for s in &slices {
+        let ts = s["ts"].as_f64().unwrap();
+        by_lane
+            .entry(s["tid"].as_u64().unwrap())
+            .or_default()
+            .push((ts, ts + s["dur"].as_f64().unwrap()));
+    }
+    for spans in by_lane.values_mut() {
+        spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for w in spans.windows(2) {
+            assert!(w[0].1 <= w[1].0 + 1e-3, "overlap: {w:?}");
+        }
+    }
+    let totals = &v["otherData"]["block_io"];
+    assert_eq!(
+        totals["totals"][&dev.name]["write"]["bytes"].as_u64(),
+        Some(m)
+    );
+    assert_eq!(totals["requests_dropped_over_max_events"], 0);
+    assert_eq!(
+        v["otherData"]["block_io_requests_dropped_ring_buffer_full"],
+        0
+    );
+    // The syscalls are still all there: each dd reads and writes M_MIB blocks of 1 MiB.
+    for call in ["read", "write"] {
+        let n = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "syscall" && e["name"] == call)
+            .filter(|e| e["args"]["ret"].as_u64() == Some(MIB))
+            .count();
+        assert_eq!(n as u64, 2 * M_MIB, "{call}");
+    }
+
+    // The text log ends with the totals.
+    let (code, text, err) = sysscope(&[
+        "trace", "-q", "--text", "-o", "-", "--", "sh", "-c", &script,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for op in ["write", "read"] {
+        let line = format!("# block I/O {} {op}: {m} bytes in ", dev.name);
+        assert!(text.lines().any(|l| l.starts_with(&line)), "{text}");
+    }
+}
+
+#[test]
+fn trace_without_block_tracepoints_still_traces_syscalls() {
+    if !require_root("trace_without_block_tracepoints_still_traces_syscalls") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("noblock.json");
+    // The kernel's own attach failure, injected for the completion program.
+    let run = Command::new(sysscope_bin())
+        .env("SYSSCOPE_FAULT_ATTACH", "block_rq_complete")
+        .args(["trace", "-q", "-o", out.to_str().unwrap(), "--"])
+        .args([workload_bin(), "getppid", "50"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("no block I/O tracks") && err.contains("block_rq_complete"),
+        "{err}"
+    );
+    let (v, events) = trace_json(&out);
+    let getppid = events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "getppid")
+        .count();
+    assert_eq!(getppid, 50);
+    assert!(v["otherData"]["block_io_off"]
+        .as_str()
+        .unwrap()
+        .contains("block_rq_complete"));
+    assert!(!events.iter().any(|e| e["cat"] == "block"));
 }

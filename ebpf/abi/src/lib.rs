@@ -85,6 +85,7 @@ pub mod maps {
     pub const TRACE_TARGETS: &str = "TRACE_TARGETS";
     pub const TRACE_CGROUPS: &str = "TRACE_CGROUPS";
     pub const TRACE_PATH_ARGS: &str = "TRACE_PATH_ARGS";
+    pub const TRACE_BLOCK_EVENTS: &str = "TRACE_BLOCK_EVENTS";
 }
 
 /// Names of the programs in the object file.
@@ -118,6 +119,11 @@ pub mod globals {
     pub const SYSCALL_TARGET_ONLY: &str = "SYSCALL_TARGET_ONLY";
     /// [`crate::BlockProbeConfig`]: kernel struct offsets and switches of the block probes.
     pub const BLOCK_CONFIG: &str = "BLOCK_CONFIG";
+    /// `u32`: non-zero when the block probes record only the requests of the trace target
+    /// (see [`crate::BlockInflight::traced`]) and stream each one, at completion, to
+    /// `TRACE_BLOCK_EVENTS`: set by `sysscope trace`; 0 (every request, no stream) for the
+    /// exporter.
+    pub const BLOCK_TRACE: &str = "BLOCK_TRACE";
 }
 
 /// Indices into `PROBE_COUNTERS`, a per-CPU array of `u64`: what the probes could not record.
@@ -147,6 +153,8 @@ pub mod counters {
     pub const TRACE_RINGBUF_FULL: u32 = 10;
     /// Block I/O: an insert into `BLOCK_LATENCY` failed because the map is full.
     pub const BLOCK_LATENCY_FULL: u32 = 11;
+    /// Trace: a block request of the target was not streamed: `TRACE_BLOCK_EVENTS` was full.
+    pub const TRACE_BLOCK_RINGBUF_FULL: u32 = 12;
     /// Number of counters.
     pub const COUNT: u32 = 16;
 }
@@ -426,7 +434,8 @@ pub struct BlockProbeConfig {
     pub cgroup_level: u32,
     pub kn_id: u32,
     pub ops: block_op::ReqOps,
-    pub _pad: u32,
+    /// `struct request`: `__sector` (only read when `BLOCK_TRACE` is set; [`NO_FIELD`]: 0).
+    pub rq_sector: u32,
 }
 
 impl BlockProbeConfig {
@@ -451,7 +460,7 @@ impl BlockProbeConfig {
         cgroup_level: NO_FIELD,
         kn_id: NO_FIELD,
         ops: block_op::ReqOps::LINUX,
-        _pad: 0,
+        rq_sector: NO_FIELD,
     };
 }
 
@@ -495,7 +504,12 @@ pub struct BlockInflight {
     /// The issuing task's name.
     pub comm: [u8; 16],
     pub op: u8,
-    pub _pad: [u8; 7],
+    /// Non-zero: the request is the trace target's (decided at submission, or issue, when
+    /// `BLOCK_TRACE` is set; always 0 otherwise).
+    pub traced: u8,
+    pub _pad: [u8; 6],
+    /// First sector at issue (when `BLOCK_TRACE` is set).
+    pub sector: u64,
 }
 
 /// Key of `BLOCK_STATS`: bytes and requests per (cgroup, process, device, op).
@@ -559,6 +573,33 @@ impl Default for BlockLatency {
     fn default() -> Self {
         Self::ZERO
     }
+}
+
+/// One completed block request of a traced target (`TRACE_BLOCK_EVENTS`), streamed only by
+/// `sysscope trace`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockTraceEvent {
+    /// `bpf_ktime_get_ns()` at submission (equal to `issue_ns` when not seen), issue to the
+    /// driver and final completion (CLOCK_MONOTONIC).
+    pub submit_ns: u64,
+    pub issue_ns: u64,
+    pub complete_ns: u64,
+    /// First sector (512 bytes) at issue.
+    pub sector: u64,
+    /// Bytes completed (for a discard, the range discarded).
+    pub bytes: u64,
+    /// The cgroup the request is charged to (see [`charged_cgroup`]).
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    /// Kernel `dev_t` of the disk (see [`dev`]).
+    pub dev: u32,
+    pub comm: [u8; 16],
+    /// [`block_op`] class.
+    pub op: u8,
+    /// `blk_status_t` of the last completion (0: success).
+    pub error: u8,
+    pub _pad: [u8; 6],
 }
 
 /// Bytes of a path argument copied into a [`TraceEvent`] (NUL-terminated, truncated beyond).
@@ -646,6 +687,7 @@ mod pod {
     unsafe impl aya::Pod for BlockProbeConfig {}
     unsafe impl aya::Pod for TraceEvent {}
     unsafe impl aya::Pod for TraceThread {}
+    unsafe impl aya::Pod for BlockTraceEvent {}
 }
 
 #[cfg(test)]

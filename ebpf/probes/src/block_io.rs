@@ -21,6 +21,12 @@
 //! histogram count always agree. The stats and latency maps are shared by all CPUs and updated
 //! with atomic adds: block I/O rates are far below syscall rates, and shared maps keep the
 //! memory independent of the number of CPUs.
+//!
+//! `sysscope trace` sets the global `BLOCK_TRACE`: a request is then decided at submission
+//! (or issue) to be the trace target's or not (`BlockInflight::traced`, the trace programs'
+//! filter applied to the task the request is charged to), only the target's requests reach
+//! `BLOCK_STATS` and `BLOCK_LATENCY`, and each of them is streamed at its final completion
+//! to the `TRACE_BLOCK_EVENTS` ring buffer (drops: `PROBE_COUNTERS[TRACE_BLOCK_RINGBUF_FULL]`).
 
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
@@ -31,12 +37,12 @@ use aya_ebpf::{
         bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_current_ancestor_cgroup_id,
     },
     macros::{map, raw_tracepoint},
-    maps::HashMap,
+    maps::{HashMap, RingBuf},
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
     block_op, charged_cgroup, counters, dev, hist, BlockInflight, BlockKey, BlockLatency,
-    BlockLatencyKey, BlockProbeConfig, BlockStats, NO_FIELD,
+    BlockLatencyKey, BlockProbeConfig, BlockStats, BlockTraceEvent, NO_FIELD,
 };
 
 use crate::common::{count_drop, EEXIST};
@@ -50,6 +56,20 @@ static BLOCK_STATS: HashMap<BlockKey, BlockStats> = HashMap::with_max_entries(81
 
 #[map(name = "BLOCK_LATENCY")]
 static BLOCK_LATENCY: HashMap<BlockLatencyKey, BlockLatency> = HashMap::with_max_entries(1024, 0);
+
+/// Completed requests of the trace target, when `BLOCK_TRACE` is set. One page by default:
+/// the exporter never streams; `sysscope trace` sizes it.
+#[map(name = "TRACE_BLOCK_EVENTS")]
+static TRACE_BLOCK_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
+
+/// Non-zero: record only the trace target's requests and stream them; set by the loader.
+#[unsafe(no_mangle)]
+static BLOCK_TRACE: u32 = 0;
+
+#[inline(always)]
+fn tracing_target() -> bool {
+    unsafe { core::ptr::read_volatile(&BLOCK_TRACE) != 0 }
+}
 
 /// Set by the loader from kernel BTF; all `NO_FIELD` (and `ready == 0`) until then.
 #[unsafe(no_mangle)]
@@ -134,17 +154,37 @@ pub fn block_io_start(ctx: RawTracePointContext) -> i32 {
 #[inline(always)]
 fn submitter(rq: u64, cfg: &BlockProbeConfig, now: u64, issue_ns: u64) -> BlockInflight {
     let current = unsafe { bpf_get_current_cgroup_id() };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let cgroup_id = request_cgroup(rq, cfg, current);
+    let traced = tracing_target() && is_traced(pid_tgid, current, cgroup_id);
     BlockInflight {
         submit_ns: now,
         issue_ns,
-        cgroup_id: request_cgroup(rq, cfg, current),
+        cgroup_id,
         done_bytes: 0,
-        tgid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        tgid: (pid_tgid >> 32) as u32,
         dev: 0,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
         op: 0,
-        _pad: [0; 7],
+        traced: traced as u8,
+        _pad: [0; 6],
+        sector: 0,
     }
+}
+
+/// Whether a request charged to `charged` and submitted by the current task belongs to the
+/// trace target, as the exporter would attribute it: charged to the task's own cgroup, it is
+/// the target's when the task is (the trace programs' filter: the target cgroup and its
+/// descendants, or a traced tgid); charged to another cgroup (writeback or a worker acting
+/// for a bio's cgroup), when that cgroup is the target cgroup itself, or the task's tgid
+/// is traced (`--pid` follows the submitting process, like the exporter's `pid` label).
+#[inline(always)]
+fn is_traced(pid_tgid: u64, current: u64, charged: u64) -> bool {
+    if charged == current {
+        return crate::trace::is_target(pid_tgid);
+    }
+    let target = crate::trace::target_cgroup();
+    (target != 0 && charged == target) || crate::trace::is_target_tgid(pid_tgid)
 }
 
 /// The request goes to the driver: the latency clock starts. Attribution comes from
@@ -173,12 +213,18 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
             (*entry).issue_ns = now;
             (*entry).dev = dev;
             (*entry).op = op;
+            if (*entry).traced != 0 {
+                (*entry).sector = read::<u64>(rq, cfg.rq_sector).unwrap_or(0);
+            }
         }
         return 0;
     }
     let mut entry = submitter(rq, &cfg, now, now);
     entry.dev = dev;
     entry.op = op;
+    if entry.traced != 0 {
+        entry.sector = read::<u64>(rq, cfg.rq_sector).unwrap_or(0);
+    }
     if BLOCK_INFLIGHT.insert(&rq, &entry, 0).is_err() {
         count_drop(counters::BLOCK_INFLIGHT_FULL);
     }
@@ -215,7 +261,17 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
         // (the flush is a request of its own), or one ended early. Not device I/O.
         return 0;
     }
+    let tracing = tracing_target();
+    if tracing && e.traced == 0 {
+        // Another workload's request: the trace records the target's only.
+        return 0;
+    }
     let bytes = e.done_bytes + nr_bytes;
+    if tracing {
+        // TP_PROTO(..., blk_status_t error, ...): a u8.
+        let error = ctx.arg::<u64>(1) as u8;
+        stream(&e, bytes, now, error);
+    }
     let key = BlockKey {
         cgroup_id: e.cgroup_id,
         tgid: e.tgid,
@@ -237,6 +293,29 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
     };
     record_latency(&lkey, now.saturating_sub(e.issue_ns));
     0
+}
+
+/// Streams one completed request of the target, or counts it lost when the buffer is full.
+#[inline(always)]
+fn stream(e: &BlockInflight, bytes: u64, now: u64, error: u8) {
+    let Some(mut entry) = TRACE_BLOCK_EVENTS.reserve::<BlockTraceEvent>(0) else {
+        count_drop(counters::TRACE_BLOCK_RINGBUF_FULL);
+        return;
+    };
+    let out = unsafe { &mut *entry.as_mut_ptr() };
+    out.submit_ns = e.submit_ns;
+    out.issue_ns = e.issue_ns;
+    out.complete_ns = now;
+    out.sector = e.sector;
+    out.bytes = bytes;
+    out.cgroup_id = e.cgroup_id;
+    out.tgid = e.tgid;
+    out.dev = e.dev;
+    out.comm = e.comm;
+    out.op = e.op;
+    out.error = error;
+    out._pad = [0; 6];
+    entry.submit(0);
 }
 
 #[inline(always)]

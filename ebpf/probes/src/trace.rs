@@ -60,7 +60,7 @@ static TRACE_FILTER_TGIDS: u32 = 0;
 /// command-line tools ask them to count the target only).
 #[inline(always)]
 pub fn is_target(pid_tgid: u64) -> bool {
-    let cgroup = unsafe { core::ptr::read_volatile(&TRACE_CGROUP_ID) };
+    let cgroup = target_cgroup();
     if cgroup != 0 {
         if unsafe { bpf_get_current_cgroup_id() } == cgroup {
             return true;
@@ -70,6 +70,12 @@ pub fn is_target(pid_tgid: u64) -> bool {
             return true;
         }
     }
+    is_target_tgid(pid_tgid)
+}
+
+/// Whether the current process is one of the traced tgids (`--pid`).
+#[inline(always)]
+pub fn is_target_tgid(pid_tgid: u64) -> bool {
     if unsafe { core::ptr::read_volatile(&TRACE_FILTER_TGIDS) } != 0 {
         let tgid = (pid_tgid >> 32) as u32;
         if TRACE_TARGETS.get_ptr(&tgid).is_some() {
@@ -77,6 +83,12 @@ pub fn is_target(pid_tgid: u64) -> bool {
         }
     }
     false
+}
+
+/// The target cgroup's id (0: no cgroup filter).
+#[inline(always)]
+pub fn target_cgroup() -> u64 {
+    unsafe { core::ptr::read_volatile(&TRACE_CGROUP_ID) }
 }
 
 #[raw_tracepoint(tracepoint = "sys_enter")]

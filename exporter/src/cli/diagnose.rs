@@ -1026,6 +1026,7 @@ pub fn run(args: &DiagnoseArgs, config: &Config) -> Result<u8, CliError> {
         profile: true,
         events: !args.no_trace,
         ring_buffer_bytes: ring_bytes,
+        block_ring_buffer_bytes: 0,
         quiet: args.target.quiet,
     };
     let m = measure::run(&mut session, config, "diagnose", wants, &mut features)?;

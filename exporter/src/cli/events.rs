@@ -7,9 +7,9 @@
 use std::{os::fd::AsRawFd, time::Duration};
 
 use aya::maps::{Array, CgroupArray, HashMap as BpfHashMap, MapData, RingBuf};
-use sysscope_abi::{maps, programs, TraceEvent};
+use sysscope_abi::{maps, programs, BlockTraceEvent, TraceEvent};
 
-use super::{session::Session, CliError};
+use super::{block::BlockTotals, session::Session, CliError};
 use crate::{probes::Probes, syscall_table};
 
 /// Receives trace records as they arrive.
@@ -19,6 +19,10 @@ pub trait EventSink {
     fn event(&mut self, event: &TraceEvent);
     /// Called every loop iteration (about ten times a second), e.g. to sample counters.
     fn tick(&mut self, _now_ns: u64) {}
+    /// One completed block request of the target (`sysscope trace` with block tracks).
+    fn block_event(&mut self, _event: &BlockTraceEvent) {}
+    /// The target's cumulative block I/O so far, read before every [`EventSink::tick`].
+    fn block_totals(&mut self, _totals: &BlockTotals) {}
 }
 
 /// A sink that ignores everything (runs without a stream).
@@ -154,15 +158,17 @@ impl EventStream {
         Ok(Self { ring, received: 0 })
     }
 
-    /// Waits up to `timeout` for records.
-    pub fn wait(&self, timeout: Duration) {
-        let mut fds = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
+    /// Waits up to `timeout` for records (here, or in the ring buffer behind `also`).
+    pub fn wait(&self, timeout: Duration, also: Option<i32>) {
+        let poll = |fd: i32| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one valid pollfd; an interrupted or failed poll just returns early.
-        unsafe { libc::poll(&mut fds, 1, timeout.as_millis() as i32) };
+        let mut fds = [poll(self.ring.as_raw_fd()), poll(also.unwrap_or(-1))];
+        let n = if also.is_some() { 2 } else { 1 };
+        // SAFETY: `n` valid pollfds; an interrupted or failed poll just returns early.
+        unsafe { libc::poll(fds.as_mut_ptr(), n, timeout.as_millis() as i32) };
     }
 
     /// Hands every record waiting in the ring buffer to `sink`.

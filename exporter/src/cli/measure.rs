@@ -1,10 +1,12 @@
 //! The measuring loop shared by `summary`, `trace` and `diagnose`: load the probes for the
-//! target, start it, read the syscall maps and/or the trace stream until the session ends,
-//! and report what the probes dropped.
+//! target, start it, read the syscall maps and/or the trace stream (and, for `trace`, the
+//! target's block I/O, see [`super::block`]) until the session ends, and report what the
+//! probes dropped.
 
 use std::time::{Duration, Instant};
 
 use super::{
+    block::{self, BlockStream},
     events::{set_target_filter, EventSink, EventStream},
     profile::{DropCounters, ProbeDrops, Profile, ProfileReader},
     progress::{thousands, Progress},
@@ -30,6 +32,9 @@ pub struct Wants {
     pub events: bool,
     /// Trace ring buffer size in bytes (with `events`).
     pub ring_buffer_bytes: u32,
+    /// Also the target's block I/O (`trace`): totals and requests to the sink; the ring
+    /// buffer of requests gets this many bytes. 0: no block I/O.
+    pub block_ring_buffer_bytes: u32,
     pub quiet: bool,
 }
 
@@ -51,6 +56,10 @@ pub struct Measurement {
     pub cpu: Option<CpuUsage>,
     /// Trace records received.
     pub events: u64,
+    /// Why the target's block I/O was not recorded, when it was asked for and could not be.
+    pub block_off: Option<String>,
+    /// Block requests of the target received.
+    pub block_events: u64,
 }
 
 /// The configuration the tools load probes with: the user's limits, no slow-call sampling.
@@ -86,6 +95,23 @@ pub fn run(
         options.trace_ring_buffer_bytes = wants.ring_buffer_bytes;
         options.trace_max_threads = config.limits.max_threads;
     }
+    let mut block_off = None;
+    let block_plan = if wants.block_ring_buffer_bytes > 0 {
+        match block::plan(config) {
+            Ok(plan) => {
+                options.block_io = Some(plan.probe);
+                options.block_trace = true;
+                options.block_trace_ring_buffer_bytes = wants.block_ring_buffer_bytes;
+                Some(plan)
+            }
+            Err(why) => {
+                block_off = Some(why);
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut probes = Probes::load(&tool_config(config), &options)?;
     let drop_counters = DropCounters::take(&mut probes)?;
     set_target_filter(&mut probes, session)?;
@@ -99,6 +125,20 @@ pub fn run(
     } else {
         None
     };
+    // Optional: without it the syscalls are still traced.
+    let mut blocks = match &block_plan {
+        Some(plan) => match BlockStream::attach(&mut probes, config, plan) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                block_off = Some(e.to_string());
+                None
+            }
+        },
+        None => None,
+    };
+    if let Some(why) = &block_off {
+        eprintln!("sysscope {tool}: no block I/O tracks: {why}");
+    }
     let cpu_before = read_cpu_stat(session);
     session.start()?;
     if !wants.quiet && session.child_pid().is_none() {
@@ -124,10 +164,14 @@ pub fn run(
     let stop = loop {
         match stream.as_mut() {
             Some(s) => {
-                s.wait(TICK);
+                s.wait(TICK, blocks.as_ref().map(BlockStream::fd));
                 s.drain(sink);
             }
             None => std::thread::sleep(TICK),
+        }
+        if let Some(b) = blocks.as_mut() {
+            b.drain(sink);
+            sink.block_totals(b.totals());
         }
         sink.tick(super::monotonic_ns());
         if let Some(stop) = session.poll() {
@@ -159,6 +203,12 @@ pub fn run(
     if let Some(s) = stream.as_mut() {
         s.drain(sink);
     }
+    // Direct I/O completes before the call that issued it returns: by now every request of
+    // an exited command is in the maps.
+    if let Some(b) = blocks.as_mut() {
+        b.drain(sink);
+        sink.block_totals(b.totals());
+    }
     progress.done();
     let cpu = match (cpu_before, read_cpu_stat(session)) {
         (Some(a), Some(b)) => Some(CpuUsage {
@@ -176,6 +226,7 @@ pub fn run(
         );
     }
     let events = stream.map(|s| s.received).unwrap_or(0);
+    let block_events = blocks.map(|b| b.received).unwrap_or(0);
     // Detach every probe before the results are written.
     drop(probes);
     Ok(Measurement {
@@ -185,6 +236,8 @@ pub fn run(
         drops,
         cpu,
         events,
+        block_off,
+        block_events,
     })
 }
 

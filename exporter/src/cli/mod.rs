@@ -8,6 +8,7 @@
 //! into per-syscall totals, [`events`] streams `TRACE_EVENTS`; one module per subcommand
 //! renders the result.
 
+pub mod block;
 pub mod diagnose;
 pub mod events;
 pub mod format;

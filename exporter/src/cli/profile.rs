@@ -171,6 +171,8 @@ pub struct ProbeDrops {
     pub threads_full: u64,
     /// Trace records lost: the ring buffer was full.
     pub trace_ring_buffer_full: u64,
+    /// Block requests of the target not streamed: their ring buffer was full.
+    pub block_ring_buffer_full: u64,
 }
 
 /// Reads `PROBE_COUNTERS` (what the probes could not record).
@@ -203,6 +205,7 @@ impl DropCounters {
                 + self.get(counters::SYSCALL_ERRORS_FULL),
             threads_full: self.get(counters::SYSCALL_THREADS_FULL),
             trace_ring_buffer_full: self.get(counters::TRACE_RINGBUF_FULL),
+            block_ring_buffer_full: self.get(counters::TRACE_BLOCK_RINGBUF_FULL),
         }
     }
 }

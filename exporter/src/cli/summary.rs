@@ -180,6 +180,7 @@ pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
         profile: true,
         events: false,
         ring_buffer_bytes: 0,
+        block_ring_buffer_bytes: 0,
         quiet: args.target.quiet,
     };
     let m = measure::run(&mut session, config, "summary", wants, &mut NoEvents)?;

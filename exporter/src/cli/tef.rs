@@ -6,23 +6,107 @@
 //! `M` metadata naming every process and thread (and labelling processes with their cgroup),
 //! `C` counter tracks for the node's CPU utilisation (and GPUs when NVML is present) on a
 //! "node" process (pid 0), and `otherData` with the clock, the target and what was dropped.
+//! The target's block I/O, when recorded, goes to a "block I/O of the target" process
+//! ([`BLOCK_PID`]): `C` counter tracks `<device> bytes` and `<device> requests` (cumulative,
+//! one series per op) and one `X` slice per request, issue to completion, on tracks named
+//! after the device (several per device when requests overlap, so slices always nest).
 //! Records are streamed to the file as they arrive, so memory stays flat; metadata comes last.
 
 use std::{
     collections::{BTreeMap, HashMap},
     io::Write,
+    sync::Arc,
 };
 
-use sysscope_abi::{trace_flags, TraceEvent};
+use sysscope_abi::{block_op, trace_flags, BlockTraceEvent, TraceEvent};
 
-use super::{events::EventSink, format};
+use super::{block::BlockTotals, events::EventSink, format};
 use crate::{
-    metadata::cgroups::{self, CgroupResolver},
+    metadata::{
+        cgroups::{self, CgroupResolver},
+        devices::DeviceResolver,
+    },
     syscall_table,
 };
 
 /// Pid of the synthetic process that carries the node's counter tracks.
 pub const NODE_PID: u32 = 0;
+
+/// Pid of the synthetic process that carries the target's block I/O tracks: above any pid
+/// the kernel hands out (`pid_max` is at most 2^22), within an i32 as viewers expect.
+pub const BLOCK_PID: u32 = 0x7fff_0000;
+
+/// Tracks per device for requests in flight at once; beyond, slices may overlap.
+const MAX_LANES_PER_DEVICE: usize = 64;
+
+/// The target's block I/O as tracks: device names, slice lanes, the latest totals.
+#[derive(Debug, Default)]
+struct BlockTracks {
+    devices: DeviceResolver,
+    names: HashMap<u32, Arc<str>>,
+    /// Per device: (tid, end of the latest slice) of each lane.
+    lanes: HashMap<u32, Vec<(u32, u64)>>,
+    /// Lane tid -> track name.
+    lane_names: BTreeMap<u32, String>,
+    /// Latest totals, and the values of the last counter sample written.
+    totals: BlockTotals,
+    sampled: BlockTotals,
+}
+
+impl BlockTracks {
+    fn name(&mut self, dev: u32) -> Arc<str> {
+        if let Some(n) = self.names.get(&dev) {
+            return n.clone();
+        }
+        let n = self.devices.resolve(dev);
+        self.names.insert(dev, n.clone());
+        n
+    }
+
+    /// The track of a slice from `start` to `end` on `dev`: the first lane whose slices all
+    /// ended by `start`. Requests arrive in completion order, so a lane whose latest end is
+    /// at or before `start` holds nothing the new slice could overlap.
+    fn lane(&mut self, dev: u32, start: u64, end: u64) -> u32 {
+        let name = self.name(dev);
+        let lanes = self.lanes.entry(dev).or_default();
+        let free = lanes.iter().position(|(_, last_end)| *last_end <= start);
+        let i = match free {
+            Some(i) => i,
+            None if lanes.len() < MAX_LANES_PER_DEVICE => {
+                let tid = BLOCK_PID + 1 + self.lane_names.len() as u32;
+                let label = if lanes.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{name} ({})", lanes.len() + 1)
+                };
+                self.lane_names.insert(tid, label);
+                lanes.push((tid, 0));
+                lanes.len() - 1
+            }
+            // Full: the lane that frees first (slices there may overlap).
+            None => lanes
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, (_, e))| *e)
+                .map(|(i, _)| i)
+                .unwrap_or(0),
+        };
+        let lane = &mut lanes[i];
+        lane.1 = lane.1.max(end);
+        lane.0
+    }
+
+    /// (device name, op name, bytes, requests) of every total, by device then op.
+    fn summary(&mut self) -> Vec<(Arc<str>, &'static str, u64, u64)> {
+        let totals: Vec<_> = self.totals.iter().map(|(k, v)| (*k, *v)).collect();
+        totals
+            .into_iter()
+            .filter_map(|((dev, op), (bytes, requests))| {
+                Some((self.name(dev), block_op::name(op)?, bytes, requests))
+            })
+            .collect()
+    }
+}
 
 /// The output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +206,10 @@ pub struct WriterStats {
     pub over_limit: u64,
     /// Counter samples written.
     pub counter_samples: u64,
+    /// Block request slices written.
+    pub block_written: u64,
+    /// Block requests received beyond `--max-events` (a budget of their own).
+    pub block_over_limit: u64,
 }
 
 /// The trace writer: an [`EventSink`] streaming to `out`.
@@ -139,6 +227,8 @@ pub struct TraceWriter {
     gpu: Option<GpuSampler>,
     sample_every_ns: u64,
     next_sample_ns: u64,
+    /// Present once block totals or requests of the target arrived.
+    block: Option<BlockTracks>,
 }
 
 impl std::fmt::Debug for TraceWriter {
@@ -186,6 +276,7 @@ impl TraceWriter {
             gpu,
             sample_every_ns: counters_every_ns,
             next_sample_ns: 0,
+            block: None,
         };
         if format == Format::TraceEventJson {
             w.raw("{\"traceEvents\":[\n");
@@ -247,6 +338,111 @@ impl TraceWriter {
         self.json_event(&body);
     }
 
+    fn block_slice(&mut self, e: &BlockTraceEvent) {
+        let Some(op) = block_op::name(e.op) else {
+            return;
+        };
+        let block = self.block.get_or_insert_with(BlockTracks::default);
+        let device = block.name(e.dev);
+        let tid = block.lane(e.dev, e.issue_ns, e.complete_ns);
+        let latency = e.complete_ns.saturating_sub(e.issue_ns);
+        let mut args = format!(
+            "\"device\":{},\"op\":\"{op}\",\"bytes\":{},\"sector\":{},\"latency_us\":{},\"queued_us\":{},\"pid\":{},\"comm\":{}",
+            json_str(&device),
+            e.bytes,
+            e.sector,
+            micros(latency),
+            micros(e.issue_ns.saturating_sub(e.submit_ns)),
+            e.tgid,
+            json_str(&crate::metadata::processes::comm_from_bytes(&e.comm)),
+        );
+        if e.error != 0 {
+            args.push_str(&format!(",\"error\":{}", e.error));
+        }
+        let body = format!(
+            "{{\"ph\":\"X\",\"cat\":\"block\",\"name\":\"{op}\",\"pid\":{BLOCK_PID},\"tid\":{tid},\"ts\":{},\"dur\":{},\"args\":{{{args}}}}}",
+            micros(e.issue_ns.saturating_sub(self.base_ns)),
+            micros(latency)
+        );
+        self.json_event(&body);
+    }
+
+    /// Block counter samples: `<device> bytes` and `<device> requests`, one series per op
+    /// (bytes without `flush`, which moves none). A device starts at 0 at the trace's start;
+    /// later samples are written when a value changed, and always with `force`.
+    fn sample_block(&mut self, now_ns: u64, force: bool) {
+        let Some(block) = self.block.as_mut() else {
+            return;
+        };
+        let mut samples: Vec<(String, u64, String)> = Vec::new();
+        let devices: Vec<u32> = block
+            .totals
+            .keys()
+            .map(|(d, _)| *d)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for dev in devices {
+            let ops: Vec<(u8, (u64, u64))> = block
+                .totals
+                .range((dev, 0)..=(dev, u8::MAX))
+                .map(|((_, op), v)| (*op, *v))
+                .collect();
+            let new_device = !block.sampled.keys().any(|(d, _)| *d == dev);
+            let changed = ops
+                .iter()
+                .any(|(op, v)| block.sampled.get(&(dev, *op)) != Some(v));
+            if !(changed || force) {
+                continue;
+            }
+            let name = block.name(dev);
+            let series = |bytes: bool, zero: bool| {
+                ops.iter()
+                    .filter(|(op, _)| !(bytes && *op == block_op::FLUSH))
+                    .filter_map(|(op, (b, r))| {
+                        let v = if zero {
+                            0
+                        } else if bytes {
+                            *b
+                        } else {
+                            *r
+                        };
+                        Some(format!("\"{}\":{v}", block_op::name(*op)?))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            let base = self.base_ns;
+            for (unit, bytes) in [("bytes", true), ("requests", false)] {
+                let track = format!("{name} {unit}");
+                if new_device {
+                    samples.push((track.clone(), base, series(bytes, true)));
+                }
+                samples.push((track, now_ns, series(bytes, false)));
+            }
+            for (op, v) in ops {
+                block.sampled.insert((dev, op), v);
+            }
+        }
+        for (track, ts, args) in samples {
+            let body = format!(
+                "{{\"ph\":\"C\",\"name\":{},\"pid\":{BLOCK_PID},\"tid\":{BLOCK_PID},\"ts\":{},\"args\":{{{args}}}}}",
+                json_str(&track),
+                micros(ts.saturating_sub(self.base_ns))
+            );
+            self.json_event(&body);
+            self.stats.counter_samples += 1;
+        }
+    }
+
+    /// (device, op, bytes, requests) of the target's block I/O so far, by device then op.
+    pub fn block_summary(&mut self) -> Vec<(Arc<str>, &'static str, u64, u64)> {
+        self.block
+            .as_mut()
+            .map(BlockTracks::summary)
+            .unwrap_or_default()
+    }
+
     fn counter(&mut self, name: &str, ts_ns: u64, values: &[(&str, f64)]) {
         let args = values
             .iter()
@@ -299,8 +495,13 @@ impl TraceWriter {
     pub fn finish(mut self, other: serde_json::Value) -> Result<WriterStats, std::io::Error> {
         if self.sample_every_ns > 0 {
             // One last sample, so even a run shorter than the period has its counters.
-            self.sample_counters(super::monotonic_ns());
+            let now = super::monotonic_ns();
+            self.sample_counters(now);
+            if self.format == Format::TraceEventJson {
+                self.sample_block(now, true);
+            }
         }
+        let block_summary = self.block_summary();
         match self.format {
             Format::TraceEventJson => {
                 let threads = std::mem::take(&mut self.threads);
@@ -313,6 +514,14 @@ impl TraceWriter {
                 }
                 if self.cpu.is_some() || self.gpu.is_some() {
                     processes.insert(NODE_PID, "node".to_string());
+                }
+                let lanes = self
+                    .block
+                    .as_ref()
+                    .map(|b| b.lane_names.clone())
+                    .unwrap_or_default();
+                if !lanes.is_empty() || !block_summary.is_empty() {
+                    processes.insert(BLOCK_PID, "block I/O of the target".to_string());
                 }
                 let mut resolver = None;
                 for (pid, name) in &processes {
@@ -338,6 +547,13 @@ impl TraceWriter {
                     );
                     self.json_event(&body);
                 }
+                for (tid, name) in &lanes {
+                    let body = format!(
+                        "{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":{BLOCK_PID},\"tid\":{tid},\"args\":{{\"name\":{}}}}}",
+                        json_str(name)
+                    );
+                    self.json_event(&body);
+                }
                 let mut data = serde_json::json!({
                     "tool": "sysscope trace",
                     "version": crate::agent::VERSION,
@@ -346,6 +562,20 @@ impl TraceWriter {
                     "events_written": self.stats.written,
                     "dropped_over_max_events": self.stats.over_limit,
                 });
+                if self.block.is_some() {
+                    let mut devices = serde_json::Map::new();
+                    for (dev, op, bytes, requests) in &block_summary {
+                        let entry = devices
+                            .entry(dev.to_string())
+                            .or_insert_with(|| serde_json::json!({}));
+                        entry[*op] = serde_json::json!({"bytes": bytes, "requests": requests});
+                    }
+                    data["block_io"] = serde_json::json!({
+                        "totals": devices,
+                        "requests_written": self.stats.block_written,
+                        "requests_dropped_over_max_events": self.stats.block_over_limit,
+                    });
+                }
                 if let (Some(obj), serde_json::Value::Object(extra)) = (data.as_object_mut(), other)
                 {
                     obj.extend(extra);
@@ -357,6 +587,11 @@ impl TraceWriter {
                 self.raw(&tail);
             }
             Format::Text => {
+                for (dev, op, bytes, requests) in &block_summary {
+                    let line =
+                        format!("# block I/O {dev} {op}: {bytes} bytes in {requests} requests\n");
+                    self.raw(&line);
+                }
                 let line = format!(
                     "# sysscope trace: {} calls written, {} over --max-events, {}\n",
                     self.stats.written, self.stats.over_limit, other
@@ -427,8 +662,31 @@ impl EventSink for TraceWriter {
     fn tick(&mut self, now_ns: u64) {
         if self.sample_every_ns > 0 && now_ns >= self.next_sample_ns {
             self.sample_counters(now_ns);
+            if self.format == Format::TraceEventJson {
+                self.sample_block(now_ns, false);
+            }
             self.next_sample_ns = now_ns + self.sample_every_ns;
         }
+    }
+
+    fn block_event(&mut self, e: &BlockTraceEvent) {
+        // Per-request detail is for the timeline; the text log gets the totals.
+        if self.format != Format::TraceEventJson {
+            return;
+        }
+        if self.stats.block_written >= self.max_events {
+            self.stats.block_over_limit += 1;
+            return;
+        }
+        self.stats.block_written += 1;
+        self.block_slice(e);
+    }
+
+    fn block_totals(&mut self, totals: &BlockTotals) {
+        if totals.is_empty() && self.block.is_none() {
+            return;
+        }
+        self.block.get_or_insert_with(BlockTracks::default).totals = totals.clone();
     }
 }
 
@@ -495,6 +753,72 @@ mod tests {
         );
         assert_eq!(v["otherData"]["dropped_over_max_events"], 1);
         assert_eq!(v["otherData"]["target"], "x");
+    }
+
+    #[test]
+    fn block_requests_and_totals_become_tracks() {
+        use sysscope_abi::dev;
+        let buf = Shared::default();
+        // A device number no machine has: the track is named major:minor.
+        let disk = dev::make(4000, 7);
+        let mut w = TraceWriter::new(Box::new(buf.clone()), Format::TraceEventJson, 10, 1);
+        w.start(1_000_000);
+        let rq = |issue: u64, complete: u64, op: u8, bytes: u64| BlockTraceEvent {
+            submit_ns: issue,
+            issue_ns: issue,
+            complete_ns: complete,
+            sector: 8,
+            bytes,
+            tgid: 42,
+            dev: disk,
+            op,
+            ..BlockTraceEvent::default()
+        };
+        // Completion order: B (inside A) first, then A, then C after both.
+        w.block_event(&rq(1_100_000, 1_200_000, block_op::WRITE, 4096));
+        w.block_event(&rq(1_050_000, 1_300_000, block_op::WRITE, 8192));
+        w.block_event(&rq(1_400_000, 1_500_000, block_op::READ, 512));
+        let mut totals = BlockTotals::new();
+        totals.insert((disk, block_op::WRITE), (12288, 2));
+        totals.insert((disk, block_op::READ), (512, 1));
+        totals.insert((disk, block_op::FLUSH), (0, 1));
+        w.block_totals(&totals);
+        let stats = w.finish(serde_json::json!({})).unwrap();
+        assert_eq!(stats.block_written, 3);
+        let v: serde_json::Value = serde_json::from_slice(&buf.0.lock().unwrap()).unwrap();
+        let events = v["traceEvents"].as_array().unwrap();
+        let slices: Vec<_> = events.iter().filter(|e| e["cat"] == "block").collect();
+        assert_eq!(slices.len(), 3);
+        // The overlapping write went to a second track; the read reuses the first.
+        assert_ne!(slices[0]["tid"], slices[1]["tid"]);
+        assert_eq!(slices[2]["tid"], slices[0]["tid"]);
+        assert_eq!(slices[1]["ts"].as_f64(), Some(50.0));
+        assert_eq!(slices[1]["dur"].as_f64(), Some(250.0));
+        assert_eq!(slices[1]["args"]["bytes"], 8192);
+        assert_eq!(slices[1]["args"]["device"], "4000:7");
+        let names: Vec<_> = events
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["pid"] == BLOCK_PID)
+            .map(|e| e["args"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["4000:7", "4000:7 (2)"]);
+        let counters = |name: &str| -> Vec<&serde_json::Value> {
+            events
+                .iter()
+                .filter(|e| e["ph"] == "C" && e["name"] == name)
+                .map(|e| &e["args"])
+                .collect()
+        };
+        let bytes = counters("4000:7 bytes");
+        assert_eq!(bytes.len(), 2, "a zero at the start, then the final totals");
+        assert_eq!(bytes[0]["write"], 0);
+        assert_eq!(bytes[1]["write"], 12288);
+        assert!(bytes[1].get("flush").is_none(), "flushes move no bytes");
+        assert_eq!(counters("4000:7 requests")[1]["flush"], 1);
+        assert_eq!(
+            v["otherData"]["block_io"]["totals"]["4000:7"]["read"]["bytes"],
+            512
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `sysscope trace`: every syscall of a command, process or cgroup, filtered in the kernel and
 //! streamed through the `TRACE_EVENTS` ring buffer, written as Trace Event Format JSON for
-//! Perfetto UI / `chrome://tracing` (with the node's CPU utilisation as counter tracks), or
-//! as a `strace -f -T`-like text log with `--text`. Bounded by `--max-events` and
-//! `--duration`; what was dropped is counted in the output and on stderr.
+//! Perfetto UI / `chrome://tracing` (with the node's CPU utilisation and the target's block
+//! I/O as counter tracks, and its block requests as slices, see [`super::block`]), or as a
+//! `strace -f -T`-like text log with `--text`. Bounded by `--max-events` and `--duration`;
+//! what was dropped is counted in the output and on stderr.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -28,7 +29,17 @@ Examples:
 
 Only the target's calls are recorded (the filter runs in the kernel); the rest of the node
 pays a cgroup check per syscall while the trace runs, nothing afterwards. Each slice is named
-after its syscall and carries its arguments, return value, errno and path argument.";
+after its syscall and carries its arguments, return value, errno and path argument.
+
+Block I/O of the target (JSON): under the process \"block I/O of the target\", counter
+tracks `<device> bytes` and `<device> requests` (cumulative since the start, one series per
+op: read, write, flush, discard; sampled every --counter-interval) and one slice per request,
+issue to completion, on tracks named after the device (args: bytes, sector, op, latency).
+A request is the target's when a task of the target submitted it (direct I/O, reads, fsync
+data) or when the kernel charges it to the target cgroup itself (writeback on its behalf,
+only where the io controller is on cgroup v2); buffered writes written back by kernel
+threads are otherwise not the target's. --text ends with the block totals. Without block
+tracepoints the trace runs without these tracks and says why on stderr.";
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(after_help = EXAMPLES)]
@@ -40,8 +51,8 @@ pub struct TraceArgs {
     #[arg(short = 'o', long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
-    /// Keep at most this many syscalls; later ones are counted as dropped (about 200 bytes of
-    /// JSON each).
+    /// Keep at most this many syscalls, and at most this many block request slices; later
+    /// ones are counted as dropped (about 200 bytes of JSON each).
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
     pub max_events: u64,
 
@@ -54,9 +65,17 @@ pub struct TraceArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "16MiB")]
     pub buffer_size: u64,
 
-    /// Sampling period of the CPU (and GPU) counter tracks; 0 for none.
+    /// Sampling period of the CPU (and GPU) and block I/O counter tracks; 0 for none.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "100ms")]
     pub counter_interval: Duration,
+}
+
+/// Size of the ring buffer of block requests: an eighth of the syscall buffer (one record
+/// is 80 bytes and block requests are far rarer than syscalls), at least one page.
+pub fn block_ring_bytes(ring_bytes: u32) -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
+    (ring_bytes / 8).max(page)
 }
 
 /// Checks `--buffer-size`: the kernel wants a power-of-two multiple of the page size.
@@ -101,15 +120,24 @@ pub fn run(args: &TraceArgs, config: &Config) -> Result<u8, CliError> {
         profile: false,
         events: true,
         ring_buffer_bytes: ring_bytes,
+        block_ring_buffer_bytes: block_ring_bytes(ring_bytes),
         quiet: args.target.quiet,
     };
     let m = measure::run(&mut session, config, "trace", wants, &mut writer)?;
-    let other = json!({
+    let mut other = json!({
         "target": session.describe_json(),
         "wall_seconds": m.wall.as_secs_f64(),
         "stopped": m.stop.as_str(),
         "dropped_ring_buffer_full": m.drops.trace_ring_buffer_full,
     });
+    match &m.block_off {
+        Some(why) => other["block_io_off"] = json!(why),
+        None => {
+            other["block_io_requests_dropped_ring_buffer_full"] =
+                json!(m.drops.block_ring_buffer_full)
+        }
+    }
+    let block_summary = writer.block_summary();
     let stats = writer
         .finish(other)
         .map_err(|e| CliError::io(format!("writing {}", path.display()), e))?;
@@ -135,6 +163,37 @@ pub fn run(args: &TraceArgs, config: &Config) -> Result<u8, CliError> {
             "; nothing dropped".to_string()
         }
     );
+    if m.block_off.is_none() {
+        let totals = block_summary
+            .iter()
+            .map(|(dev, op, bytes, requests)| {
+                format!(
+                    "{dev} {op} {} bytes in {} requests",
+                    thousands(*bytes),
+                    thousands(*requests)
+                )
+            })
+            .collect::<Vec<_>>();
+        let dropped = m.drops.block_ring_buffer_full + stats.block_over_limit;
+        eprintln!(
+            "sysscope trace: block I/O of the target: {}{}",
+            if totals.is_empty() {
+                "none".to_string()
+            } else {
+                totals.join(", ")
+            },
+            if dropped > 0 {
+                format!(
+                    "; {} requests not written as slices ({} ring buffer full, {} over --max-events)",
+                    thousands(dropped),
+                    thousands(m.drops.block_ring_buffer_full),
+                    thousands(stats.block_over_limit)
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     if format == Format::TraceEventJson && !to_stdout {
         eprintln!("sysscope trace: open it in https://ui.perfetto.dev (\"Open trace file\") or chrome://tracing");
     }

@@ -181,6 +181,10 @@ pub fn resolve_offsets(
     c.rq_cmd_flags = btf.field_of_kind("request", "cmd_flags", Int(4))?;
     c.rq_data_len = btf.field_of_kind("request", "__data_len", Int(4))?;
     c.rq_bio = btf.field_of_kind("request", "bio", Pointer)?;
+    // Only the trace reads the sector: a kernel without it still counts.
+    c.rq_sector = btf
+        .field_of_kind("request", "__sector", Int(8))
+        .unwrap_or(sysscope_abi::NO_FIELD);
     // Before 5.17 the disk hung off the request itself; since, off its queue.
     match btf.field_of_kind("request", "rq_disk", Pointer) {
         Ok(off) => c.rq_disk = off,
