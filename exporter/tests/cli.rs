@@ -654,8 +654,13 @@ fn trace_has_the_targets_block_io_only() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("block.json");
     // The exporter counts the same requests its own way (every cgroup, labelled), to
-    // cross-check the number of requests the kernel issued.
-    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    // cross-check the number of requests the kernel issued. Its series budget is unbounded:
+    // every process of the machine (other tests' too) is visible to it, and none of dd's
+    // series may be folded.
+    let exporter = Exporter::start(
+        "[collection]\nmin_interval = \"0s\"\n[limits]\nmax_series = 10000000\n",
+        &[],
+    );
 
     // Another workload writes to the same device, in its own cgroup, all along the trace.
     let other = TestCgroup::new("sysscope-test-trace-other-io");
@@ -730,17 +735,32 @@ fn trace_has_the_targets_block_io_only() {
         };
         of(&[]) - of(&[("cgroup", other.rel.as_str())])
     };
-    let seen = eventually(std::time::Duration::from_secs(10), || {
+    // The trace removes its cgroup when it ends, often before the exporter has read the
+    // cgroup's path: the exporter then holds those requests back for its grace period (10 s)
+    // before counting them as `cgroup="(unresolved)"`, so wait longer than that.
+    let seen = eventually(std::time::Duration::from_secs(25), || {
         let s = parse_samples(&exporter.scrape());
         (exporter_requests(&s, "write") == w_req && exporter_requests(&s, "read") == r_req)
             .then_some(())
     });
     if seen.is_none() {
-        let s = parse_samples(&exporter.scrape());
+        let text = exporter.scrape();
+        let s = parse_samples(&text);
+        let block: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("sysscope_block_io_requests_total")
+                    || l.starts_with("sysscope_collector_up")
+                    || l.contains("block_")
+                        && (l.starts_with("sysscope_map") || l.starts_with("sysscope_probe"))
+            })
+            .collect();
         panic!(
-            "requests: trace write {w_req} read {r_req}, exporter write {} read {}",
+            "requests: trace write {w_req} read {r_req}, exporter write {} read {}; the \
+             exporter's block I/O:\n{}",
             exporter_requests(&s, "write"),
-            exporter_requests(&s, "read")
+            exporter_requests(&s, "read"),
+            block.join("\n")
         );
     }
     // The counters start at zero at the trace's start.
