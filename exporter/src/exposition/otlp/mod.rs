@@ -14,6 +14,7 @@
 pub mod config;
 pub mod metrics;
 pub mod openmetrics;
+pub mod tls;
 pub mod traces;
 
 use std::sync::{
