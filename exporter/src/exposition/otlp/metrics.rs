@@ -463,10 +463,19 @@ impl Client {
                             retryable: matches!(code, 429 | 502 | 503 | 504),
                         })
                     }
-                    Err(e) => Err(SendError {
-                        message: format!("HTTP request failed: {e}"),
-                        retryable: true,
-                    }),
+                    Err(e) => {
+                        // reqwest's own message hides the cause (refused, TLS, timeout).
+                        let mut message = format!("HTTP request failed: {e}");
+                        let mut source = std::error::Error::source(&e);
+                        while let Some(cause) = source {
+                            message.push_str(&format!(": {cause}"));
+                            source = cause.source();
+                        }
+                        Err(SendError {
+                            message,
+                            retryable: true,
+                        })
+                    }
                 }
             }
         }
