@@ -41,6 +41,8 @@ pub struct Config {
     pub gpu: GpuConfig,
     pub slow_calls: SlowCallsConfig,
     pub kubernetes: KubernetesConfig,
+    /// OTLP export (spans and metrics push); `OTEL_*` environment variables win when set.
+    pub otlp: crate::exposition::otlp::config::OtlpConfig,
 }
 
 /// How often the kernel maps are read.
@@ -492,6 +494,9 @@ impl Config {
             1,
             1_000_000,
         )?;
+        self.otlp
+            .validate()
+            .map_err(|(key, problem)| invalid(&key, problem))?;
         Ok(())
     }
 
@@ -691,6 +696,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.block_io, BlockIoConfig::default());
+    }
+
+    #[test]
+    fn otlp_section_is_validated_with_the_key_named() {
+        let e = err("[otlp]\nprotocol = \"udp\"\n");
+        assert!(
+            e.contains("test.toml") && e.contains("key `otlp.protocol`") && e.contains("udp"),
+            "{e}"
+        );
+        let e = err("[otlp]\nendpiont = \"http://a:4318\"\n");
+        assert!(e.contains("endpiont"), "{e}");
+        let e = err("[otlp.headers]\n\"a b\" = \"1\"\n");
+        assert!(e.contains("otlp.headers.a b"), "{e}");
+        let c = Config::parse(
+            "[otlp]\nendpoint = \"https://collector:4318\"\ntraces = false\n[otlp.resource_attributes]\nteam = \"infra\"\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.otlp.endpoint.as_deref(), Some("https://collector:4318"));
+        assert_eq!(c.otlp.traces, Some(false));
+        assert_eq!(c.otlp.resource_attributes["team"], "infra");
     }
 
     #[test]

@@ -44,7 +44,8 @@ struct Cli {
     #[arg(long = "web.config.file")]
     web_config_file: Option<PathBuf>,
 
-    /// Configuration file (TOML); see `--print-default-config`.
+    /// Configuration file (TOML); see `--print-default-config`. OTEL_* environment variables,
+    /// when set, win over its [otlp] section.
     #[arg(long = "config.file", global = true)]
     config_file: Option<PathBuf>,
 
@@ -230,7 +231,7 @@ fn run_exporter(
         // Bind first: a busy port is the cheapest failure to report.
         let listener = http::bind(&cli.listen_address).await?;
         let otlp_settings =
-            otlp::config::Settings::from_env(config.kubernetes.node_name.as_deref())?;
+            otlp::config::Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
         let (mut agent, labeler, mut report) = startup::start(&config)?;
         // Slow-call spans (and their self-metrics), before the agent is shared.
         let otlp_stats = Arc::new(otlp::Stats::default());

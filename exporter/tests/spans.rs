@@ -1,7 +1,8 @@
 //! Slow-call spans and OTLP export against ground truth, on the real kernel with the real
 //! probes and a real OTLP receiver in the test (tonic `TraceService`/`MetricsService` on
-//! loopback, and an HTTP/protobuf receiver on hyper): children make an exact number of slow
-//! and fast calls, and exactly those must arrive, with the right times and attributes.
+//! loopback, and an OTLP/HTTP receiver on hyper for protobuf and JSON bodies, both also over
+//! TLS with certificates made by the test): children make an exact number of slow and fast
+//! calls, and exactly those must arrive, with the right times and attributes.
 
 mod common;
 
@@ -28,7 +29,7 @@ use opentelemetry_proto::tonic::{
             ExportTraceServiceRequest, ExportTraceServiceResponse,
         },
     },
-    common::v1::{any_value::Value, KeyValue},
+    common::v1::{any_value::Value, AnyValue, KeyValue},
     metrics::v1::{metric::Data, number_data_point},
 };
 use prost::Message;
@@ -87,6 +88,10 @@ struct Received {
     metrics: Arc<Mutex<Vec<ExportMetricsServiceRequest>>>,
     /// (path, content type) of HTTP requests.
     http_requests: Arc<Mutex<Vec<(String, String)>>>,
+    /// (path, body bytes) of HTTP requests.
+    http_bodies: Arc<Mutex<Vec<(String, usize)>>>,
+    /// TLS handshakes the receiver refused (e.g. no client certificate).
+    tls_failures: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Received {
@@ -179,6 +184,58 @@ impl Received {
     }
 }
 
+impl Received {
+    /// "path: n requests, b bytes on average" per path (for the test output).
+    fn body_sizes(&self) -> String {
+        let bodies = self.http_bodies.lock().unwrap();
+        ["/v1/traces", "/v1/metrics"]
+            .iter()
+            .map(|path| {
+                let sizes: Vec<usize> = bodies
+                    .iter()
+                    .filter(|(p, _)| p == path)
+                    .map(|(_, n)| *n)
+                    .collect();
+                format!(
+                    "{path}: {} requests, {} bytes on average",
+                    sizes.len(),
+                    sizes.iter().sum::<usize>() / sizes.len().max(1)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// (attributes, value) of the `sysscope_syscalls` getppid points in the latest request
+    /// (for failure messages).
+    fn getppid_series(&self) -> Vec<(String, f64)> {
+        let metrics = self.metrics.lock().unwrap();
+        let Some(req) = metrics.last() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for m in req
+            .resource_metrics
+            .iter()
+            .flat_map(|r| &r.scope_metrics)
+            .flat_map(|s| &s.metrics)
+            .filter(|m| m.name == "sysscope_syscalls")
+        {
+            let Some(Data::Sum(sum)) = &m.data else {
+                continue;
+            };
+            for p in &sum.data_points {
+                if matches_attrs(&p.attributes, &[("syscall", "getppid")]) {
+                    if let Some(number_data_point::Value::AsDouble(v)) = p.value {
+                        out.push((format!("{:?}", attr_map(&p.attributes)), v));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 fn matches_attrs(attrs: &[KeyValue], want: &[(&str, &str)]) -> bool {
     let map = attr_map(attrs);
     want.iter()
@@ -255,8 +312,13 @@ impl Receiver {
         }
     }
 
-    /// An OTLP/HTTP receiver (`POST /v1/traces`, `POST /v1/metrics`, protobuf bodies).
+    /// An OTLP/HTTP receiver (`POST /v1/traces`, `POST /v1/metrics`, protobuf or JSON bodies).
     fn http() -> Self {
+        Self::http_with(None)
+    }
+
+    /// [`Receiver::http`] behind TLS when `tls` is given.
+    fn http_with(tls: Option<Arc<rustls::ServerConfig>>) -> Self {
         let runtime = Self::runtime();
         let data = Received::default();
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
@@ -265,6 +327,7 @@ impl Receiver {
             .expect("bind HTTP receiver");
         let addr = listener.local_addr().unwrap();
         let svc = data.clone();
+        let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
         runtime.spawn(async move {
             loop {
                 let (stream, _) = tokio::select! {
@@ -272,52 +335,18 @@ impl Receiver {
                     _ = &mut rx => return,
                 };
                 let data = svc.clone();
-                let service = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let data = data.clone();
-                        async move {
-                            let path = req.uri().path().to_string();
-                            let ctype = req
-                                .headers()
-                                .get(hyper::header::CONTENT_TYPE)
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or("")
-                                .to_string();
-                            let body = req.into_body().collect().await.unwrap().to_bytes();
-                            data.http_requests
-                                .lock()
-                                .unwrap()
-                                .push((path.clone(), ctype));
-                            let reply = match path.as_str() {
-                                "/v1/traces" => {
-                                    data.add_traces(
-                                        ExportTraceServiceRequest::decode(body).unwrap(),
-                                    );
-                                    ExportTraceServiceResponse::default().encode_to_vec()
-                                }
-                                "/v1/metrics" => {
-                                    data.metrics
-                                        .lock()
-                                        .unwrap()
-                                        .push(ExportMetricsServiceRequest::decode(body).unwrap());
-                                    ExportMetricsServiceResponse::default().encode_to_vec()
-                                }
-                                _ => Vec::new(),
-                            };
-                            let mut resp =
-                                hyper::Response::new(Full::new(bytes::Bytes::from(reply)));
-                            resp.headers_mut().insert(
-                                hyper::header::CONTENT_TYPE,
-                                hyper::header::HeaderValue::from_static("application/x-protobuf"),
-                            );
-                            Ok::<_, Infallible>(resp)
-                        }
-                    },
-                );
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                        .await;
+                    match acceptor {
+                        None => serve_otlp_http(stream, data).await,
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(tls) => serve_otlp_http(tls, data).await,
+                            Err(_) => {
+                                data.tls_failures
+                                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        },
+                    }
                 });
             }
         });
@@ -329,8 +358,271 @@ impl Receiver {
         }
     }
 
+    /// A gRPC receiver behind TLS (`identity`: the server's certificate and key PEM), asking
+    /// for a client certificate signed by `client_ca` when given.
+    fn grpc_tls(identity: (&str, &str), client_ca: Option<&str>) -> Self {
+        let runtime = Self::runtime();
+        let data = Received::default();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
+            .expect("bind gRPC receiver");
+        let addr = listener.local_addr().unwrap();
+        let mut tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(identity.0, identity.1));
+        if let Some(ca) = client_ca {
+            tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+        }
+        let svc = data.clone();
+        runtime.spawn(async move {
+            tonic::transport::Server::builder()
+                .tls_config(tls)
+                .unwrap()
+                .add_service(TraceServiceServer::new(svc.clone()))
+                .add_service(MetricsServiceServer::new(svc))
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    async {
+                        let _ = rx.await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        Self {
+            runtime: Some(runtime),
+            addr,
+            data,
+            stop: Some(tx),
+        }
+    }
+
+    fn https_url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
     fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+/// Serves OTLP/HTTP on one connection: protobuf bodies are decoded with prost, JSON bodies
+/// are read field by field as the OTLP/JSON mapping writes them (not with the sender's own
+/// serde code, so a wrong mapping cannot go unnoticed).
+async fn serve_otlp_http<I>(io: I, data: Received)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let data = data.clone();
+        async move {
+            let path = req.uri().path().to_string();
+            let ctype = req
+                .headers()
+                .get(hyper::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            data.http_requests
+                .lock()
+                .unwrap()
+                .push((path.clone(), ctype.clone()));
+            data.http_bodies
+                .lock()
+                .unwrap()
+                .push((path.clone(), body.len()));
+            let json = ctype == "application/json";
+            let reply = match (path.as_str(), json) {
+                ("/v1/traces", false) => {
+                    data.add_traces(ExportTraceServiceRequest::decode(body).unwrap());
+                    ExportTraceServiceResponse::default().encode_to_vec()
+                }
+                ("/v1/metrics", false) => {
+                    data.metrics
+                        .lock()
+                        .unwrap()
+                        .push(ExportMetricsServiceRequest::decode(body).unwrap());
+                    ExportMetricsServiceResponse::default().encode_to_vec()
+                }
+                ("/v1/traces", true) => {
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    data.spans.lock().unwrap().extend(json_spans(&v));
+                    b"{}".to_vec()
+                }
+                ("/v1/metrics", true) => {
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    data.metrics.lock().unwrap().push(json_metrics(&v));
+                    b"{}".to_vec()
+                }
+                _ => Vec::new(),
+            };
+            let mut resp = hyper::Response::new(Full::new(bytes::Bytes::from(reply)));
+            resp.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(if json {
+                    "application/json"
+                } else {
+                    "application/x-protobuf"
+                }),
+            );
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .await;
+}
+
+/// A 64-bit integer of OTLP/JSON: a decimal string (panics on anything else).
+fn json_u64(v: &serde_json::Value, what: &str) -> u64 {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what} is not a string: {v}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{what} is not a decimal: {v}"))
+}
+
+fn json_array<'a>(v: &'a serde_json::Value, key: &str) -> &'a [serde_json::Value] {
+    v.get(key)
+        .and_then(|a| a.as_array())
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+fn json_attrs(v: &serde_json::Value) -> Vec<KeyValue> {
+    json_array(v, "attributes")
+        .iter()
+        .map(|kv| {
+            let key = kv["key"].as_str().expect("attribute key").to_string();
+            let value = &kv["value"];
+            let value = if let Some(s) = value.get("stringValue") {
+                Value::StringValue(s.as_str().expect("stringValue").to_string())
+            } else if let Some(i) = value.get("intValue") {
+                Value::IntValue(json_u64(i, &key) as i64)
+            } else if let Some(b) = value.get("boolValue") {
+                Value::BoolValue(b.as_bool().expect("boolValue"))
+            } else if let Some(d) = value.get("doubleValue") {
+                Value::DoubleValue(d.as_f64().expect("doubleValue"))
+            } else {
+                panic!("attribute {key}: unexpected value {value}")
+            };
+            KeyValue {
+                key,
+                value: Some(AnyValue { value: Some(value) }),
+                ..Default::default()
+            }
+        })
+        .collect()
+}
+
+fn hex_id(v: &serde_json::Value, len: usize) -> Vec<u8> {
+    let s = v
+        .as_str()
+        .unwrap_or_else(|| panic!("id {v} is not a string"));
+    assert_eq!(s.len(), 2 * len, "id {s} is not {len} bytes of hex");
+    (0..len)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex id"))
+        .collect()
+}
+
+/// The spans of an OTLP/JSON `ExportTraceServiceRequest`.
+fn json_spans(v: &serde_json::Value) -> Vec<Span> {
+    let mut out = Vec::new();
+    for rs in json_array(v, "resourceSpans") {
+        let resource = attr_map(&json_attrs(&rs["resource"]));
+        for ss in json_array(rs, "scopeSpans") {
+            for s in json_array(ss, "spans") {
+                hex_id(&s["spanId"], 8);
+                out.push(Span {
+                    name: s["name"].as_str().expect("span name").to_string(),
+                    trace_id: hex_id(&s["traceId"], 16),
+                    start_ns: json_u64(&s["startTimeUnixNano"], "startTimeUnixNano"),
+                    end_ns: json_u64(&s["endTimeUnixNano"], "endTimeUnixNano"),
+                    status_code: s
+                        .get("status")
+                        .and_then(|st| st.get("code"))
+                        .and_then(|c| c.as_i64())
+                        .unwrap_or(0) as i32,
+                    attrs: attr_map(&json_attrs(s)),
+                    resource: resource.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The sums and histograms of an OTLP/JSON `ExportMetricsServiceRequest`, as protobuf types.
+fn json_metrics(v: &serde_json::Value) -> ExportMetricsServiceRequest {
+    use opentelemetry_proto::tonic::metrics::v1::{
+        Histogram, HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,
+    };
+    let mut metrics = Vec::new();
+    for rm in json_array(v, "resourceMetrics") {
+        for sm in json_array(rm, "scopeMetrics") {
+            for m in json_array(sm, "metrics") {
+                let name = m["name"].as_str().expect("metric name").to_string();
+                let data = if let Some(sum) = m.get("sum") {
+                    Data::Sum(Sum {
+                        data_points: json_array(sum, "dataPoints")
+                            .iter()
+                            .map(|p| NumberDataPoint {
+                                attributes: json_attrs(p),
+                                time_unix_nano: json_u64(&p["timeUnixNano"], "timeUnixNano"),
+                                value: p["asDouble"]
+                                    .as_f64()
+                                    .map(number_data_point::Value::AsDouble),
+                                ..Default::default()
+                            })
+                            .collect(),
+                        aggregation_temporality: sum["aggregationTemporality"]
+                            .as_i64()
+                            .expect("aggregationTemporality is an integer")
+                            as i32,
+                        is_monotonic: sum["isMonotonic"].as_bool().unwrap_or(false),
+                    })
+                } else if let Some(h) = m.get("histogram") {
+                    Data::Histogram(Histogram {
+                        data_points: json_array(h, "dataPoints")
+                            .iter()
+                            .map(|p| HistogramDataPoint {
+                                attributes: json_attrs(p),
+                                count: json_u64(&p["count"], "count"),
+                                bucket_counts: json_array(p, "bucketCounts")
+                                    .iter()
+                                    .map(|c| json_u64(c, "bucketCounts"))
+                                    .collect(),
+                                explicit_bounds: json_array(p, "explicitBounds")
+                                    .iter()
+                                    .map(|b| b.as_f64().expect("bound"))
+                                    .collect(),
+                                ..Default::default()
+                            })
+                            .collect(),
+                        aggregation_temporality: h["aggregationTemporality"]
+                            .as_i64()
+                            .expect("aggregationTemporality is an integer")
+                            as i32,
+                    })
+                } else {
+                    continue;
+                };
+                metrics.push(Metric {
+                    name,
+                    data: Some(data),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    ExportMetricsServiceRequest {
+        resource_metrics: vec![ResourceMetrics {
+            scope_metrics: vec![ScopeMetrics {
+                metrics,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
     }
 }
 
@@ -977,5 +1269,417 @@ fn bad_otel_variable_is_named_and_exits_nonzero() {
     assert!(
         stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && stderr.contains("udp"),
         "{stderr}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS, OTLP/JSON and the config file's [otlp] section.
+
+/// Metric push interval of the tests below. A push may take at most one interval, and every
+/// process on the machine is in the exposition (up to the series budget): 500 ms is too short
+/// for a debug build on a busy machine.
+const METRIC_INTERVAL_MS: &str = "1000";
+
+/// A CA, a server certificate for 127.0.0.1/localhost and a client certificate it signed, as
+/// PEM text and as files.
+struct TestPki {
+    dir: tempfile::TempDir,
+    ca: String,
+    server_cert: String,
+    server_key: String,
+}
+
+impl TestPki {
+    fn new() -> Self {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "sysscope test collector CA");
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let leaf = |names: &[&str], usage| {
+            let key = KeyPair::generate().unwrap();
+            let mut params =
+                CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                    .unwrap();
+            params
+                .distinguished_name
+                .push(DnType::CommonName, names[0].to_string());
+            params.extended_key_usages = vec![usage];
+            let cert = params.signed_by(&key, &ca).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server_cert, server_key) = leaf(
+            &["localhost", "127.0.0.1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let (client_cert, client_key) = leaf(&["sysscope"], ExtendedKeyUsagePurpose::ClientAuth);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.path().join("client.pem"), client_cert).unwrap();
+        std::fs::write(dir.path().join("client.key"), client_key).unwrap();
+        Self {
+            dir,
+            ca: ca.pem(),
+            server_cert,
+            server_key,
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// The HTTP receiver's TLS: requiring a client certificate from this CA when asked.
+    fn server_config(&self, require_client_cert: bool) -> Arc<rustls::ServerConfig> {
+        use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(self.server_cert.as_bytes())
+                .collect::<Result<_, _>>()
+                .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(self.server_key.as_bytes()).unwrap();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = if require_client_cert {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(self.ca.as_bytes()) {
+                roots.add(c.unwrap()).unwrap();
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        Arc::new(builder.with_single_cert(certs, key).unwrap())
+    }
+}
+
+/// A child in a fresh cgroup makes `slow` slow reads and `fast` getppid calls: exactly its
+/// slow reads must arrive at `receiver` as spans (checked against what the child measured),
+/// and its exact getppid count in the pushed metrics. Returns the spans.
+fn exact_spans_and_metrics(
+    exporter: &Exporter,
+    receiver: &Receiver,
+    cgroup: &str,
+    slow: usize,
+    fast: u64,
+) -> Vec<Span> {
+    let cg = TestCgroup::new(cgroup);
+    let ran = run(
+        Some(&cg),
+        &[
+            "slow-pipe-read-timed",
+            &slow.to_string(),
+            "30",
+            "getppid",
+            &fast.to_string(),
+            "sleep",
+            "1",
+            "200",
+        ],
+    );
+    let truth = measured_reads(&ran);
+    assert_eq!(truth.len(), slow, "{:?}", ran.stdout);
+    // Export is first in, first out: once a later child's span is in, the first child's are.
+    let marker = run(None, &["slow-pipe-read", "1", "25", "sleep", "1", "200"]);
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            (!receiver.data.spans_of(marker.pid).is_empty()).then_some(())
+        })
+        .is_some(),
+        "no span arrived; receiver has {} spans",
+        receiver.data.spans.lock().unwrap().len()
+    );
+    let spans = receiver.data.spans_of(ran.pid);
+    assert_eq!(spans.len(), slow, "exactly the slow calls: {spans:?}");
+    for (span, measured) in spans.iter().zip(&truth) {
+        check_pipe_read_span(span, ran.pid, &cg, *measured);
+    }
+    // The OTLP push carries the child's exact count. Every process on the machine is in the
+    // exposition: when other workloads (e.g. another test run) already filled the series
+    // budget, the child's series is folded into "other", in Prometheus as in OTLP; then the
+    // count must be in the pushed getppid series all the same.
+    let series = [("cgroup", cg.rel.as_str()), ("syscall", "getppid")];
+    let outcome = eventually(Duration::from_secs(20), || {
+        let prometheus = parse_samples(&exporter.scrape());
+        if !select(&prometheus, "sysscope_syscalls_total", &series).is_empty() {
+            (receiver.data.counter("sysscope_syscalls", &series) == Some(fast as f64))
+                .then_some("exact")
+        } else {
+            let pushed: f64 = receiver.data.getppid_series().iter().map(|s| s.1).sum();
+            (pushed >= fast as f64 && sum(&prometheus, "sysscope_dropped_series_total", &[]) > 0.0)
+                .then_some("folded by the series budget")
+        }
+    });
+    // Computed first: the failure message must not hold the receiver's lock while it runs.
+    let requests = receiver.data.metrics.lock().unwrap().len();
+    let pushed_series = receiver.data.getppid_series();
+    let Some(outcome) = outcome else {
+        panic!(
+            "sysscope_syscalls for getppid in {}: {:?} after {requests} metric requests; \
+             getppid series in the last: {pushed_series:?}",
+            cg.rel,
+            receiver.data.counter("sysscope_syscalls", &series),
+        );
+    };
+    let reads = [("cgroup", cg.rel.as_str()), ("syscall", "read")];
+    if outcome == "exact" {
+        let (bounds, counts, count) = receiver
+            .data
+            .histogram("sysscope_syscall_duration_seconds", &reads)
+            .expect("read latency histogram pushed");
+        assert!(count >= slow as u64, "{count} reads counted");
+        assert_eq!(counts.iter().sum::<u64>(), count);
+        assert_eq!(counts.len(), bounds.len() + 1);
+    }
+    eprintln!(
+        "{cgroup}: {} of {slow} slow reads arrived as spans; getppid count {fast} pushed \
+         ({outcome}); {requests} metric requests received",
+        spans.len()
+    );
+    spans
+}
+
+#[test]
+fn grpc_over_tls_with_a_client_certificate_exports_spans_and_metrics() {
+    if !require_root("grpc_over_tls_with_a_client_certificate_exports_spans_and_metrics") {
+        return;
+    }
+    let _serial = serial();
+    let pki = TestPki::new();
+    // The receiver requires a client certificate from the test CA.
+    let receiver = Receiver::grpc_tls((&pki.server_cert, &pki.server_key), Some(&pki.ca));
+    let url = receiver.https_url();
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client.key"),
+    );
+    let exporter = Exporter::start_with_env(
+        SLOW_READS,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", cert.as_str()),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", key.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", METRIC_INTERVAL_MS),
+        ],
+    );
+    exact_spans_and_metrics(&exporter, &receiver, "sysscope-test-spans-grpc-tls", 3, 700);
+    let samples = parse_samples(&exporter.scrape());
+    for signal in ["traces", "metrics"] {
+        assert!(
+            sum(
+                &samples,
+                "sysscope_otlp_requests_total",
+                &[("signal", signal), ("result", "success")]
+            ) >= 1.0
+        );
+    }
+}
+
+#[test]
+fn config_file_alone_exports_over_https_with_a_client_certificate() {
+    if !require_root("config_file_alone_exports_over_https_with_a_client_certificate") {
+        return;
+    }
+    let _serial = serial();
+    let pki = TestPki::new();
+    let receiver = Receiver::http_with(Some(pki.server_config(true)));
+    let config = format!(
+        "{SLOW_READS}[otlp]\nendpoint = \"{}\"\nprotocol = \"http/protobuf\"\n\
+         certificate = \"{}\"\nclient_certificate = \"{}\"\nclient_key = \"{}\"\n\
+         span_batch_delay = \"100ms\"\nmetrics_interval = \"{METRIC_INTERVAL_MS}ms\"\n\
+         service_name = \"sysscope-from-file\"\n\
+         [otlp.resource_attributes]\n\"deployment.environment\" = \"test\"\n",
+        receiver.https_url(),
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client.key"),
+    );
+    let exporter = Exporter::start(&config, &[]);
+    // Nothing reaches the exporter through OTEL_* variables: the file alone configures it.
+    let environ = std::fs::read(format!("/proc/{}/environ", exporter.child.id())).unwrap();
+    let otel: Vec<String> = environ
+        .split(|b| *b == 0)
+        .map(|v| String::from_utf8_lossy(v).to_string())
+        .filter(|v| v.starts_with("OTEL_"))
+        .collect();
+    assert!(otel.is_empty(), "the exporter's environment has {otel:?}");
+
+    let spans =
+        exact_spans_and_metrics(&exporter, &receiver, "sysscope-test-spans-file-tls", 3, 600);
+    assert_eq!(
+        spans[0].resource_str("service.name"),
+        Some("sysscope-from-file")
+    );
+    assert_eq!(
+        spans[0].resource_str("deployment.environment"),
+        Some("test")
+    );
+    eprintln!(
+        "OTLP/protobuf bodies over TLS: {}",
+        receiver.data.body_sizes()
+    );
+    let requests = receiver.data.http_requests.lock().unwrap().clone();
+    for path in ["/v1/traces", "/v1/metrics"] {
+        assert!(
+            requests
+                .iter()
+                .any(|(p, ct)| p == path && ct == "application/x-protobuf"),
+            "{requests:?}"
+        );
+    }
+    assert_eq!(
+        receiver
+            .data
+            .tls_failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn collector_requiring_a_client_certificate_refuses_an_exporter_without_one() {
+    if !require_root("collector_requiring_a_client_certificate_refuses_an_exporter_without_one") {
+        return;
+    }
+    let _serial = serial();
+    const QUEUE: u64 = 2;
+    const SLOW: u64 = 6;
+    let pki = TestPki::new();
+    let receiver = Receiver::http_with(Some(pki.server_config(true)));
+    let url = receiver.https_url();
+    let ca = pki.path("ca.pem");
+    let exporter = Exporter::start_with_env(
+        &slow_reads_with(&format!("export_queue = {QUEUE}")),
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", METRIC_INTERVAL_MS),
+        ],
+    );
+    let dropped_of = |samples: &[Sample]| {
+        sum(
+            samples,
+            "sysscope_spans_dropped_total",
+            &[("reason", "export_queue_full")],
+        ) + sum(
+            samples,
+            "sysscope_spans_dropped_total",
+            &[("reason", "export_failed")],
+        )
+    };
+    run(
+        None,
+        &[
+            "slow-pipe-read",
+            &SLOW.to_string(),
+            "25",
+            "sleep",
+            "1",
+            "200",
+        ],
+    );
+    let counted = eventually(Duration::from_secs(20), || {
+        let samples = parse_samples(&exporter.scrape());
+        let failures = |signal| {
+            sum(
+                &samples,
+                "sysscope_otlp_requests_total",
+                &[("signal", signal), ("result", "failure")],
+            )
+        };
+        (dropped_of(&samples) >= (SLOW - QUEUE) as f64
+            && failures("traces") >= 1.0
+            && failures("metrics") >= 1.0)
+            .then_some(())
+    });
+    assert!(
+        counted.is_some(),
+        "refused exports were not counted:\n{}",
+        exporter.scrape()
+    );
+    assert!(exporter_alive(&exporter), "sysscope exited");
+    let refused = receiver
+        .data
+        .tls_failures
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(refused >= 2, "{refused} handshakes refused");
+    assert!(receiver.data.spans.lock().unwrap().is_empty());
+    assert!(receiver.data.metrics.lock().unwrap().is_empty());
+    let samples = parse_samples(&exporter.scrape());
+    eprintln!(
+        "no client certificate: {refused} handshakes refused by the receiver, {} spans dropped, \
+         {} trace and {} metric requests failed",
+        dropped_of(&samples),
+        sum(
+            &samples,
+            "sysscope_otlp_requests_total",
+            &[("signal", "traces"), ("result", "failure")]
+        ),
+        sum(
+            &samples,
+            "sysscope_otlp_requests_total",
+            &[("signal", "metrics"), ("result", "failure")]
+        )
+    );
+}
+
+#[test]
+fn http_json_exports_exact_spans_and_metrics() {
+    if !require_root("http_json_exports_exact_spans_and_metrics") {
+        return;
+    }
+    let _serial = serial();
+    let receiver = Receiver::http();
+    let url = receiver.url();
+    let exporter = Exporter::start_with_env(
+        SLOW_READS,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", METRIC_INTERVAL_MS),
+        ],
+    );
+    let spans = exact_spans_and_metrics(&exporter, &receiver, "sysscope-test-spans-json", 4, 800);
+    assert_eq!(spans[0].resource_str("service.name"), Some("sysscope"));
+    eprintln!("OTLP/JSON bodies: {}", receiver.data.body_sizes());
+    let requests = receiver.data.http_requests.lock().unwrap().clone();
+    for path in ["/v1/traces", "/v1/metrics"] {
+        assert!(
+            requests
+                .iter()
+                .any(|(p, ct)| p == path && ct == "application/json"),
+            "{requests:?}"
+        );
+    }
+    assert!(
+        requests.iter().all(|(_, ct)| ct == "application/json"),
+        "{requests:?}"
     );
 }

@@ -1,19 +1,31 @@
-//! OTLP export settings from the standard OpenTelemetry environment variables.
+//! OTLP export settings: the standard OpenTelemetry environment variables, with the `[otlp]`
+//! section of the config file as their fallback.
 //!
 //! A signal (traces, metrics) is exported only when an endpoint is set for it
-//! (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT`), so the
-//! default is no network traffic at all. Resolution follows the OTLP exporter specification:
-//! signal-specific variables win over the generic ones; with HTTP/protobuf the generic
-//! endpoint gets `/v1/traces` or `/v1/metrics` appended while a signal-specific one is used as
-//! is. Invalid values are errors naming the variable, not silent defaults.
+//! (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT`, or
+//! `otlp.endpoint` / `otlp.traces_endpoint` / `otlp.metrics_endpoint`), so the default is no
+//! network traffic at all. Resolution follows the OTLP exporter specification:
+//! signal-specific settings win over the generic ones; with HTTP the generic endpoint gets
+//! `/v1/traces` or `/v1/metrics` appended while a signal-specific one is used as is.
+//!
+//! Precedence is per setting: every `[otlp]` key stands for one `OTEL_*` variable
+//! ([`OtlpConfig::variables`]); when that variable is set (non-empty) in the environment it
+//! wins, otherwise the file's value is used, otherwise the default. Invalid values are errors
+//! naming the variable or the key, not silent defaults. Certificate files are read here, once,
+//! at start-up, so a missing or malformed file is an error naming the file and the setting.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::BTreeMap, collections::HashMap, time::Duration};
 
-/// Transport of one signal.
+use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+
+/// Transport and encoding of one signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
     Grpc,
     HttpProtobuf,
+    /// OTLP/HTTP with the JSON encoding of the protobuf messages.
+    HttpJson,
 }
 
 impl Protocol {
@@ -21,8 +33,46 @@ impl Protocol {
         match self {
             Protocol::Grpc => "grpc",
             Protocol::HttpProtobuf => "http/protobuf",
+            Protocol::HttpJson => "http/json",
         }
     }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "grpc" => Some(Protocol::Grpc),
+            "http/protobuf" => Some(Protocol::HttpProtobuf),
+            "http/json" => Some(Protocol::HttpJson),
+            _ => None,
+        }
+    }
+
+    /// Whether requests go over OTLP/HTTP (either encoding).
+    pub fn is_http(self) -> bool {
+        self != Protocol::Grpc
+    }
+}
+
+/// The contents of a PEM file, read at start-up. `Debug` shows the path only: the file may
+/// hold a private key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PemFile {
+    pub path: String,
+    pub pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for PemFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PemFile({}, {} bytes)", self.path, self.pem.len())
+    }
+}
+
+/// TLS of an `https://` endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsSettings {
+    /// CA certificates trusted instead of the system roots (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub ca: Option<PemFile>,
+    /// Client certificate chain and key for mutual TLS.
+    pub client: Option<(PemFile, PemFile)>,
 }
 
 /// Where and how one signal is sent.
@@ -34,6 +84,8 @@ pub struct SignalSettings {
     pub headers: Vec<(String, String)>,
     /// Timeout of one export request.
     pub timeout: Duration,
+    /// Set for `https://` endpoints (and scheme-less gRPC ones that are not insecure).
+    pub tls: Option<TlsSettings>,
 }
 
 /// Everything the OTLP exporters need.
@@ -56,18 +108,32 @@ pub struct Settings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
-    #[error("environment variable {variable}=`{value}`: {problem}")]
+    /// `setting` is "environment variable OTEL_..." or "config key otlp....".
+    #[error("{setting}=`{value}`: {problem}")]
     Invalid {
-        variable: String,
+        setting: String,
         value: String,
+        problem: String,
+    },
+    #[error("{setting}: file `{path}`: {problem}")]
+    File {
+        setting: String,
+        path: String,
         problem: String,
     },
 }
 
-fn invalid(variable: &str, value: &str, problem: impl Into<String>) -> SettingsError {
+/// A value and the setting it came from (named in errors).
+#[derive(Debug, Clone)]
+struct Found {
+    setting: String,
+    value: String,
+}
+
+fn invalid(found: &Found, problem: impl Into<String>) -> SettingsError {
     SettingsError::Invalid {
-        variable: variable.to_string(),
-        value: value.to_string(),
+        setting: found.setting.clone(),
+        value: found.value.clone(),
         problem: problem.into(),
     }
 }
@@ -89,48 +155,417 @@ const METRICS: Signal = Signal {
     path: "/v1/metrics",
 };
 
-impl Settings {
-    /// Reads the process environment. `node_name` is the configured Kubernetes node name,
-    /// used for `k8s.node.name` when `NODE_NAME` is not set.
-    pub fn from_env(node_name: Option<&str>) -> Result<Self, SettingsError> {
-        let vars: HashMap<String, String> = std::env::vars().collect();
-        Self::from_vars(|k| vars.get(k).cloned(), node_name, &hostname())
+// ---------------------------------------------------------------------------------------------
+// The `[otlp]` section of the config file.
+
+/// `[otlp]` in the config file: the same settings as the `OTEL_*` variables, which win when
+/// set. Durations are written like "10s" or "500ms"; every key is optional.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// Base URL for both signals (`OTEL_EXPORTER_OTLP_ENDPOINT`), e.g.
+    /// "https://otel-collector:4318"; with HTTP, `/v1/traces` and `/v1/metrics` are appended.
+    pub endpoint: Option<String>,
+    /// URL of the traces, used as is (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
+    pub traces_endpoint: Option<String>,
+    /// URL of the metrics, used as is (`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`).
+    pub metrics_endpoint: Option<String>,
+    /// "grpc", "http/protobuf" (the default) or "http/json" (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+    pub protocol: Option<String>,
+    /// Headers (HTTP) or metadata (gRPC) of every request (`OTEL_EXPORTER_OTLP_HEADERS`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// Timeout of one request (`OTEL_EXPORTER_OTLP_TIMEOUT`), default "10s".
+    pub timeout: Option<String>,
+    /// A scheme-less gRPC endpoint is plain text when true (`OTEL_EXPORTER_OTLP_INSECURE`).
+    pub insecure: Option<bool>,
+    /// PEM file of the CA certificates that sign the collector's certificate, trusted instead
+    /// of the system roots (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub certificate: Option<String>,
+    /// PEM file of the client certificate chain for mutual TLS
+    /// (`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`).
+    pub client_certificate: Option<String>,
+    /// PEM file of the client's private key (`OTEL_EXPORTER_OTLP_CLIENT_KEY`).
+    pub client_key: Option<String>,
+    /// `service.name` (`OTEL_SERVICE_NAME`), default "sysscope".
+    pub service_name: Option<String>,
+    /// More resource attributes (`OTEL_RESOURCE_ATTRIBUTES`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resource_attributes: BTreeMap<String, String>,
+    /// Exports spans when an endpoint is set; false turns them off (`OTEL_TRACES_EXPORTER`).
+    pub traces: Option<bool>,
+    /// Pushes metrics when an endpoint is set; false turns them off (`OTEL_METRICS_EXPORTER`).
+    pub metrics: Option<bool>,
+    /// Time between two metric pushes (`OTEL_METRIC_EXPORT_INTERVAL`), default "60s".
+    pub metrics_interval: Option<String>,
+    /// Time one push may take, retries included (`OTEL_METRIC_EXPORT_TIMEOUT`), default "30s".
+    pub metrics_timeout: Option<String>,
+    /// Longest wait before a partial batch of spans is sent (`OTEL_BSP_SCHEDULE_DELAY`),
+    /// default "5s".
+    pub span_batch_delay: Option<String>,
+    /// Spans per export request at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`), default 512.
+    pub span_batch_size: Option<usize>,
+}
+
+/// Characters that would break the `key=value,...` form: percent-encoded.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b == b'%' || b == b',' || !(0x21..=0x7e).contains(&b) {
+            out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push(b as char);
+        }
+    }
+    out
+}
+
+fn key_values(map: &BTreeMap<String, String>) -> String {
+    map.iter()
+        .map(|(k, v)| format!("{}={}", k.trim(), percent_encode(v)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn duration_key(key: &str, value: &str, min: Duration) -> Result<Duration, (String, String)> {
+    let d = crate::config::humantime_serde_compat::parse(value).map_err(|p| (key.into(), p))?;
+    if d < min {
+        return Err((
+            key.into(),
+            format!(
+                "`{value}` is too short (at least {})",
+                crate::config::humantime_serde_compat::format(&min)
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+fn check_url(key: &str, url: &str, protocol: Option<&str>) -> Result<(), (String, String)> {
+    let url = url.trim();
+    let err = |p: String| Err((key.to_string(), p));
+    if url.is_empty() {
+        return err("must not be empty (leave the key out instead)".into());
+    }
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            if scheme != "http" && scheme != "https" {
+                return err(format!("`{url}`: the scheme must be http:// or https://"));
+            }
+            if rest.split(['/', '?', '#']).next().unwrap_or("").is_empty() {
+                return err(format!("`{url}` names no host"));
+            }
+        }
+        None if protocol == Some("grpc") => {}
+        None => {
+            return err(format!(
+                "`{url}` has no scheme: write http:// or https:// (a scheme-less endpoint is \
+                 only for protocol = \"grpc\")"
+            ))
+        }
+    }
+    Ok(())
+}
+
+impl OtlpConfig {
+    /// Checks every key; the error is (key, problem).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let protocol = self.protocol.as_deref().map(str::trim);
+        if let Some(p) = protocol {
+            if Protocol::parse(p).is_none() {
+                return Err((
+                    "otlp.protocol".into(),
+                    format!("`{p}` is not one of grpc, http/protobuf, http/json"),
+                ));
+            }
+        }
+        for (key, url) in [
+            ("otlp.endpoint", &self.endpoint),
+            ("otlp.traces_endpoint", &self.traces_endpoint),
+            ("otlp.metrics_endpoint", &self.metrics_endpoint),
+        ] {
+            if let Some(url) = url {
+                check_url(key, url, protocol)?;
+            }
+        }
+        for (name, value) in &self.headers {
+            let key = format!("otlp.headers.{name}");
+            if name.trim().is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"!#$&'*+-.^_`|~".contains(&b))
+            {
+                return Err((key, format!("`{name}` is not a valid header name")));
+            }
+            if value.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
+                return Err((key, "the value holds control characters".into()));
+            }
+        }
+        if let Some(t) = &self.timeout {
+            duration_key("otlp.timeout", t, Duration::from_millis(1))?;
+        }
+        for (key, path) in [
+            ("otlp.certificate", &self.certificate),
+            ("otlp.client_certificate", &self.client_certificate),
+            ("otlp.client_key", &self.client_key),
+        ] {
+            if let Some(path) = path {
+                if path.trim().is_empty() {
+                    return Err((key.into(), "must name a PEM file".into()));
+                }
+                if let Err(e) = std::fs::File::open(path.trim()) {
+                    return Err((key.into(), format!("cannot read `{path}`: {e}")));
+                }
+            }
+        }
+        match (&self.client_certificate, &self.client_key) {
+            (Some(_), None) => {
+                return Err((
+                    "otlp.client_key".into(),
+                    "must be set with otlp.client_certificate".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err((
+                    "otlp.client_certificate".into(),
+                    "must be set with otlp.client_key".into(),
+                ))
+            }
+            _ => {}
+        }
+        if self
+            .service_name
+            .as_ref()
+            .is_some_and(|s| s.trim().is_empty())
+        {
+            return Err(("otlp.service_name".into(), "must not be empty".into()));
+        }
+        if self.resource_attributes.keys().any(|k| k.trim().is_empty()) {
+            return Err((
+                "otlp.resource_attributes".into(),
+                "attribute names must not be empty".into(),
+            ));
+        }
+        if let Some(d) = &self.metrics_interval {
+            duration_key("otlp.metrics_interval", d, Duration::from_millis(100))?;
+        }
+        if let Some(d) = &self.metrics_timeout {
+            duration_key("otlp.metrics_timeout", d, Duration::from_millis(1))?;
+        }
+        if let Some(d) = &self.span_batch_delay {
+            duration_key("otlp.span_batch_delay", d, Duration::from_millis(1))?;
+        }
+        if let Some(n) = self.span_batch_size {
+            if !(1..=100_000).contains(&n) {
+                return Err((
+                    "otlp.span_batch_size".into(),
+                    format!("{n} is out of range 1..=100000"),
+                ));
+            }
+        }
+        Ok(())
     }
 
-    /// Resolves the settings from a variable lookup (empty values count as unset).
+    /// Every key that is set, as (the `OTEL_*` variable it stands for, the key, the value in
+    /// the variable's format). Call on a validated config.
+    pub fn variables(&self) -> Vec<(&'static str, &'static str, String)> {
+        let ms = |d: &String| {
+            crate::config::humantime_serde_compat::parse(d)
+                .map(|d| d.as_millis().max(1).to_string())
+                .unwrap_or_else(|_| d.clone())
+        };
+        let mut out = Vec::new();
+        let mut put = |var, key, value: Option<String>| {
+            if let Some(v) = value {
+                out.push((var, key, v));
+            }
+        };
+        put(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "otlp.endpoint",
+            self.endpoint.clone(),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "otlp.traces_endpoint",
+            self.traces_endpoint.clone(),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "otlp.metrics_endpoint",
+            self.metrics_endpoint.clone(),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "otlp.protocol",
+            self.protocol.clone(),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "otlp.headers",
+            (!self.headers.is_empty()).then(|| key_values(&self.headers)),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "otlp.timeout",
+            self.timeout.as_ref().map(ms),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_INSECURE",
+            "otlp.insecure",
+            self.insecure.map(|b| b.to_string()),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "otlp.certificate",
+            self.certificate.clone(),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "otlp.client_certificate",
+            self.client_certificate.clone(),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "otlp.client_key",
+            self.client_key.clone(),
+        );
+        put(
+            "OTEL_SERVICE_NAME",
+            "otlp.service_name",
+            self.service_name.clone(),
+        );
+        put(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "otlp.resource_attributes",
+            (!self.resource_attributes.is_empty()).then(|| key_values(&self.resource_attributes)),
+        );
+        let exporter = |on: bool| if on { "otlp" } else { "none" }.to_string();
+        put(
+            "OTEL_TRACES_EXPORTER",
+            "otlp.traces",
+            self.traces.map(exporter),
+        );
+        put(
+            "OTEL_METRICS_EXPORTER",
+            "otlp.metrics",
+            self.metrics.map(exporter),
+        );
+        put(
+            "OTEL_METRIC_EXPORT_INTERVAL",
+            "otlp.metrics_interval",
+            self.metrics_interval.as_ref().map(ms),
+        );
+        put(
+            "OTEL_METRIC_EXPORT_TIMEOUT",
+            "otlp.metrics_timeout",
+            self.metrics_timeout.as_ref().map(ms),
+        );
+        put(
+            "OTEL_BSP_SCHEDULE_DELAY",
+            "otlp.span_batch_delay",
+            self.span_batch_delay.as_ref().map(ms),
+        );
+        put(
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+            "otlp.span_batch_size",
+            self.span_batch_size.map(|n| n.to_string()),
+        );
+        out
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolution.
+
+/// Looks a variable up: the environment first, then the config file.
+type Lookup<'a> = dyn Fn(&str) -> Option<Found> + 'a;
+
+impl Settings {
+    /// Reads the process environment over the config file's `[otlp]` section. `node_name` is
+    /// the configured Kubernetes node name, used for `k8s.node.name` when `NODE_NAME` is not
+    /// set.
+    pub fn from_env(file: &OtlpConfig, node_name: Option<&str>) -> Result<Self, SettingsError> {
+        let vars: HashMap<String, String> = std::env::vars().collect();
+        Self::resolve(file, |k| vars.get(k).cloned(), node_name, &hostname())
+    }
+
+    /// Resolves the settings from environment variables only (empty values count as unset).
     pub fn from_vars(
         get: impl Fn(&str) -> Option<String>,
         node_name: Option<&str>,
         host_name: &str,
     ) -> Result<Self, SettingsError> {
-        let get = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        Self::resolve(&OtlpConfig::default(), get, node_name, host_name)
+    }
+
+    /// Resolves the settings from a variable lookup (the environment; empty values count as
+    /// unset) over the config file's `[otlp]` section.
+    pub fn resolve(
+        file: &OtlpConfig,
+        env: impl Fn(&str) -> Option<String>,
+        node_name: Option<&str>,
+        host_name: &str,
+    ) -> Result<Self, SettingsError> {
+        let from_file: HashMap<&'static str, (&'static str, String)> = file
+            .variables()
+            .into_iter()
+            .map(|(var, key, value)| (var, (key, value)))
+            .collect();
+        let lookup = |k: &str| -> Option<Found> {
+            if let Some(v) = env(k).filter(|v| !v.trim().is_empty()) {
+                return Some(Found {
+                    setting: format!("environment variable {k}"),
+                    value: v,
+                });
+            }
+            from_file.get(k).map(|(key, v)| Found {
+                setting: format!("config key {key}"),
+                value: v.clone(),
+            })
+        };
+        Self::resolve_with(&lookup, node_name, host_name)
+    }
+
+    fn resolve_with(
+        get: &Lookup<'_>,
+        node_name: Option<&str>,
+        host_name: &str,
+    ) -> Result<Self, SettingsError> {
         let disabled = match get("OTEL_SDK_DISABLED") {
-            Some(v) => parse_bool("OTEL_SDK_DISABLED", &v)?,
+            Some(f) => parse_bool(&f)?,
             None => false,
         };
-        let traces_on = exporter_enabled(&get, "OTEL_TRACES_EXPORTER", &["otlp"])?;
-        let metrics_on = exporter_enabled(&get, "OTEL_METRICS_EXPORTER", &["otlp", "prometheus"])?
-            && get("OTEL_METRICS_EXPORTER").as_deref() != Some("prometheus");
+        let traces_on = exporter_enabled(get, "OTEL_TRACES_EXPORTER", &["otlp"])?;
+        let metrics_on = exporter_enabled(get, "OTEL_METRICS_EXPORTER", &["otlp", "prometheus"])?
+            && get("OTEL_METRICS_EXPORTER").map(|f| f.value.trim().to_ascii_lowercase())
+                != Some("prometheus".into());
         let traces = if disabled || !traces_on {
             None
         } else {
-            signal(&get, TRACES)?
+            signal(get, TRACES)?
         };
         let metrics = if disabled || !metrics_on {
             None
         } else {
-            signal(&get, METRICS)?
+            signal(get, METRICS)?
         };
+        if let Some(f) = get("OTEL_EXPORTER_OTLP_COMPRESSION") {
+            if f.value.trim() != "none" {
+                tracing::warn!(setting = %f.setting, value = %f.value, "OTLP compression is not supported; requests are sent uncompressed");
+            }
+        }
         let ms = |name: &str, default: u64, min: u64| -> Result<Duration, SettingsError> {
             match get(name) {
                 None => Ok(Duration::from_millis(default)),
-                Some(v) => {
-                    let n: u64 = v
+                Some(f) => {
+                    let n: u64 = f
+                        .value
                         .trim()
                         .parse()
-                        .map_err(|_| invalid(name, &v, "expected milliseconds, e.g. 5000"))?;
+                        .map_err(|_| invalid(&f, "expected milliseconds, e.g. 5000"))?;
                     if n < min {
-                        return Err(invalid(name, &v, format!("must be at least {min}")));
+                        return Err(invalid(&f, format!("must be at least {min}")));
                     }
                     Ok(Duration::from_millis(n))
                 }
@@ -141,21 +576,17 @@ impl Settings {
         let metric_export_timeout = ms("OTEL_METRIC_EXPORT_TIMEOUT", 30_000, 1)?;
         let max_batch = match get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
             None => 512,
-            Some(v) => match v.trim().parse::<usize>() {
+            Some(f) => match f.value.trim().parse::<usize>() {
                 Ok(n) if (1..=100_000).contains(&n) => n,
                 _ => {
-                    return Err(invalid(
-                        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-                        &v,
-                        "expected a number of spans from 1 to 100000",
-                    ))
+                    return Err(invalid(&f, "expected a number of spans from 1 to 100000"));
                 }
             },
         };
         Ok(Self {
             traces,
             metrics,
-            resource: resource(&get, node_name, host_name)?,
+            resource: resource(get, node_name, host_name)?,
             schedule_delay,
             max_batch,
             metric_interval,
@@ -177,31 +608,30 @@ impl Settings {
     }
 }
 
-fn parse_bool(variable: &str, v: &str) -> Result<bool, SettingsError> {
-    match v.trim().to_ascii_lowercase().as_str() {
+fn parse_bool(f: &Found) -> Result<bool, SettingsError> {
+    match f.value.trim().to_ascii_lowercase().as_str() {
         "true" => Ok(true),
         "false" => Ok(false),
-        _ => Err(invalid(variable, v, "expected true or false")),
+        _ => Err(invalid(f, "expected true or false")),
     }
 }
 
 fn exporter_enabled(
-    get: &impl Fn(&str) -> Option<String>,
+    get: &Lookup<'_>,
     variable: &str,
     accepted: &[&str],
 ) -> Result<bool, SettingsError> {
     match get(variable) {
         None => Ok(true),
-        Some(v) => {
-            let v = v.trim().to_ascii_lowercase();
+        Some(f) => {
+            let v = f.value.trim().to_ascii_lowercase();
             if v == "none" {
                 Ok(false)
             } else if accepted.contains(&v.as_str()) {
                 Ok(true)
             } else {
                 Err(invalid(
-                    variable,
-                    &v,
+                    &f,
                     format!("sysscope supports {} or none", accepted.join(", ")),
                 ))
             }
@@ -209,97 +639,142 @@ fn exporter_enabled(
     }
 }
 
-fn signal(
-    get: &impl Fn(&str) -> Option<String>,
-    signal: Signal,
-) -> Result<Option<SignalSettings>, SettingsError> {
-    let specific = |suffix: &str| format!("OTEL_EXPORTER_OTLP_{}_{suffix}", signal.upper);
-    let pick = |suffix: &str| -> Option<(String, String)> {
-        let name = specific(suffix);
-        if let Some(v) = get(&name) {
-            return Some((name, v));
+/// Reads a PEM file named by a setting and checks it holds what it must.
+fn read_pem(f: &Found, what: PemKind) -> Result<PemFile, SettingsError> {
+    let path = f.value.trim().to_string();
+    let file_error = |problem: String| SettingsError::File {
+        setting: f.setting.clone(),
+        path: path.clone(),
+        problem,
+    };
+    let pem = std::fs::read(&path).map_err(|e| file_error(format!("cannot read it: {e}")))?;
+    match what {
+        PemKind::Certificates => {
+            let certs: Result<Vec<CertificateDer<'_>>, _> =
+                CertificateDer::pem_slice_iter(&pem).collect();
+            match certs {
+                Ok(c) if !c.is_empty() => {}
+                Ok(_) => return Err(file_error("holds no PEM certificate".into())),
+                Err(e) => return Err(file_error(format!("not a PEM certificate file: {e}"))),
+            }
         }
-        let generic = format!("OTEL_EXPORTER_OTLP_{suffix}");
-        get(&generic).map(|v| (generic, v))
+        PemKind::PrivateKey => {
+            PrivateKeyDer::from_pem_slice(&pem)
+                .map_err(|e| file_error(format!("holds no PEM private key: {e}")))?;
+        }
+    }
+    Ok(PemFile { path, pem })
+}
+
+#[derive(Clone, Copy)]
+enum PemKind {
+    Certificates,
+    PrivateKey,
+}
+
+fn signal(get: &Lookup<'_>, signal: Signal) -> Result<Option<SignalSettings>, SettingsError> {
+    let specific = |suffix: &str| format!("OTEL_EXPORTER_OTLP_{}_{suffix}", signal.upper);
+    let pick = |suffix: &str| -> Option<Found> {
+        get(&specific(suffix)).or_else(|| get(&format!("OTEL_EXPORTER_OTLP_{suffix}")))
     };
     let protocol = match pick("PROTOCOL") {
         None => Protocol::HttpProtobuf,
-        Some((var, v)) => match v.trim() {
-            "grpc" => Protocol::Grpc,
-            "http/protobuf" => Protocol::HttpProtobuf,
-            "http/json" => {
-                return Err(invalid(
-                    &var,
-                    &v,
-                    "http/json is not supported; use grpc or http/protobuf",
-                ))
-            }
-            _ => return Err(invalid(&var, &v, "expected grpc or http/protobuf")),
-        },
+        Some(f) => Protocol::parse(&f.value)
+            .ok_or_else(|| invalid(&f, "expected grpc, http/protobuf or http/json"))?,
     };
-    let specific_endpoint = specific("ENDPOINT");
-    let (endpoint_var, raw, is_specific) = match get(&specific_endpoint) {
-        Some(v) => (specific_endpoint, v, true),
+    let (found, is_specific) = match get(&specific("ENDPOINT")) {
+        Some(f) => (f, true),
         None => match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
-            Some(v) => ("OTEL_EXPORTER_OTLP_ENDPOINT".to_string(), v, false),
+            Some(f) => (f, false),
             None => return Ok(None),
         },
     };
-    let raw = raw.trim().to_string();
+    let raw = found.value.trim().to_string();
     let mut endpoint = if raw.contains("://") {
         raw.clone()
     } else if protocol == Protocol::Grpc {
         // A scheme-less gRPC endpoint is secure unless OTEL_EXPORTER_OTLP_INSECURE says not.
         let insecure = match pick("INSECURE") {
-            Some((var, v)) => parse_bool(&var, &v)?,
+            Some(f) => parse_bool(&f)?,
             None => false,
         };
         format!("{}://{raw}", if insecure { "http" } else { "https" })
     } else {
         return Err(invalid(
-            &endpoint_var,
-            &raw,
-            "expected a URL such as http://otel-collector:4318",
+            &found,
+            "expected a URL such as http://otel-collector:4318 or https://otel-collector:4318",
         ));
     };
-    if endpoint.starts_with("https://") {
-        return Err(invalid(
-            &endpoint_var,
-            &raw,
-            "TLS is not built into this sysscope; send to a collector on the node or in the \
-             cluster over http:// (it can forward with TLS), or set OTEL_EXPORTER_OTLP_INSECURE=true \
-             for a scheme-less gRPC endpoint",
-        ));
+    let (scheme, rest) = endpoint.split_once("://").unwrap_or(("", ""));
+    let secure = match scheme {
+        "http" => false,
+        "https" => true,
+        _ => return Err(invalid(&found, "the scheme must be http:// or https://")),
+    };
+    if rest.split(['/', '?', '#']).next().unwrap_or("").is_empty() {
+        return Err(invalid(&found, "the URL names no host"));
     }
-    if !endpoint.starts_with("http://") {
-        return Err(invalid(&endpoint_var, &raw, "the scheme must be http://"));
-    }
-    let authority = endpoint["http://".len()..]
-        .split(['/', '?', '#'])
-        .next()
-        .unwrap_or("");
-    if authority.is_empty() {
-        return Err(invalid(&endpoint_var, &raw, "the URL names no host"));
-    }
-    if protocol == Protocol::HttpProtobuf && !is_specific {
+    if protocol.is_http() && !is_specific {
         endpoint = format!("{}{}", endpoint.trim_end_matches('/'), signal.path);
     }
     let headers = match pick("HEADERS") {
         None => Vec::new(),
-        Some((var, v)) => parse_key_values(&v).map_err(|p| invalid(&var, &v, p))?,
+        Some(f) => parse_key_values(&f.value).map_err(|p| invalid(&f, p))?,
     };
     let timeout = match pick("TIMEOUT") {
         None => DEFAULT_TIMEOUT,
-        Some((var, v)) => match v.trim().parse::<u64>() {
+        Some(f) => match f.value.trim().parse::<u64>() {
             Ok(ms) if ms > 0 => Duration::from_millis(ms),
-            _ => return Err(invalid(&var, &v, "expected milliseconds, e.g. 10000")),
+            _ => return Err(invalid(&f, "expected milliseconds, e.g. 10000")),
         },
+    };
+    let certificate = pick("CERTIFICATE");
+    let client_certificate = pick("CLIENT_CERTIFICATE");
+    let client_key = pick("CLIENT_KEY");
+    let tls = if secure {
+        let ca = match &certificate {
+            Some(f) => Some(read_pem(f, PemKind::Certificates)?),
+            None => None,
+        };
+        let client = match (&client_certificate, &client_key) {
+            (Some(c), Some(k)) => Some((
+                read_pem(c, PemKind::Certificates)?,
+                read_pem(k, PemKind::PrivateKey)?,
+            )),
+            (Some(c), None) => {
+                return Err(invalid(
+                    c,
+                    format!(
+                        "a client certificate needs its key: set OTEL_EXPORTER_OTLP_{}CLIENT_KEY \
+                         (or otlp.client_key)",
+                        if c.setting.contains(signal.upper) {
+                            format!("{}_", signal.upper)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                ))
+            }
+            (None, Some(k)) => return Err(invalid(
+                k,
+                "a client key needs its certificate: set OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE \
+                     (or otlp.client_certificate)",
+            )),
+            (None, None) => None,
+        };
+        Some(TlsSettings { ca, client })
+    } else {
+        if let Some(f) = certificate.or(client_certificate).or(client_key) {
+            tracing::warn!(setting = %f.setting, endpoint = %endpoint, "certificate settings only apply to https:// endpoints; ignored");
+        }
+        None
     };
     Ok(Some(SignalSettings {
         endpoint,
         protocol,
         headers,
         timeout,
+        tls,
     }))
 }
 
@@ -345,12 +820,12 @@ fn percent_decode(s: &str) -> Result<String, String> {
 }
 
 fn resource(
-    get: &impl Fn(&str) -> Option<String>,
+    get: &Lookup<'_>,
     node_name: Option<&str>,
     host_name: &str,
 ) -> Result<Vec<(String, String)>, SettingsError> {
     let mut attrs: Vec<(String, String)> = match get("OTEL_RESOURCE_ATTRIBUTES") {
-        Some(v) => parse_key_values(&v).map_err(|p| invalid("OTEL_RESOURCE_ATTRIBUTES", &v, p))?,
+        Some(f) => parse_key_values(&f.value).map_err(|p| invalid(&f, p))?,
         None => Vec::new(),
     };
     let mut set = |k: &str, v: String, override_existing: bool| match attrs
@@ -363,14 +838,16 @@ fn resource(
     };
     // OTEL_SERVICE_NAME wins over service.name in OTEL_RESOURCE_ATTRIBUTES (specification).
     match get("OTEL_SERVICE_NAME") {
-        Some(name) => set("service.name", name.trim().to_string(), true),
+        Some(name) => set("service.name", name.value.trim().to_string(), true),
         None => set("service.name", "sysscope".into(), false),
     }
     set("service.version", crate::agent::VERSION.into(), false);
     if !host_name.is_empty() {
         set("host.name", host_name.to_string(), false);
     }
-    let node = get("NODE_NAME").or_else(|| node_name.map(str::to_string));
+    let node = get("NODE_NAME")
+        .map(|f| f.value)
+        .or_else(|| node_name.map(str::to_string));
     if let Some(node) = node {
         set("k8s.node.name", node.trim().to_string(), false);
     }
@@ -453,16 +930,14 @@ mod tests {
 
     #[test]
     fn grpc_scheme_less_endpoints_follow_insecure() {
-        let e = settings(&[
+        let s = settings(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
         ])
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("OTEL_EXPORTER_OTLP_ENDPOINT") && e.contains("TLS"),
-            "{e}"
-        );
+        .unwrap();
+        let t = s.traces.unwrap();
+        assert_eq!(t.endpoint, "https://collector:4317");
+        assert_eq!(t.tls, Some(TlsSettings::default()), "system roots");
         let s = settings(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4317"),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
@@ -553,5 +1028,379 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.service_name(), "explicit");
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The config file's [otlp] section, and how it merges with the environment.
+
+    fn file(text: &str) -> OtlpConfig {
+        let c: OtlpConfig = toml::from_str(text).unwrap();
+        c.validate().unwrap();
+        c
+    }
+
+    fn merged(file: &OtlpConfig, env: &[(&str, &str)]) -> Result<Settings, SettingsError> {
+        let map: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Settings::resolve(file, |k| map.get(k).cloned(), None, "node-1")
+    }
+
+    /// A CA certificate, a client certificate and its key, as PEM files in a temporary dir.
+    struct Pems {
+        _dir: tempfile::TempDir,
+        ca: String,
+        cert: String,
+        key: String,
+        garbage: String,
+    }
+
+    fn pems() -> Pems {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["ca.test".into()]).unwrap();
+        let client = rcgen::generate_simple_self_signed(vec!["client.test".into()]).unwrap();
+        let write = |name: &str, text: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        Pems {
+            ca: write("ca.pem", &ca.cert.pem()),
+            cert: write("client.pem", &client.cert.pem()),
+            key: write("client.key", &client.signing_key.serialize_pem()),
+            garbage: write("garbage.pem", "not a certificate\n"),
+            _dir: dir,
+        }
+    }
+
+    #[test]
+    fn file_alone_configures_everything() {
+        let f = file(
+            r#"
+endpoint = "http://collector:4318/"
+protocol = "http/json"
+timeout = "2500ms"
+service_name = "from-file"
+traces = true
+metrics = true
+metrics_interval = "15s"
+metrics_timeout = "5s"
+span_batch_delay = "200ms"
+span_batch_size = 64
+[headers]
+authorization = "Bearer a,b%c"
+[resource_attributes]
+"deployment.environment" = "prod"
+"#,
+        );
+        let s = merged(&f, &[]).unwrap();
+        let t = s.traces.clone().unwrap();
+        assert_eq!(t.endpoint, "http://collector:4318/v1/traces");
+        assert_eq!(t.protocol, Protocol::HttpJson);
+        assert_eq!(t.timeout, Duration::from_millis(2500));
+        assert_eq!(t.tls, None);
+        assert_eq!(
+            t.headers,
+            vec![("authorization".to_string(), "Bearer a,b%c".to_string())],
+            "values survive the key=value form"
+        );
+        assert_eq!(
+            s.metrics.as_ref().unwrap().endpoint,
+            "http://collector:4318/v1/metrics"
+        );
+        assert_eq!(s.service_name(), "from-file");
+        assert!(s
+            .resource
+            .contains(&("deployment.environment".into(), "prod".into())));
+        assert_eq!(s.metric_interval, Duration::from_secs(15));
+        assert_eq!(s.metric_export_timeout, Duration::from_secs(5));
+        assert_eq!(s.schedule_delay, Duration::from_millis(200));
+        assert_eq!(s.max_batch, 64);
+    }
+
+    #[test]
+    fn environment_wins_over_the_file_per_setting() {
+        let f = file(
+            r#"
+endpoint = "http://from-file:4318"
+protocol = "grpc"
+timeout = "3s"
+service_name = "from-file"
+metrics = false
+span_batch_size = 64
+[headers]
+x-file = "1"
+"#,
+        );
+        let s = merged(
+            &f,
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://from-env:4317"),
+                ("OTEL_EXPORTER_OTLP_HEADERS", "x-env=2"),
+                ("OTEL_SERVICE_NAME", "from-env"),
+                // Empty counts as unset: the file's value stays.
+                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", ""),
+            ],
+        )
+        .unwrap();
+        let t = s.traces.clone().unwrap();
+        assert_eq!(t.endpoint, "http://from-env:4317");
+        assert_eq!(t.protocol, Protocol::Grpc, "the file's protocol");
+        assert_eq!(t.timeout, Duration::from_secs(3), "the file's timeout");
+        assert_eq!(t.headers, vec![("x-env".to_string(), "2".to_string())]);
+        assert_eq!(s.service_name(), "from-env");
+        assert_eq!(s.max_batch, 64);
+        assert!(s.metrics.is_none(), "metrics = false in the file");
+        // The environment can turn a signal back on that the file turned off.
+        let s = merged(&f, &[("OTEL_METRICS_EXPORTER", "otlp")]).unwrap();
+        assert_eq!(s.metrics.unwrap().endpoint, "http://from-file:4318");
+        // Defaults stay where neither says anything.
+        let s = merged(&OtlpConfig::default(), &[]).unwrap();
+        assert!(!s.any());
+        assert_eq!(s.max_batch, 512);
+    }
+
+    #[test]
+    fn signal_specific_settings_win_over_generic_ones_across_layers() {
+        // A signal-specific file key is more specific than a generic variable: each key
+        // stands for its own variable, and OTEL_EXPORTER_OTLP_TRACES_ENDPOINT wins over
+        // OTEL_EXPORTER_OTLP_ENDPOINT whichever layer either comes from.
+        let f = file("traces_endpoint = \"http://traces-from-file:4318/t\"\n");
+        let s = merged(&f, &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318")]).unwrap();
+        assert_eq!(s.traces.unwrap().endpoint, "http://traces-from-file:4318/t");
+        assert_eq!(s.metrics.unwrap().endpoint, "http://env:4318/v1/metrics");
+        let s = merged(
+            &f,
+            &[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://env:1/x")],
+        )
+        .unwrap();
+        assert_eq!(s.traces.unwrap().endpoint, "http://env:1/x");
+        assert!(s.metrics.is_none());
+    }
+
+    #[test]
+    fn errors_from_the_file_name_the_key() {
+        // Only reachable for values validate() cannot judge alone, e.g. http/json with a
+        // gRPC-only scheme-less endpoint given by the environment's protocol.
+        let f = file("endpoint = \"collector:4317\"\nprotocol = \"grpc\"\n");
+        let e = merged(&f, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("config key otlp.endpoint"), "{e}");
+        let e = merged(&f, &[("OTEL_EXPORTER_OTLP_PROTOCOL", "udp")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("environment variable OTEL_EXPORTER_OTLP_PROTOCOL"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_invalid_key_is_named() {
+        let p = pems();
+        let missing = "/nonexistent/ca.pem";
+        for (text, key, needle) in [
+            ("protocol = \"udp\"", "otlp.protocol", "udp"),
+            ("endpoint = \"ftp://a:1\"", "otlp.endpoint", "scheme"),
+            ("endpoint = \"http://\"", "otlp.endpoint", "no host"),
+            ("endpoint = \"\"", "otlp.endpoint", "empty"),
+            ("endpoint = \"a:4318\"", "otlp.endpoint", "no scheme"),
+            (
+                "traces_endpoint = \"https:///x\"",
+                "otlp.traces_endpoint",
+                "no host",
+            ),
+            (
+                "metrics_endpoint = \"tcp://a:1\"",
+                "otlp.metrics_endpoint",
+                "scheme",
+            ),
+            (
+                "headers = { \"bad name\" = \"1\" }",
+                "otlp.headers.bad name",
+                "header name",
+            ),
+            ("headers = { x = \"a\\nb\" }", "otlp.headers.x", "control"),
+            ("timeout = \"soon\"", "otlp.timeout", "soon"),
+            ("timeout = \"0s\"", "otlp.timeout", "too short"),
+            (
+                &format!("certificate = \"{missing}\""),
+                "otlp.certificate",
+                missing,
+            ),
+            ("certificate = \" \"", "otlp.certificate", "PEM file"),
+            (
+                &format!("client_certificate = \"{}\"", p.cert),
+                "otlp.client_key",
+                "otlp.client_certificate",
+            ),
+            (
+                &format!("client_key = \"{}\"", p.key),
+                "otlp.client_certificate",
+                "otlp.client_key",
+            ),
+            (
+                &format!(
+                    "client_certificate = \"{}\"\nclient_key = \"{missing}\"",
+                    p.cert
+                ),
+                "otlp.client_key",
+                missing,
+            ),
+            ("service_name = \" \"", "otlp.service_name", "empty"),
+            (
+                "resource_attributes = { \"\" = \"x\" }",
+                "otlp.resource_attributes",
+                "empty",
+            ),
+            (
+                "metrics_interval = \"10ms\"",
+                "otlp.metrics_interval",
+                "too short",
+            ),
+            ("metrics_timeout = \"5\"", "otlp.metrics_timeout", "unit"),
+            ("span_batch_delay = \"1x\"", "otlp.span_batch_delay", "unit"),
+            (
+                "span_batch_size = 0",
+                "otlp.span_batch_size",
+                "out of range",
+            ),
+            (
+                "span_batch_size = 100001",
+                "otlp.span_batch_size",
+                "out of range",
+            ),
+        ] {
+            let c: OtlpConfig = toml::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let (k, problem) = c.validate().expect_err(text);
+            assert_eq!(k, key, "{text}: {problem}");
+            assert!(problem.contains(needle), "{text}: {problem}");
+        }
+        // A scheme-less endpoint is fine for gRPC.
+        file("endpoint = \"collector:4317\"\nprotocol = \"grpc\"\n");
+        // Unknown keys are refused.
+        assert!(toml::from_str::<OtlpConfig>("endpint = \"http://a:1\"").is_err());
+    }
+
+    #[test]
+    fn tls_settings_come_from_either_layer_and_bad_files_are_named() {
+        let p = pems();
+        // https with the system roots.
+        let s = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")]).unwrap();
+        assert_eq!(s.traces.unwrap().tls, Some(TlsSettings::default()));
+        // CA and client identity from the file.
+        let f = file(&format!(
+            "endpoint = \"https://c:4318\"\ncertificate = \"{}\"\nclient_certificate = \"{}\"\nclient_key = \"{}\"\n",
+            p.ca, p.cert, p.key
+        ));
+        let s = merged(&f, &[]).unwrap();
+        let tls = s.traces.unwrap().tls.unwrap();
+        assert_eq!(tls.ca.as_ref().unwrap().path, p.ca);
+        let (cert, key) = tls.client.unwrap();
+        assert_eq!(
+            (cert.path.as_str(), key.path.as_str()),
+            (p.cert.as_str(), p.key.as_str())
+        );
+        assert!(
+            !format!("{key:?}").contains("PRIVATE"),
+            "keys stay out of logs"
+        );
+        // A signal-specific variable wins for its signal only.
+        let s = merged(
+            &f,
+            &[("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", p.cert.as_str())],
+        )
+        .unwrap();
+        assert_eq!(s.metrics.unwrap().tls.unwrap().ca.unwrap().path, p.cert);
+        assert_eq!(s.traces.unwrap().tls.unwrap().ca.unwrap().path, p.ca);
+        // Plain http: certificates do not apply.
+        let s = settings(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", p.ca.as_str()),
+        ])
+        .unwrap();
+        assert_eq!(s.traces.unwrap().tls, None);
+
+        let https = ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318");
+        for (vars, needles) in [
+            (
+                vec![
+                    https,
+                    ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem"),
+                ],
+                vec![
+                    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                    "/nonexistent/ca.pem",
+                    "cannot read",
+                ],
+            ),
+            (
+                vec![
+                    https,
+                    ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", p.garbage.as_str()),
+                ],
+                vec![
+                    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                    p.garbage.as_str(),
+                    "no PEM certificate",
+                ],
+            ),
+            (
+                vec![
+                    https,
+                    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", p.cert.as_str()),
+                    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", p.ca.as_str()),
+                ],
+                vec![
+                    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                    p.ca.as_str(),
+                    "private key",
+                ],
+            ),
+            (
+                vec![
+                    https,
+                    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", p.cert.as_str()),
+                ],
+                vec!["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "CLIENT_KEY"],
+            ),
+            (
+                vec![https, ("OTEL_EXPORTER_OTLP_CLIENT_KEY", p.key.as_str())],
+                vec!["OTEL_EXPORTER_OTLP_CLIENT_KEY", "CLIENT_CERTIFICATE"],
+            ),
+        ] {
+            let e = settings(&vars).unwrap_err().to_string();
+            for n in needles {
+                assert!(e.contains(n), "{n} not in: {e}");
+            }
+        }
+        // A file that disappeared between load and start-up is named with its key.
+        let f = OtlpConfig {
+            endpoint: Some("https://c:4318".into()),
+            certificate: Some("/nonexistent/ca.pem".into()),
+            ..Default::default()
+        };
+        let e = merged(&f, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("config key otlp.certificate") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn http_json_is_accepted() {
+        let s = settings(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4318"),
+            ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json"),
+        ])
+        .unwrap();
+        let m = s.metrics.unwrap();
+        assert_eq!(
+            (m.protocol, m.endpoint.as_str()),
+            (Protocol::HttpJson, "http://a:4318/v1/metrics")
+        );
+        assert_eq!(s.traces.unwrap().protocol, Protocol::HttpProtobuf);
     }
 }

@@ -1,6 +1,12 @@
 //! OTLP metrics push: every `OTEL_METRIC_EXPORT_INTERVAL`, the exposition Prometheus scrapes
 //! (OpenMetrics, from [`Scraper::scrape`]) is read back and sent as one OTLP request, over gRPC
-//! (tonic `MetricsService`) or HTTP/protobuf (`POST /v1/metrics`).
+//! (tonic `MetricsService`) or OTLP/HTTP (`POST /v1/metrics`, protobuf or JSON body), with TLS
+//! for `https://` endpoints as [`super::tls`] builds it.
+//!
+//! JSON bodies are opentelemetry-proto's serde encoding of the same request, which follows the
+//! OTLP/JSON mapping: lowerCamelCase field names, trace and span ids as hex strings, 64-bit
+//! integers (times, counts, bucket counts) as decimal strings, enums as integers (checked by
+//! the unit tests below).
 //!
 //! Why not the OpenTelemetry SDK's instruments: the kernel aggregates latency into histograms,
 //! and the SDK can only build histograms from individual observations (its data types cannot
@@ -53,6 +59,12 @@ pub enum MetricPushError {
     Header { name: String, what: &'static str },
     #[error("OTLP gRPC export needs a tokio runtime")]
     NoRuntime,
+    #[error("OTLP metrics endpoint `{endpoint}`: {source}")]
+    Tls {
+        endpoint: String,
+        #[source]
+        source: super::tls::TlsError,
+    },
     #[error("starting the metrics push thread: {0}")]
     Thread(#[source] std::io::Error),
 }
@@ -369,7 +381,20 @@ enum Client {
         client: reqwest::blocking::Client,
         url: String,
         headers: reqwest::header::HeaderMap,
+        /// OTLP/JSON bodies instead of protobuf.
+        json: bool,
     },
+}
+
+/// The body and content type of an OTLP/HTTP request.
+fn http_body(request: &ExportMetricsServiceRequest, json: bool) -> (Vec<u8>, &'static str) {
+    if json {
+        // Serializing plain data to a Vec cannot fail (no maps with non-string keys).
+        let body = serde_json::to_vec(request).unwrap_or_default();
+        (body, "application/json")
+    } else {
+        (request.encode_to_vec(), "application/x-protobuf")
+    }
 }
 
 /// Whether a failed request may succeed if repeated.
@@ -419,13 +444,15 @@ impl Client {
                 client,
                 url,
                 headers,
+                json,
             } => {
+                let (body, content_type) = http_body(request, *json);
                 let result = client
                     .post(url.as_str())
                     .headers(headers.clone())
-                    .header(reqwest::header::CONTENT_TYPE, "application/x-protobuf")
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
                     .timeout(timeout)
-                    .body(request.encode_to_vec())
+                    .body(body)
                     .send();
                 match result {
                     Ok(resp) if resp.status().is_success() => Ok(()),
@@ -436,10 +463,19 @@ impl Client {
                             retryable: matches!(code, 429 | 502 | 503 | 504),
                         })
                     }
-                    Err(e) => Err(SendError {
-                        message: format!("HTTP request failed: {e}"),
-                        retryable: true,
-                    }),
+                    Err(e) => {
+                        // reqwest's own message hides the cause (refused, TLS, timeout).
+                        let mut message = format!("HTTP request failed: {e}");
+                        let mut source = std::error::Error::source(&e);
+                        while let Some(cause) = source {
+                            message.push_str(&format!(": {cause}"));
+                            source = cause.source();
+                        }
+                        Err(SendError {
+                            message,
+                            retryable: true,
+                        })
+                    }
                 }
             }
         }
@@ -460,6 +496,15 @@ fn build_client(
                 })?
                 .connect_timeout(settings.timeout)
                 .timeout(settings.timeout);
+            let endpoint = match &settings.tls {
+                Some(tls) => endpoint
+                    .tls_config(super::tls::tonic_config(tls))
+                    .map_err(|e| MetricPushError::Endpoint {
+                        endpoint: settings.endpoint.clone(),
+                        problem: format!("TLS: {e}"),
+                    })?,
+                None => endpoint,
+            };
             let channel = {
                 let _guard = runtime.enter();
                 endpoint.connect_lazy()
@@ -484,7 +529,7 @@ fn build_client(
                 metadata,
             })
         }
-        Protocol::HttpProtobuf => {
+        Protocol::HttpProtobuf | Protocol::HttpJson => {
             let mut headers = reqwest::header::HeaderMap::new();
             for (k, v) in &settings.headers {
                 let name = reqwest::header::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
@@ -501,17 +546,16 @@ fn build_client(
                 })?;
                 headers.insert(name, value);
             }
-            let client = reqwest::blocking::Client::builder()
-                .timeout(settings.timeout)
-                .build()
-                .map_err(|e| MetricPushError::Endpoint {
+            let client =
+                super::tls::http_client(settings).map_err(|source| MetricPushError::Tls {
                     endpoint: settings.endpoint.clone(),
-                    problem: e.to_string(),
+                    source,
                 })?;
             Ok(Client::Http {
                 client,
                 url: settings.endpoint.clone(),
                 headers,
+                json: settings.protocol == Protocol::HttpJson,
             })
         }
     }
@@ -562,7 +606,7 @@ impl MetricPush {
                         return;
                     }
                 };
-                tracing::info!(endpoint = %options.settings.endpoint, protocol = options.settings.protocol.as_str(), interval = ?options.interval, "pushing metrics over OTLP");
+                tracing::info!(endpoint = %options.settings.endpoint, protocol = options.settings.protocol.as_str(), tls = options.settings.tls.is_some(), interval = ?options.interval, "pushing metrics over OTLP");
                 let mut converter = Converter::new(&options.resource, options.started);
                 let mut failing = false;
                 // Each interval, unless told to stop (or the agent is gone).
@@ -743,5 +787,45 @@ sysscope_collector_up{collector=\"syscalls\"} 1\n\
         c.convert("# EOF\n", t(500));
         assert_eq!(c.tracked_series(), 0);
         assert_eq!(start_of(&c.convert(TEXT, t(600))), 500_000_000_000);
+    }
+
+    #[test]
+    fn json_bodies_follow_the_otlp_json_mapping() {
+        let started = UNIX_EPOCH + Duration::from_secs(100);
+        let mut c = Converter::new(&[("service.name".into(), "sysscope".into())], started);
+        let r = c.convert(TEXT, UNIX_EPOCH + Duration::from_secs(200));
+        let (body, content_type) = http_body(&r, true);
+        assert_eq!(content_type, "application/json");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let rm = &v["resourceMetrics"][0];
+        assert_eq!(
+            rm["resource"]["attributes"][0],
+            serde_json::json!({"key": "service.name", "value": {"stringValue": "sysscope"}})
+        );
+        let metrics = rm["scopeMetrics"][0]["metrics"].as_array().unwrap();
+        let by_name = |n: &str| metrics.iter().find(|m| m["name"] == n).unwrap();
+        let sum = &by_name("sysscope_syscalls")["sum"];
+        assert_eq!(sum["isMonotonic"], true);
+        // Enums are integers in OTLP/JSON (2: cumulative).
+        assert_eq!(sum["aggregationTemporality"], 2);
+        let p = &sum["dataPoints"][0];
+        // 64-bit integers are decimal strings; doubles are numbers.
+        assert_eq!(p["startTimeUnixNano"], "100000000000");
+        assert_eq!(p["timeUnixNano"], "200000000000");
+        assert_eq!(p["asDouble"], 12.0);
+        let h = &by_name("sysscope_syscall_duration_seconds")["histogram"]["dataPoints"][0];
+        assert_eq!(h["count"], "12");
+        assert_eq!(h["bucketCounts"], serde_json::json!(["2", "10", "0"]));
+        assert_eq!(h["explicitBounds"], serde_json::json!([0.001, 0.067108864]));
+        assert_eq!(h["sum"], 0.5);
+        // Ids are lowercase hex, not base64.
+        let e = &h["exemplars"][0];
+        assert_eq!(e["traceId"], "0102030405060708090a0b0c0d0e0f10");
+        assert_eq!(e["spanId"], "0102030405060708");
+        assert_eq!(e["timeUnixNano"], "1700000000500000000");
+        assert!(by_name("sysscope_collector_up")["gauge"]["dataPoints"][0]["asDouble"] == 1.0);
+        // And it reads back into the same request.
+        let back: ExportMetricsServiceRequest = serde_json::from_slice(&body).unwrap();
+        assert_eq!(back, r);
     }
 }

@@ -1,5 +1,7 @@
 //! Span export to an OTLP endpoint: a bounded queue, batching, and retry with backoff, in
-//! front of opentelemetry-otlp's `SpanExporter` (gRPC through tonic, or HTTP/protobuf).
+//! front of opentelemetry-otlp's `SpanExporter` (gRPC through tonic, or OTLP/HTTP with
+//! protobuf or JSON bodies through the blocking reqwest client of [`super::tls`]; TLS for
+//! `https://` endpoints as [`super::tls`] builds it).
 //!
 //! The queue holds at most `slow_calls.export_queue` spans, the batch being sent included, so
 //! memory stays bounded however long the endpoint is down or slow; a span that does not fit
@@ -49,6 +51,12 @@ pub enum TraceExportError {
     },
     #[error("OTLP header `{name}`: not a valid {what}")]
     Header { name: String, what: &'static str },
+    #[error("OTLP span exporter for {endpoint}: {source}")]
+    Tls {
+        endpoint: String,
+        #[source]
+        source: super::tls::TlsError,
+    },
     #[error("OTLP gRPC export needs a tokio runtime")]
     NoRuntime,
     #[error("starting the span export thread: {0}")]
@@ -117,20 +125,37 @@ fn build_exporter(
                 })?;
                 metadata.insert(key, value);
             }
-            opentelemetry_otlp::SpanExporter::builder()
+            let builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
                 .with_timeout(settings.timeout)
-                .with_metadata(metadata)
+                .with_metadata(metadata);
+            match &settings.tls {
+                Some(tls) => builder
+                    .with_tls_config(super::tls::tonic_config(tls))
+                    .build(),
+                None => builder.build(),
+            }
+        }
+        Protocol::HttpProtobuf | Protocol::HttpJson => {
+            let client =
+                super::tls::http_client(settings).map_err(|source| TraceExportError::Tls {
+                    endpoint: settings.endpoint.clone(),
+                    source,
+                })?;
+            opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_http_client(super::tls::BlockingHttpClient(client))
+                .with_endpoint(settings.endpoint.clone())
+                .with_protocol(if settings.protocol == Protocol::HttpJson {
+                    opentelemetry_otlp::Protocol::HttpJson
+                } else {
+                    opentelemetry_otlp::Protocol::HttpBinary
+                })
+                .with_timeout(settings.timeout)
+                .with_headers(settings.headers.iter().cloned().collect::<HashMap<_, _>>())
                 .build()
         }
-        Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_endpoint(settings.endpoint.clone())
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_timeout(settings.timeout)
-            .with_headers(settings.headers.iter().cloned().collect::<HashMap<_, _>>())
-            .build(),
     };
     let mut exporter = built.map_err(|source| TraceExportError::Build {
         endpoint: settings.endpoint.clone(),
@@ -154,7 +179,7 @@ impl SpanExport {
     ) -> Result<Self, TraceExportError> {
         let driver = match settings.protocol {
             Protocol::Grpc => Driver::Runtime(runtime.ok_or(TraceExportError::NoRuntime)?),
-            Protocol::HttpProtobuf => Driver::Blocking,
+            Protocol::HttpProtobuf | Protocol::HttpJson => Driver::Blocking,
         };
         let queue = Arc::new(Queue {
             state: Mutex::new(State::default()),
@@ -190,7 +215,7 @@ impl SpanExport {
                             return;
                         }
                     };
-                    tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), "exporting slow-call spans over OTLP");
+                    tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), tls = settings.tls.is_some(), "exporting slow-call spans over OTLP");
                     export_loop(&queue, &exporter, &driver, &stats, schedule_delay, &settings.endpoint);
                     let _ = exporter.shutdown_with_timeout(Duration::from_secs(1));
                     let _ = done_tx.send(());
