@@ -605,9 +605,77 @@ pub mod humantime_serde_compat {
     }
 }
 
+/// The default configuration as TOML, every key with its default. The `[otlp]` keys have no
+/// default of their own (unset, they come from `OTEL_*` variables or the OTLP defaults), so
+/// they are listed commented out, with example values.
+pub fn default_config_toml() -> String {
+    let text = toml::to_string_pretty(&Config::default()).expect("default config serializes");
+    let otlp = "[otlp]\n";
+    let examples = "\
+# Unset keys take their value from the matching OTEL_* variable, or the OTLP default.
+# OTEL_* variables, when set, win over these keys (docs/spans.md).
+# endpoint = \"http://otel-collector:4318\"        # OTEL_EXPORTER_OTLP_ENDPOINT
+# traces_endpoint = \"http://tempo:4318/v1/traces\" # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+# metrics_endpoint = \"http://otel-collector:4318/v1/metrics\"
+# protocol = \"http/protobuf\"                     # or \"grpc\", \"http/json\"
+# timeout = \"10s\"
+# insecure = false                                # scheme-less gRPC endpoints only
+# certificate = \"/etc/sysscope/ca.pem\"            # CA of the collector's certificate
+# client_certificate = \"/etc/sysscope/client.pem\" # mutual TLS
+# client_key = \"/etc/sysscope/client-key.pem\"
+# service_name = \"sysscope\"
+# traces = true
+# metrics = true
+# metrics_interval = \"60s\"
+# metrics_timeout = \"30s\"
+# span_batch_delay = \"5s\"
+# span_batch_size = 512
+# [otlp.headers]
+# authorization = \"Bearer ...\"
+# [otlp.resource_attributes]
+# \"deployment.environment\" = \"production\"
+";
+    match text.find(otlp) {
+        Some(at) => {
+            let end = at + otlp.len();
+            format!("{}{examples}{}", &text[..end], &text[end..])
+        }
+        None => text,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `--print-default-config` prints loads back as the default configuration, and
+    /// its commented `[otlp]` example keys, uncommented, are valid keys.
+    #[test]
+    fn printed_default_config_round_trips_and_its_otlp_examples_are_valid() {
+        let text = default_config_toml();
+        let parsed: Config = toml::from_str(&text).expect("printed defaults parse");
+        parsed
+            .validate("printed defaults")
+            .expect("printed defaults are valid");
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.contains(" = ") || rest.starts_with("[otlp.") => {
+                    rest.split(" # ").next().unwrap().trim_end().to_string()
+                }
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let parsed: Config = toml::from_str(&uncommented)
+            .unwrap_or_else(|e| panic!("example keys:\n{uncommented}\n{e}"));
+        assert_eq!(
+            parsed.otlp.endpoint.as_deref(),
+            Some("http://otel-collector:4318")
+        );
+        assert_eq!(parsed.otlp.span_batch_size, Some(512));
+        assert_eq!(parsed.otlp.headers["authorization"], "Bearer ...");
+    }
 
     fn err(text: &str) -> String {
         Config::parse(text, "test.toml").unwrap_err().to_string()

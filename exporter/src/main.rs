@@ -130,10 +130,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     if cli.print_default_config {
-        print!(
-            "{}",
-            toml::to_string_pretty(&Config::default()).expect("default config serializes")
-        );
+        print!("{}", sysscope::config::default_config_toml());
         return ExitCode::SUCCESS;
     }
     let config = match load_config(cli.config_file.as_ref()) {
