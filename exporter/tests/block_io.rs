@@ -12,50 +12,6 @@ use common::*;
 
 const MIB: u64 = 1024 * 1024;
 
-/// A loop device backed by a sparse temporary file, detached on drop.
-struct LoopDevice {
-    /// `/dev/loopN`
-    path: String,
-    /// `loopN`, the kernel's disk name
-    name: String,
-    size: u64,
-    _backing: tempfile::TempDir,
-}
-
-impl LoopDevice {
-    fn new(size: u64) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("backing.img");
-        std::fs::File::create(&file)
-            .and_then(|f| f.set_len(size))
-            .expect("create backing file");
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&file)
-            .output()
-            .expect("losetup (util-linux) must be installed");
-        assert!(
-            out.status.success(),
-            "losetup failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let name = path.trim_start_matches("/dev/").to_string();
-        Self {
-            path,
-            name,
-            size,
-            _backing: dir,
-        }
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.path]).status();
-    }
-}
-
 /// Runs `program args` inside `cg` and asserts it succeeded.
 fn run_in(cg: &TestCgroup, program: &str, args: &[&str]) {
     let out = cg.command(program).args(args).output().expect(program);

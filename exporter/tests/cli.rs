@@ -587,48 +587,6 @@ fn top_from_a_running_exporter_needs_no_privileges() {
     assert!(row.contains("getppid"), "{row}");
 }
 
-/// A loop device over a sparse temporary file, detached on drop.
-struct LoopDevice {
-    /// `/dev/loopN`
-    path: String,
-    /// `loopN`, the kernel's disk name
-    name: String,
-    _backing: tempfile::TempDir,
-}
-
-impl LoopDevice {
-    fn new(size: u64) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("backing.img");
-        std::fs::File::create(&file)
-            .and_then(|f| f.set_len(size))
-            .expect("create backing file");
-        let out = Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&file)
-            .output()
-            .expect("losetup (util-linux) must be installed");
-        assert!(
-            out.status.success(),
-            "losetup failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let name = path.trim_start_matches("/dev/").to_string();
-        Self {
-            path,
-            name,
-            _backing: dir,
-        }
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").args(["-d", &self.path]).status();
-    }
-}
-
 /// The args of the last sample (by time) of counter track `name`.
 fn last_counter<'a>(events: &'a [serde_json::Value], name: &str) -> Option<&'a serde_json::Value> {
     events

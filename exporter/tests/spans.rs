@@ -283,6 +283,11 @@ impl Receiver {
 
     /// A gRPC receiver (TraceService + MetricsService) on `port` (0: any free port).
     fn grpc(port: u16) -> Self {
+        Self::grpc_serving(port, None)
+    }
+
+    /// The gRPC receiver, in plain text or behind `tls`.
+    fn grpc_serving(port: u16, tls: Option<tonic::transport::ServerTlsConfig>) -> Self {
         let runtime = Self::runtime();
         let data = Received::default();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -292,7 +297,11 @@ impl Receiver {
         let addr = listener.local_addr().unwrap();
         let svc = data.clone();
         runtime.spawn(async move {
-            tonic::transport::Server::builder()
+            let mut server = tonic::transport::Server::builder();
+            if let Some(tls) = tls {
+                server = server.tls_config(tls).unwrap();
+            }
+            server
                 .add_service(TraceServiceServer::new(svc.clone()))
                 .add_service(MetricsServiceServer::new(svc))
                 .serve_with_incoming_shutdown(
@@ -361,40 +370,12 @@ impl Receiver {
     /// A gRPC receiver behind TLS (`identity`: the server's certificate and key PEM), asking
     /// for a client certificate signed by `client_ca` when given.
     fn grpc_tls(identity: (&str, &str), client_ca: Option<&str>) -> Self {
-        let runtime = Self::runtime();
-        let data = Received::default();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(("127.0.0.1", 0)))
-            .expect("bind gRPC receiver");
-        let addr = listener.local_addr().unwrap();
         let mut tls = tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(identity.0, identity.1));
         if let Some(ca) = client_ca {
             tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(ca));
         }
-        let svc = data.clone();
-        runtime.spawn(async move {
-            tonic::transport::Server::builder()
-                .tls_config(tls)
-                .unwrap()
-                .add_service(TraceServiceServer::new(svc.clone()))
-                .add_service(MetricsServiceServer::new(svc))
-                .serve_with_incoming_shutdown(
-                    tonic::transport::server::TcpIncoming::from(listener),
-                    async {
-                        let _ = rx.await;
-                    },
-                )
-                .await
-                .unwrap();
-        });
-        Self {
-            runtime: Some(runtime),
-            addr,
-            data,
-            stop: Some(tx),
-        }
+        Self::grpc_serving(0, Some(tls))
     }
 
     fn https_url(&self) -> String {

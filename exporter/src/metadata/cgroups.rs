@@ -158,18 +158,34 @@ impl CgroupResolver {
     /// cycle's walk was made earlier, the cgroup may be newer than the walk: `Pending`, and the
     /// next cycle decides. Gone ids are not looked for again for a while.
     pub fn lookup(&mut self, id: u64) -> Resolution {
-        if let Some(p) = self.paths.get(&id) {
-            return Resolution::Known(p.clone());
-        }
-        if let Some(at) = self.missing.get(&id) {
-            if at.elapsed() < self.retry_missing {
-                return Resolution::Gone;
-            }
+        if let Some(known) = self.known(id) {
+            return known;
         }
         if self.scanned_this_cycle {
             return Resolution::Pending;
         }
+        self.walk_for(id)
+    }
+
+    /// What is already known of `id` without a walk: its path, or that it was recently found
+    /// gone.
+    fn known(&self, id: u64) -> Option<Resolution> {
+        if let Some(p) = self.paths.get(&id) {
+            return Some(Resolution::Known(p.clone()));
+        }
+        match self.missing.get(&id) {
+            Some(at) if at.elapsed() < self.retry_missing => Some(Resolution::Gone),
+            _ => None,
+        }
+    }
+
+    /// Walks the hierarchy, then answers for `id`: found, or gone (remembered for a while).
+    fn walk_for(&mut self, id: u64) -> Resolution {
         self.rescan();
+        self.found_or_gone(id)
+    }
+
+    fn found_or_gone(&mut self, id: u64) -> Resolution {
         match self.paths.get(&id) {
             Some(p) => Resolution::Known(p.clone()),
             None => {
@@ -184,24 +200,13 @@ impl CgroupResolver {
     /// started after `seen_at` finds every cgroup that still exists, so an id it did not find
     /// is gone, and an older walk is simply repeated. At most one walk per `seen_at`.
     pub fn lookup_seen(&mut self, id: u64, seen_at: Instant) -> Resolution {
-        if let Some(p) = self.paths.get(&id) {
-            return Resolution::Known(p.clone());
-        }
-        if let Some(at) = self.missing.get(&id) {
-            if at.elapsed() < self.retry_missing {
-                return Resolution::Gone;
-            }
+        if let Some(known) = self.known(id) {
+            return known;
         }
         if self.last_walk.is_none_or(|walk| walk < seen_at) {
-            self.rescan();
+            return self.walk_for(id);
         }
-        match self.paths.get(&id) {
-            Some(p) => Resolution::Known(p.clone()),
-            None => {
-                self.missing.insert(id, Instant::now());
-                Resolution::Gone
-            }
-        }
+        self.found_or_gone(id)
     }
 
     /// Walks the hierarchy, adding every cgroup found; ids of removed cgroups are kept so

@@ -562,3 +562,47 @@ pub fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Opt
 pub fn path_exists(p: impl AsRef<Path>) -> bool {
     p.as_ref().exists()
 }
+
+/// A loop device backed by a sparse temporary file, detached on drop.
+pub struct LoopDevice {
+    /// `/dev/loopN`
+    pub path: String,
+    /// `loopN`, the kernel's disk name
+    pub name: String,
+    pub size: u64,
+    _backing: tempfile::TempDir,
+}
+
+impl LoopDevice {
+    pub fn new(size: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("backing.img");
+        std::fs::File::create(&file)
+            .and_then(|f| f.set_len(size))
+            .expect("create backing file");
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&file)
+            .output()
+            .expect("losetup (util-linux) must be installed");
+        assert!(
+            out.status.success(),
+            "losetup failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let name = path.trim_start_matches("/dev/").to_string();
+        Self {
+            path,
+            name,
+            size,
+            _backing: dir,
+        }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.path]).status();
+    }
+}
