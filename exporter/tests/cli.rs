@@ -601,6 +601,69 @@ fn last_counter<'a>(events: &'a [serde_json::Value], name: &str) -> Option<&'a s
         .map(|e| &e["args"])
 }
 
+/// `--pid` follows one process: its block I/O is in the trace, that of another process in
+/// the same cgroup writing to the same device at the same time is not.
+#[test]
+fn trace_of_a_pid_has_that_process_block_io_only() {
+    if !require_root("trace_of_a_pid_has_that_process_block_io_only") {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    let dev = LoopDevice::new(32 * MIB);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("pid-block.json");
+    let cg = TestCgroup::new("sysscope-test-trace-pid-io");
+    // Both wait for a line, then become dd (exec keeps the pid): 3 MiB for the target,
+    // 2 MiB elsewhere on the device for its neighbour in the same cgroup.
+    let spawn_dd = |count: u64, seek: u64| {
+        cg.command("sh")
+            .arg("-c")
+            .arg(format!(
+                "read line; exec dd if=/dev/zero of={} bs=1M count={count} seek={seek} \
+                 oflag=direct 2>/dev/null",
+                dev.path
+            ))
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut target = spawn_dd(3, 0);
+    let mut neighbour = spawn_dd(2, 16);
+    let pid = target.id().to_string();
+    let (tracer, _err) = start_measuring(&["trace", "-o", out.to_str().unwrap(), "--pid", &pid]);
+    for child in [&mut neighbour, &mut target] {
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin).unwrap();
+    }
+    assert!(neighbour.wait().unwrap().success());
+    assert!(target.wait().unwrap().success());
+    // --pid ends when the process is gone.
+    let done = tracer.wait_with_output().unwrap();
+    assert_eq!(done.status.code(), Some(0));
+
+    let (_, events) = trace_json(&out);
+    let bytes = last_counter(&events, &format!("{} bytes", dev.name))
+        .unwrap_or_else(|| panic!("no `{} bytes` counter track", dev.name));
+    assert_eq!(bytes["write"].as_u64(), Some(3 * MIB), "{bytes}");
+    let slices: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| {
+            e["ph"] == "X" && e["cat"] == "block" && e["args"]["device"] == dev.name.as_str()
+        })
+        .collect();
+    let slice_bytes: u64 = slices
+        .iter()
+        .map(|s| s["args"]["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(slice_bytes, 3 * MIB);
+    assert!(
+        slices
+            .iter()
+            .all(|s| s["args"]["pid"].as_u64() == Some(target.id() as u64)),
+        "a slice of another process: {slices:?}"
+    );
+}
+
 #[test]
 fn trace_has_the_targets_block_io_only() {
     if !require_root("trace_has_the_targets_block_io_only") {
