@@ -297,20 +297,6 @@ impl SyscallCollector {
         exited
     }
 
-    /// Names processes that exited since `read_exits` (after the cycle's first look at the
-    /// exit queue, before its map snapshots were labelled) from their exit records, so their
-    /// values need neither a /proc lookup that would fail nor a deferral to the next read.
-    /// They are not reclaimed this cycle: a snapshot may predate their last calls.
-    fn name_late_exits(&mut self, exited: &HashSet<u32>) {
-        let mut labeler = self.labeler.lock().expect("labeler lock");
-        for item in self.exits.iter() {
-            let Ok((tgid, exit)) = item else { continue };
-            if !exited.contains(&tgid) {
-                labeler.comms.set_exited(tgid, &exit.comm);
-            }
-        }
-    }
-
     /// Entries whose process is gone without an exit record (e.g. the exit queue was full).
     /// Looked for every `ORPHAN_SCAN_INTERVAL`, and at every read while the stats map is more
     /// than half full: under heavy process churn the exit queue overflows first, and waiting
@@ -379,7 +365,6 @@ impl SyscallCollector {
         let mut to_delete = Vec::new();
         let seen_at = Instant::now();
         let snapshot = self.snapshot_stats();
-        self.name_late_exits(reclaim);
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
         for (key, cur) in snapshot {
@@ -435,7 +420,6 @@ impl SyscallCollector {
         let mut to_delete = Vec::new();
         let seen_at = Instant::now();
         let snapshot = self.snapshot_errors();
-        self.name_late_exits(reclaim);
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
         for (key, cur) in snapshot {
