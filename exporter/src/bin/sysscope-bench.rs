@@ -296,65 +296,12 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads every entry of a per-CPU hash of (`SyscallKey`, `SyscallStats`) with
-/// `BPF_MAP_LOOKUP_BATCH`, returning how many entries it read.
+/// Reads every entry of a per-CPU hash of (`SyscallKey`, `SyscallStats`) the way the
+/// collector does (`BPF_MAP_LOOKUP_BATCH`), returning how many entries it read.
 fn batch_read_count(map_fd: i32, cpus: usize) -> anyhow::Result<usize> {
-    const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-    const CHUNK: usize = 1024;
-    #[repr(C)]
-    #[derive(Default)]
-    struct BatchAttr {
-        in_batch: u64,
-        out_batch: u64,
-        keys: u64,
-        values: u64,
-        count: u32,
-        map_fd: u32,
-        elem_flags: u64,
-        flags: u64,
-        // The kernel reads `size` bytes of bpf_attr; pad like the union's largest member.
-        _pad: [u64; 12],
-    }
-    let key_size = std::mem::size_of::<SyscallKey>();
-    let value_size = std::mem::size_of::<SyscallStats>().next_multiple_of(8) * cpus;
-    let mut keys = vec![0u8; key_size * CHUNK];
-    let mut values = vec![0u8; value_size * CHUNK];
-    let mut token_in = 0u32;
-    let mut token_out = 0u32;
-    let mut first = true;
-    let mut total = 0usize;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first {
-                0
-            } else {
-                &mut token_in as *mut u32 as u64
-            },
-            out_batch: &mut token_out as *mut u32 as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: CHUNK as u32,
-            map_fd: map_fd as u32,
-            ..Default::default()
-        };
-        // SAFETY: attr points at buffers sized for CHUNK keys and values, as the kernel writes.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>() as u32,
-            )
-        };
-        total += attr.count as usize;
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOENT) {
-                return Ok(total);
-            }
-            return Err(e).context("BPF_MAP_LOOKUP_BATCH");
-        }
-        first = false;
-        token_in = token_out;
-    }
+    // SAFETY: the caller holds `map_fd` open for the duration of this call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(map_fd) };
+    let all = sysscope::bpf_batch::lookup_all_percpu::<SyscallKey, SyscallStats>(fd, cpus)
+        .map_err(|e| anyhow::anyhow!("BPF_MAP_LOOKUP_BATCH: {e}"))?;
+    Ok(all.len())
 }
