@@ -315,48 +315,19 @@ impl SyscallCollector {
             .collect()
     }
 
-    /// Every entry of `SYSCALL_STATS`, summed over CPUs: in batches where the kernel allows,
-    /// entry by entry otherwise (an entry deleted between listing and lookup is skipped).
+    /// Every entry of `SYSCALL_STATS`, summed over CPUs.
     fn snapshot_stats(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
-        if self.batch {
-            match bpf_batch::lookup_all_percpu::<SyscallKey, SyscallStats>(
-                self.stats.map().fd().as_fd(),
-                self.nr_cpus,
-            ) {
-                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum_per_cpu(&v))).collect(),
-                Err(BatchError::Unsupported) => self.batch = false,
-                Err(e) => {
-                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
-                }
-            }
-        }
-        self.stats
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| (k, sum_per_cpu(&v)))
-            .collect()
+        snapshot(&mut self.batch, &self.stats, self.nr_cpus, sum_per_cpu)
     }
 
     /// Every entry of `SYSCALL_ERRORS`, summed over CPUs.
     fn snapshot_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
-        let sum = |v: &[u64]| v.iter().fold(0u64, |a, x| a.wrapping_add(*x));
-        if self.batch {
-            match bpf_batch::lookup_all_percpu::<ErrnoKey, u64>(
-                self.errors.map().fd().as_fd(),
-                self.nr_cpus,
-            ) {
-                Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
-                Err(BatchError::Unsupported) => self.batch = false,
-                Err(e) => {
-                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
-                }
-            }
-        }
-        self.errors
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| (k, sum(&v)))
-            .collect()
+        snapshot(
+            &mut self.batch,
+            &self.errors,
+            self.nr_cpus,
+            |v: &[u64]| v.iter().fold(0u64, |a, x| a.wrapping_add(*x)),
+        )
     }
 
     fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<SyscallKey> {
@@ -498,6 +469,28 @@ impl SyscallCollector {
             labeler.retain_cgroups(|id| ids.contains(&id));
         }
     }
+}
+
+/// Every entry of a per-CPU hash, its per-CPU values folded by `sum`: in batches where the
+/// kernel allows (`batch` turns false for good when it does not), entry by entry otherwise (an
+/// entry deleted between listing and lookup is skipped).
+fn snapshot<K: aya::Pod, V: aya::Pod, T>(
+    batch: &mut bool,
+    map: &PerCpuHashMap<MapData, K, V>,
+    nr_cpus: usize,
+    sum: impl Fn(&[V]) -> T,
+) -> Vec<(K, T)> {
+    if *batch {
+        match bpf_batch::lookup_all_percpu::<K, V>(map.map().fd().as_fd(), nr_cpus) {
+            Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
+            Err(BatchError::Unsupported) => *batch = false,
+            Err(e) => tracing::debug!(error = %e, "batched read failed; reading entry by entry"),
+        }
+    }
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(k, v)| (k, sum(&v)))
+        .collect()
 }
 
 impl Collector for SyscallCollector {
