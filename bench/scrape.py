@@ -175,8 +175,7 @@ def measure_series(bin_dir: Path, tmp: Path, series: int, scrapes: int) -> dict:
         if any(s is not None for s in server) else None,
         "response_bytes": int(statistics.median(sizes)),
         "exporter_rss_mib": round(rss / 2**20, 1),
-        "map_read_per_key_ms": round(statistics.median(r["lookup_per_key_ms"] for r in reads), 2),
-        "map_read_batch_ms": round(statistics.median(r["batch_ms"] for r in reads), 2),
+        "map_read_ms": round(statistics.median(r["read_ms"] for r in reads), 2),
         "scrapes": scrapes,
     }
 
@@ -252,14 +251,13 @@ def main() -> int:
     print(f"sysscope scrape benchmark  {started:%Y-%m-%dT%H:%M:%SZ}  kernel {platform.release()}  "
           f"{os.cpu_count()} CPUs  load {[round(x, 2) for x in os.getloadavg()]}")
     hdr = (f"{'series':>8} {'entries':>8} {'samples':>8} {'scrape ms':>10} {'(server)':>9} {'max ms':>7} "
-           f"{'bytes':>10} {'RSS MiB':>8} {'map read ms':>12} {'batched':>8}")
+           f"{'bytes':>10} {'RSS MiB':>8} {'map read ms':>12}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['series_requested']:>8} {r['kernel_entries']:>8} {r['samples_in_response']:>8} "
               f"{r['scrape_ms_median']:>10} {str(r['server_scrape_ms_median']):>9} {r['scrape_ms_max']:>7} "
-              f"{r['response_bytes']:>10} {r['exporter_rss_mib']:>8} {r['map_read_per_key_ms']:>12} "
-              f"{r['map_read_batch_ms']:>8}")
+              f"{r['response_bytes']:>10} {r['exporter_rss_mib']:>8} {r['map_read_ms']:>12}")
     print()
     for c in cpu:
         print(f"exporter CPU: {c['exporter_cpu_percent_of_a_core']:.3f}% of a core over {c['seconds']} s at "

@@ -45,6 +45,35 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
 ) -> Result<Vec<(K, Vec<V>)>, BatchError> {
     // Per-CPU values are laid out with each CPU's value rounded up to 8 bytes.
     let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
+    lookup(map, nr_cpus, stride, usize::MAX)
+}
+
+/// Every entry of a hash map that is not per CPU.
+pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> Result<Vec<(K, V)>, BatchError> {
+    let all = lookup::<K, V>(map, 1, std::mem::size_of::<V>(), usize::MAX)?;
+    Ok(all
+        .into_iter()
+        .filter_map(|(k, mut v)| Some((k, v.pop()?)))
+        .collect())
+}
+
+/// The first `len` entries of a per-CPU array (indices `0..len`), one value per possible CPU.
+pub fn lookup_percpu_array_prefix<V: Pod>(
+    map: BorrowedFd<'_>,
+    nr_cpus: usize,
+    len: usize,
+) -> Result<Vec<(u32, Vec<V>)>, BatchError> {
+    let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
+    lookup(map, nr_cpus, stride, len)
+}
+
+/// Up to `limit` entries, in the map's order, with `values_per_key` values of `stride` bytes.
+fn lookup<K: Pod, V: Pod>(
+    map: BorrowedFd<'_>,
+    values_per_key: usize,
+    stride: usize,
+    limit: usize,
+) -> Result<Vec<(K, Vec<V>)>, BatchError> {
     let key_size = std::mem::size_of::<K>();
     let fd = map.as_raw_fd();
     let mut out = Vec::new();
@@ -52,9 +81,10 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
     let mut token_in: u64 = 0;
     let mut token_out: u64 = 0;
     let mut first = true;
-    loop {
-        let mut keys = vec![0u8; key_size * chunk];
-        let mut values = vec![0u8; stride * nr_cpus * chunk];
+    while out.len() < limit {
+        let want = chunk.min(limit - out.len());
+        let mut keys = vec![0u8; key_size * want];
+        let mut values = vec![0u8; stride * values_per_key * want];
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
@@ -64,13 +94,11 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
             out_batch: &mut token_out as *mut u64 as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: chunk as u32,
+            count: want as u32,
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: attr points at buffers of `count` keys and values of the map's sizes, and at
-        // two u64 batch tokens (hash maps use a u32 bucket index); the kernel writes back
-        // `count` and fills at most that many entries.
+        // SAFETY: the buffers outlive the call and are as large as `count` entries need.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
@@ -84,13 +112,13 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
         } else {
             0
         };
-        let n = (attr.count as usize).min(chunk);
+        let n = (attr.count as usize).min(want);
         for i in 0..n {
-            // SAFETY: the kernel wrote `n` keys and values; Pod types accept any bytes.
+            // SAFETY: the kernel wrote `n` keys and `n * values_per_key` values of these sizes.
             let key: K =
                 unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr() as *const K) };
-            let base = i * stride * nr_cpus;
-            let per_cpu: Vec<V> = (0..nr_cpus)
+            let base = i * stride * values_per_key;
+            let per_cpu: Vec<V> = (0..values_per_key)
                 .map(|cpu| unsafe {
                     std::ptr::read_unaligned(values[base + cpu * stride..].as_ptr() as *const V)
                 })
@@ -99,15 +127,12 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
         }
         match errno {
             0 => {}
-            // The whole map has been read.
             libc::ENOENT => return Ok(out),
-            // One bucket holds more entries than `count`: ask for more at once.
+            // A bucket holds more entries than fit: retry with room for them.
             libc::ENOSPC if n == 0 && chunk < 1 << 16 => {
                 chunk *= 4;
                 continue;
             }
-            // EINVAL/EOPNOTSUPP from old kernels, ENOTSUPP (524, kernel-internal) for map types
-            // without batch support.
             libc::EINVAL | libc::EOPNOTSUPP | 524 if first && n == 0 => {
                 return Err(BatchError::Unsupported)
             }
@@ -116,6 +141,7 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
         token_in = token_out;
         first = false;
     }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -181,5 +207,75 @@ mod tests {
         assert!(lookup_all_percpu::<u64, [u64; 2]>(empty.as_fd(), nr_cpus)
             .unwrap()
             .is_empty());
+    }
+
+    /// Creates a map: (type, key size, value size, max entries).
+    fn create(map_type: u32, key_size: u32, value_size: u32, entries: u32) -> OwnedFd {
+        let mut attr = [0u8; 128];
+        for (i, v) in [map_type, key_size, value_size, entries].iter().enumerate() {
+            attr[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        let fd = bpf(0, &mut attr);
+        assert!(fd >= 0, "map create: {}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(fd as i32) }
+    }
+
+    fn update<K, V: ?Sized>(map: &OwnedFd, key: &K, value: &V) {
+        let mut attr = [0u8; 128];
+        attr[0..4].copy_from_slice(&(map.as_raw_fd() as u32).to_ne_bytes());
+        attr[8..16].copy_from_slice(&(key as *const K as u64).to_ne_bytes());
+        attr[16..24].copy_from_slice(&(value as *const V as *const u8 as u64).to_ne_bytes());
+        assert_eq!(bpf(2 /* BPF_MAP_UPDATE_ELEM */, &mut attr), 0);
+    }
+
+    #[test]
+    fn reads_a_hash_with_values_smaller_than_8_bytes() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED reads_a_hash_with_values_smaller_than_8_bytes: needs root");
+            return;
+        }
+        let entries = 2 * CHUNK as u32 + 5;
+        let map = create(1 /* BPF_MAP_TYPE_HASH */, 16, 4, entries);
+        for i in 0..entries as u64 {
+            update(&map, &[i, !i], &(i as u32 * 3));
+        }
+        let mut all = lookup_all::<[u64; 2], u32>(map.as_fd()).unwrap();
+        all.sort_unstable();
+        assert_eq!(all.len(), entries as usize);
+        for (i, (key, value)) in all.iter().enumerate() {
+            assert_eq!(*key, [i as u64, !(i as u64)]);
+            assert_eq!(*value, i as u32 * 3);
+        }
+    }
+
+    #[test]
+    fn reads_exactly_the_requested_prefix_of_a_percpu_array() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED reads_exactly_the_requested_prefix_of_a_percpu_array: needs root");
+            return;
+        }
+        let nr_cpus = aya::util::nr_cpus().unwrap();
+        let map = create(
+            6, /* BPF_MAP_TYPE_PERCPU_ARRAY */
+            4,
+            12,
+            4 * CHUNK as u32,
+        );
+        for i in 0..4 * CHUNK as u32 {
+            // 12-byte values: each CPU's value is padded to 16 bytes in the buffer.
+            let values: Vec<[u32; 4]> = (0..nr_cpus as u32).map(|c| [i, c, i + c, 0]).collect();
+            update(&map, &i, values.as_slice());
+        }
+        for len in [0, 1, CHUNK, CHUNK + 3, 4 * CHUNK] {
+            let read = lookup_percpu_array_prefix::<[u32; 3]>(map.as_fd(), nr_cpus, len).unwrap();
+            assert_eq!(read.len(), len, "prefix of {len}");
+            for (i, (index, per_cpu)) in read.iter().enumerate() {
+                assert_eq!(*index, i as u32);
+                for (c, v) in per_cpu.iter().enumerate() {
+                    assert_eq!(*v, [i as u32, c as u32, i as u32 + c as u32]);
+                }
+            }
+        }
     }
 }

@@ -20,4 +20,5 @@ pub mod probes;
 pub mod series;
 pub mod spans;
 pub mod startup;
+pub mod syscall_stats;
 pub mod syscall_table;

@@ -63,6 +63,8 @@ pub enum ProbeError {
         #[source]
         source: aya::maps::MapError,
     },
+    #[error(transparent)]
+    StatsTable(#[from] crate::syscall_stats::TableError),
 }
 
 /// Fault injection for tests and drills: programs named in this environment variable
@@ -152,6 +154,24 @@ pub struct ProgramStats {
     pub run_count: u64,
 }
 
+/// Hands every slot of `SYSCALL_STATS` to the free-slot stack, lowest on top, so the slots in
+/// use stay packed at the start of the array and a read covers only them. (An object without
+/// the stack, such as an older build compared by the benchmark, is left alone.)
+fn fill_free_slots(ebpf: &mut Ebpf, capacity: u32) -> Result<(), ProbeError> {
+    let Some(map) = ebpf.map_mut(maps::FREE_SLOTS) else {
+        return Ok(());
+    };
+    let map_err = |source| ProbeError::Map {
+        map: maps::FREE_SLOTS.to_string(),
+        source,
+    };
+    let mut stack = aya::maps::Stack::<_, u32>::try_from(map).map_err(map_err)?;
+    for slot in (0..capacity).rev() {
+        stack.push(slot, 0).map_err(map_err)?;
+    }
+    Ok(())
+}
+
 /// The loaded object and what was attached from it.
 pub struct Probes {
     ebpf: Ebpf,
@@ -198,6 +218,8 @@ impl Probes {
             // user space never reads it.
             .allow_unsupported_maps()
             .map_max_entries(maps::SYSCALL_STATS, limits.max_syscall_entries)
+            .map_max_entries(maps::SYSCALL_SLOTS, limits.max_syscall_entries)
+            .map_max_entries(maps::FREE_SLOTS, limits.max_syscall_entries)
             .map_max_entries(maps::SYSCALL_ERRORS, limits.max_error_entries)
             .map_max_entries(maps::PROCESS_EXITS, limits.max_exited_processes)
             .map_max_entries(maps::SLOW_EVENTS, slow.ring_buffer_bytes)
@@ -234,7 +256,8 @@ impl Probes {
                 options.block_trace_ring_buffer_bytes,
             );
         }
-        let ebpf = loader.load(object).map_err(ProbeError::Load)?;
+        let mut ebpf = loader.load(object).map_err(ProbeError::Load)?;
+        fill_free_slots(&mut ebpf, limits.max_syscall_entries)?;
         let stats = RunTimeStats::start(config.collection.probe_stats);
         Ok(Self {
             ebpf,

@@ -1,6 +1,7 @@
 //! What the performance work changed, against ground truth on the real kernel: exact counts
-//! when calls are parked across context switches, whole-map reads in batches, the probe cost
-//! metrics in each `collection.probe_stats` mode, and the kernel memory of the maps.
+//! when calls are preempted and resumed on another CPU, slots of the statistics table handed
+//! from exited processes to new ones, whole-map reads in batches, the probe cost metrics in
+//! each `collection.probe_stats` mode, and the kernel memory of the maps.
 //! (Costs themselves are measured by bench/, never asserted here.) `TEST_CONFIG` ends inside
 //! its `[collection]` table, so collection keys are appended to it.
 
@@ -13,9 +14,9 @@ use std::{
 
 use common::*;
 
-/// More threads than CPUs make getppid in a loop: threads are preempted in the middle of calls,
-/// so calls are parked in task-local storage at `sched_switch` and completed on whichever CPU
-/// the thread resumes. Every call must still be counted exactly once, with its duration.
+/// More threads than CPUs make getppid in a loop: threads are preempted in the middle of calls
+/// and complete them on whichever CPU they resume, where their cached slot's copy may not be
+/// theirs yet. Every call must still be counted exactly once, with its duration.
 #[test]
 fn exact_counts_when_calls_are_preempted_and_resumed_elsewhere() {
     if !require_root("exact_counts_when_calls_are_preempted_and_resumed_elsewhere") {
@@ -88,6 +89,79 @@ fn calls_follow_a_process_moved_to_another_cgroup() {
     let b = [("cgroup", second.rel.as_str()), ("syscall", "getppid")];
     assert_eq!(sum(&samples, "sysscope_syscalls_total", &a), 120.0);
     assert_eq!(sum(&samples, "sysscope_syscalls_total", &b), 80.0);
+}
+
+/// Processes in fresh cgroups, one after the other, each making a different number of calls:
+/// the slots of each are freed when it is reclaimed, and the next takes them from the free
+/// stack (lowest first). Whatever a reused slot held before must not reach the new owner, and
+/// nothing of the new owner's may be lost: every cgroup's count is exact.
+#[test]
+fn reused_slots_carry_nothing_over() {
+    if !require_root("reused_slots_carry_nothing_over") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let mut rounds = Vec::new();
+    let mut reused = 0;
+    let mut previous: Vec<u32> = Vec::new();
+    for i in 0..12 {
+        let cg = TestCgroup::new(&format!("sysscope-test-reuse-{i}"));
+        let calls = 100 + 37 * i;
+        run_workload(&cg, &["getppid", &calls.to_string()]);
+        // The process has exited; its slots are held until the exporter's next read.
+        let slots = slots_of_cgroup(&exporter, cg.id());
+        assert!(!slots.is_empty(), "round {i}: no slot in SYSCALL_SLOTS");
+        reused += slots.iter().filter(|s| previous.contains(s)).count();
+        let labels = [("cgroup", cg.rel.as_str()), ("syscall", "getppid")];
+        let counted = sum(
+            &parse_samples(&exporter.scrape()),
+            "sysscope_syscalls_total",
+            &labels,
+        );
+        assert_eq!(counted, calls as f64, "round {i}");
+        // Reclaimed once read: the slots are free again.
+        let freed = eventually(Duration::from_secs(10), || {
+            exporter.scrape();
+            slots_of_cgroup(&exporter, cg.id()).is_empty().then_some(())
+        });
+        assert!(
+            freed.is_some(),
+            "round {i}: slots not freed after the process exited"
+        );
+        previous = slots;
+        rounds.push((cg, calls));
+    }
+    assert!(
+        reused > 0,
+        "no slot was handed to a later process: the test proved nothing"
+    );
+    // Later reads change none of the finished cgroups.
+    let samples = parse_samples(&exporter.scrape());
+    for (cg, calls) in &rounds {
+        let labels = [("cgroup", cg.rel.as_str()), ("syscall", "getppid")];
+        assert_eq!(
+            sum(&samples, "sysscope_syscalls_total", &labels),
+            *calls as f64,
+            "{}",
+            cg.rel
+        );
+    }
+}
+
+/// Slots in the exporter's `SYSCALL_SLOTS` whose key is of cgroup `id` (read with bpftool).
+fn slots_of_cgroup(exporter: &Exporter, id: u64) -> Vec<u32> {
+    let bytes = |v: &serde_json::Value| -> Vec<u8> {
+        v.as_array()
+            .expect("bytes")
+            .iter()
+            .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
+            .collect()
+    };
+    dump_exporter_map(exporter, "SYSCALL_SLOTS")
+        .iter()
+        .filter(|e| bytes(&e["key"])[..8] == id.to_le_bytes())
+        .map(|e| u32::from_le_bytes(bytes(&e["value"])[..4].try_into().unwrap()))
+        .collect()
 }
 
 /// More kernel entries than one batch read returns: every one of them must be exported.

@@ -189,49 +189,38 @@ fn counters_survive_reclaim_and_sum_over_processes() {
     );
 }
 
-/// Keys of the exporter's own `SYSCALL_STATS` whose cgroup id is `id`, read with bpftool
-/// (independent of sysscope). Other tests' exporters, running in parallel, hold maps of the
-/// same name: the map is found among the ids the exporter process holds open.
+/// Entries of the exporter's own statistics table that belong to cgroup `id`, read with
+/// bpftool (independent of sysscope): keys of `SYSCALL_SLOTS`, plus the per-CPU copies in
+/// `SYSCALL_STATS` that still name such a key as their owner (a freed slot is zeroed). Other
+/// tests' exporters, running in parallel, hold maps of the same names: the maps are found
+/// among the ids the exporter process holds open.
 fn kernel_entries_for_cgroup(exporter: &Exporter, id: u64) -> usize {
-    let map_id = bpf_map_ids_of(exporter.child.id())
-        .into_iter()
-        .find(|map_id| {
-            let out = Command::new("bpftool")
-                .args(["-j", "map", "show", "id", &map_id.to_string()])
-                .output()
-                .expect("bpftool");
-            let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            info["name"] == "SYSCALL_STATS"
-        })
-        .expect("the exporter holds its SYSCALL_STATS map open");
-    let out = Command::new("bpftool")
-        .args(["-j", "map", "dump", "id", &map_id.to_string()])
-        .output()
-        .expect("bpftool");
-    assert!(out.status.success(), "bpftool map dump id {map_id} failed");
-    let entries: serde_json::Value =
-        serde_json::from_slice(&out.stdout).expect("bpftool prints JSON");
-    let entries = entries
-        .as_array()
-        .expect("bpftool prints a list of entries");
-    entries
+    let of_cgroup = |bytes: &serde_json::Value| {
+        let bytes: Vec<u8> = bytes
+            .as_array()
+            .expect("bpftool prints bytes as a list")
+            .iter()
+            .map(|b| {
+                let b = b.as_str().expect("bytes are strings");
+                u8::from_str_radix(b.trim_start_matches("0x"), 16).expect("a hex byte")
+            })
+            .collect();
+        u64::from_le_bytes(
+            bytes[..8]
+                .try_into()
+                .expect("a key starts with the cgroup id"),
+        ) == id
+    };
+    let slots = dump_exporter_map(exporter, "SYSCALL_SLOTS")
         .iter()
-        .filter(|e| {
-            let key = e["key"].as_array().expect("an entry has a key");
-            let bytes: Vec<u8> = key
-                .iter()
-                .map(|b| {
-                    let b = b.as_str().expect("key bytes are strings");
-                    u8::from_str_radix(b.trim_start_matches("0x"), 16).expect("a hex byte")
-                })
-                .collect();
-            u64::from_le_bytes(
-                bytes[..8]
-                    .try_into()
-                    .expect("a key starts with the cgroup id"),
-            ) == id
-        })
-        .count()
+        .filter(|e| of_cgroup(&e["key"]))
+        .count();
+    let copies = dump_exporter_map(exporter, "SYSCALL_STATS")
+        .iter()
+        .flat_map(|e| e["values"].as_array().expect("per-CPU values").clone())
+        .filter(|v| of_cgroup(&v["value"]))
+        .count();
+    slots + copies
 }
 
 #[test]

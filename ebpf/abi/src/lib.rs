@@ -71,6 +71,9 @@ pub mod hist {
 pub mod maps {
     pub const SYSCALL_THREADS: &str = "SYSCALL_THREADS";
     pub const SYSCALL_STATS: &str = "SYSCALL_STATS";
+    pub const SYSCALL_SLOTS: &str = "SYSCALL_SLOTS";
+    pub const FREE_SLOTS: &str = "FREE_SLOTS";
+    pub const SLOT_EPOCH: &str = "SLOT_EPOCH";
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
     pub const PROCESS_EXITS: &str = "PROCESS_EXITS";
     pub const PROBE_COUNTERS: &str = "PROBE_COUNTERS";
@@ -128,7 +131,8 @@ pub mod globals {
 
 /// Indices into `PROBE_COUNTERS`, a per-CPU array of `u64`: what the probes could not record.
 pub mod counters {
-    /// An insert into `SYSCALL_STATS` failed because the map is full.
+    /// A new (cgroup, process, syscall) found no free slot in `SYSCALL_STATS` (or no room in
+    /// `SYSCALL_SLOTS`): the map is full.
     pub const SYSCALL_STATS_FULL: u32 = 0;
     /// An insert into `SYSCALL_ERRORS` failed because the map is full.
     pub const SYSCALL_ERRORS_FULL: u32 = 1;
@@ -192,8 +196,9 @@ pub mod noreturn {
 /// storage map (one value per thread, found from the task itself and freed with it).
 ///
 /// Besides the call in flight it caches what is the same for every call of the thread, so
-/// the hot path makes no helper call for it: the tgid, and the cgroup id, valid while
-/// `cgroup_generation` equals the probes' count of cgroup migrations.
+/// the hot path makes no helper call and no hash lookup for it: the tgid; the cgroup id, valid
+/// while `cgroup_generation` equals the probes' count of cgroup migrations; and the
+/// `SYSCALL_STATS` slots of the thread's recent syscalls ([`slot_cache`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadState {
@@ -207,6 +212,8 @@ pub struct ThreadState {
     pub tgid: u32,
     /// Syscall number at entry.
     pub nr: u32,
+    /// The thread's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
+    pub slots: [u64; slot_cache::ENTRIES],
 }
 
 impl ThreadState {
@@ -214,7 +221,50 @@ impl ThreadState {
     pub const NO_CGROUP: u64 = u64::MAX;
 }
 
-/// Key of `SYSCALL_STATS`: one entry per (cgroup, process, syscall).
+/// A thread's cache of (syscall number -> `SYSCALL_STATS` slot), two-way set-associative.
+///
+/// The set of a syscall is its number modulo [`SETS`]; a set holds the two syscalls of that set
+/// used last, so pairs that a direct-mapped cache would thrash (`read` and `ioctl`, `write` and
+/// `openat`, `read` and `getdents64`, ...) both stay cached. An entry is tagged with the syscall number and the low
+/// bits of `SLOT_EPOCH`: when user space frees slots it bumps the epoch, and every entry made
+/// before turns into a miss without the probe clearing anything. A wrong hit (a tag that comes
+/// round again after 65,536 bumps, a thread that changed cgroup) is harmless: the probe uses a
+/// slot only if the slot's copy names the caller's key.
+pub mod slot_cache {
+    /// Sets (a power of two).
+    pub const SETS: usize = 16;
+    /// Entries per set.
+    pub const WAYS: usize = 2;
+    pub const ENTRIES: usize = SETS * WAYS;
+
+    /// Index of the first entry of the set of syscall `nr`.
+    #[inline(always)]
+    pub fn set_of(nr: u32) -> usize {
+        (nr as usize & (SETS - 1)) * WAYS
+    }
+
+    /// The tag of syscall `nr` cached under `epoch`. Bit 15 is always set, so a zeroed entry is
+    /// empty. (Numbers above 32,767, which no architecture uses, share tags: harmless, as above.)
+    #[inline(always)]
+    pub fn tag(epoch: u64, nr: u32) -> u32 {
+        ((epoch as u32) << 16) | 0x8000 | (nr & 0x7fff)
+    }
+
+    /// An entry: the tag in the high half, the slot in the low half.
+    #[inline(always)]
+    pub fn entry(tag: u32, slot: u32) -> u64 {
+        ((tag as u64) << 32) | slot as u64
+    }
+
+    /// The slot of `entry` if it carries `tag`.
+    #[inline(always)]
+    pub fn hit(entry: u64, tag: u32) -> Option<u32> {
+        ((entry >> 32) as u32 == tag).then_some(entry as u32)
+    }
+}
+
+/// One (cgroup, process, syscall): key of `SYSCALL_SLOTS` (whose value is the entry's slot in
+/// `SYSCALL_STATS`) and of `SYSCALL_ERRORS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SyscallKey {
@@ -224,7 +274,8 @@ pub struct SyscallKey {
     pub nr: u32,
 }
 
-/// Value of `SYSCALL_STATS` (per CPU). The call count is the sum of the buckets.
+/// Statistics of one (cgroup, process, syscall) on one CPU. The call count is the sum of the
+/// buckets.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyscallStats {
@@ -250,6 +301,22 @@ impl Default for SyscallStats {
     fn default() -> Self {
         Self::ZERO
     }
+}
+
+/// Value of `SYSCALL_STATS`, a per-CPU array indexed by slot: the statistics of the
+/// (cgroup, process, syscall) that owns this CPU's copy of the slot.
+///
+/// A slot is handed out (from `FREE_SLOTS`) to one key at a time, recorded in
+/// `SYSCALL_SLOTS`. Each CPU's copy names its owner: a program that finds another owner (or
+/// none) in its CPU's copy zeroes the copy and takes it over, and readers count a copy only
+/// for the key it names. So a slot freed by user space and handed to another key never mixes
+/// the two keys' counts, even on CPUs the new key has not run on yet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotStats {
+    /// Owner of this copy (all zero: none yet).
+    pub key: SyscallKey,
+    pub stats: SyscallStats,
 }
 
 /// Key of `SYSCALL_ERRORS` (value: per-CPU `u64` count).
@@ -675,6 +742,7 @@ mod pod {
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for SyscallKey {}
     unsafe impl aya::Pod for SyscallStats {}
+    unsafe impl aya::Pod for SlotStats {}
     unsafe impl aya::Pod for ErrnoKey {}
     unsafe impl aya::Pod for ProcessExit {}
     unsafe impl aya::Pod for RateWindow {}
@@ -740,6 +808,35 @@ mod block_tests {
         assert_eq!(charged_cgroup(42, 7, 7), 42);
         // A kernel worker in the root issues for cgroup 7: charge 7.
         assert_eq!(charged_cgroup(1, 1, 7), 7);
+    }
+}
+
+#[cfg(test)]
+mod slot_cache_tests {
+    use super::slot_cache::*;
+
+    #[test]
+    fn entries_hit_only_their_syscall_and_epoch() {
+        let e = entry(tag(7, 0), 1234);
+        assert_eq!(hit(e, tag(7, 0)), Some(1234));
+        // Another syscall, or any later epoch, misses.
+        assert_eq!(hit(e, tag(7, 8)), None);
+        assert_eq!(hit(e, tag(8, 0)), None);
+        // A zeroed entry never hits, whatever the epoch and number (bit 15 of every tag is set).
+        for epoch in [0, 1, u64::from(u16::MAX)] {
+            for nr in [0, 1, 0x7fff, 0x8000, u32::MAX] {
+                assert_eq!(hit(0, tag(epoch, nr)), None, "epoch {epoch}, nr {nr}");
+            }
+        }
+    }
+
+    #[test]
+    fn sets_keep_the_usual_pairs_apart_or_together() {
+        // read (0) and lseek (8), the pattern of HDF5 readers, fall in different sets; read and
+        // ioctl (16) share one, and a set holds two.
+        assert_ne!(set_of(0), set_of(8));
+        assert_eq!(set_of(0), set_of(16));
+        assert!(set_of(u32::MAX) + WAYS <= ENTRIES);
     }
 }
 

@@ -2,17 +2,19 @@
 //!
 //! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_process_exit`
 //! and `cgroup:cgroup_attach_task` (raw_tp).
-//! Maps: `SYSCALL_THREADS` (task-local storage: entry time, cached tgid and cgroup id),
-//! `SYSCALL_STATS` (per-CPU, (cgroup, tgid, nr) -> sum + log2 buckets), `SYSCALL_ERRORS`
-//! (per-CPU, (cgroup, tgid, nr, errno) -> count), `PROCESS_EXITS` (tgid -> comm at exit, for
-//! reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS`
-//! (ring buffer).
+//! Maps: `SYSCALL_THREADS` (task-local storage: entry time, cached tgid, cgroup id and slots),
+//! the statistics table (`SYSCALL_SLOTS`: (cgroup, tgid, nr) -> slot; `SYSCALL_STATS`: per-CPU
+//! array of owner key + sum + log2 buckets by slot; `FREE_SLOTS`; `SLOT_EPOCH`; user space's
+//! side is `exporter/src/syscall_stats.rs`), `SYSCALL_ERRORS` (per-CPU, (cgroup, tgid, nr,
+//! errno) -> count), `PROCESS_EXITS` (tgid -> comm at exit, for reclaim), `SLOW_THRESHOLDS`
+//! (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS` (ring buffer).
 //!
 //! The hot path (docs/performance.md) per syscall: two clock reads (unavoidable for a
 //! duration), two task-storage lookups for the thread's state (cheaper than a hash lookup by
 //! tid, and freed by the kernel with the thread, so process churn never fills a thread map),
-//! one per-CPU hash lookup for the (cgroup, process, syscall) entry, with no insert when it
-//! exists, and an inlined array lookup for the slow-call threshold. The tgid and the cgroup id
+//! an inlined per-CPU array lookup for the (cgroup, process, syscall) statistics, whose slot
+//! the thread's cache names (a hash lookup only on a miss), and an inlined array lookup for
+//! the slow-call threshold. The tgid and the cgroup id
 //! are cached in the thread's state: the cgroup id stays valid until a `cgroup_attach_task`
 //! bumps `CGROUP_GENERATION`, so no helper call is made for them on the common path. Every
 //! value written per syscall belongs to the thread or to the CPU: no cache line is written by
@@ -35,12 +37,12 @@ use aya_ebpf::{
         generated::{bpf_get_current_task_btf, bpf_task_storage_get},
     },
     macros::{map, raw_tracepoint},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, Stack},
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    counters, hist, noreturn, ErrnoKey, ProcessExit, RateWindow, SlowCallEvent, SyscallKey,
-    SyscallStats, ThreadState, MAX_SYSCALL_NR,
+    counters, hist, noreturn, slot_cache, ErrnoKey, ProcessExit, RateWindow, SlotStats,
+    SlowCallEvent, SyscallKey, SyscallStats, ThreadState, MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_args, EEXIST};
@@ -98,9 +100,27 @@ impl<V> TaskStorage<V> {
 static SYSCALL_THREADS: TaskStorage<ThreadState> = TaskStorage::new();
 
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
+
+/// Statistics per slot and CPU. A slot belongs to one (cgroup, process, syscall) at a time
+/// (`SYSCALL_SLOTS`); each CPU's copy names its owner (see `SlotStats`).
 #[map(name = "SYSCALL_STATS")]
-static SYSCALL_STATS: PerCpuHashMap<SyscallKey, SyscallStats> =
-    PerCpuHashMap::with_max_entries(16384, 0);
+static SYSCALL_STATS: PerCpuArray<SlotStats> = PerCpuArray::with_max_entries(16384, 0);
+
+/// (cgroup, process, syscall) -> its slot in `SYSCALL_STATS`. Looked up only when a thread's
+/// slot cache misses; user space deletes entries when it reclaims them.
+#[map(name = "SYSCALL_SLOTS")]
+static SYSCALL_SLOTS: HashMap<SyscallKey, u32> = HashMap::with_max_entries(16384, 0);
+
+/// Slots not owned by any key. Filled by the loader with every slot (lowest on top, so slots in
+/// use stay packed at the start of the array) and by user space with the slots it reclaims.
+#[map(name = "FREE_SLOTS")]
+static FREE_SLOTS: Stack<u32> = Stack::with_max_entries(16384, 0);
+
+/// Bumped by user space after it deletes entries of `SYSCALL_SLOTS`: the entries of every
+/// thread's slot cache made before miss from then on, so no thread keeps writing to a slot
+/// that was freed (see `sysscope_abi::slot_cache`).
+#[map(name = "SLOT_EPOCH")]
+static SLOT_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
 #[map(name = "SYSCALL_ERRORS")]
 static SYSCALL_ERRORS: PerCpuHashMap<ErrnoKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
@@ -168,6 +188,8 @@ fn key_of(state: &mut ThreadState, nr: u32) -> SyscallKey {
     // so an id read after a count that is already stale is re-read on the next call.
     let generation = CGROUP_GENERATION.get();
     if state.cgroup_generation != generation {
+        // The cached slots stay: those of the old cgroup's keys are refused by their copies'
+        // owner check and replaced on first use.
         state.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
         // A migration counted meanwhile may have moved this thread after the read: then the
         // id is used for this call only, and read again on the next.
@@ -206,7 +228,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
         // No sys_exit will follow: count the call now, with no duration.
         let key = key_of(state, nr);
-        record_duration(&key, 0);
+        record_duration(state, &key, 0);
         return 0;
     }
     state.nr = nr;
@@ -235,7 +257,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     state.start_ns = 0;
     let duration = now.saturating_sub(start_ns);
     let key = key_of(state, state.nr);
-    record_duration(&key, duration);
+    record_duration(state, &key, duration);
 
     // TP_PROTO(struct pt_regs *regs, long ret)
     let ret = ctx.arg::<i64>(1);
@@ -282,35 +304,79 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// Adds one call to the key's statistics on this CPU. The common case costs an inlined array
+/// lookup: the thread's cache names the slot, and the copy's owner confirms it.
 #[inline(always)]
-fn record_duration(key: &SyscallKey, duration: u64) {
+fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
     let bucket = hist::bucket_index(duration);
-    if let Some(stats) = SYSCALL_STATS.get_ptr_mut(key) {
-        let stats = unsafe { &mut *stats };
-        stats.sum_ns += duration;
-        if let Some(b) = stats.buckets.get_mut(bucket) {
-            *b += 1;
-        }
+    let epoch = SLOT_EPOCH.get(0).copied().unwrap_or(0);
+    let tag = slot_cache::tag(epoch, key.nr);
+    let set = slot_cache::set_of(key.nr);
+    let (Some(&first), Some(&second)) = (state.slots.get(set), state.slots.get(set + 1)) else {
         return;
-    }
-    let mut fresh = SyscallStats::ZERO;
-    fresh.sum_ns = duration;
-    if let Some(b) = fresh.buckets.get_mut(bucket) {
-        *b = 1;
-    }
-    match SYSCALL_STATS.insert(key, &fresh, BPF_NOEXIST as u64) {
-        Ok(()) => {}
-        // Another CPU created the entry between our lookup and insert; ours is still empty.
-        Err(EEXIST) => {
-            if let Some(stats) = SYSCALL_STATS.get_ptr_mut(key) {
-                let stats = unsafe { &mut *stats };
-                stats.sum_ns += duration;
-                if let Some(b) = stats.buckets.get_mut(bucket) {
-                    *b += 1;
-                }
+    };
+    if let Some(slot) = slot_cache::hit(first, tag).or_else(|| slot_cache::hit(second, tag)) {
+        if let Some(copy) = SYSCALL_STATS.get_ptr_mut(slot) {
+            // SAFETY: this CPU's copy of the slot; programs do not nest on a CPU.
+            let copy = unsafe { &mut *copy };
+            if copy.key == *key {
+                add_call(&mut copy.stats, bucket, duration);
+                return;
             }
         }
-        Err(_) => count_drop(counters::SYSCALL_STATS_FULL),
+    }
+    let Some(slot) = slot_of(key) else {
+        count_drop(counters::SYSCALL_STATS_FULL);
+        return;
+    };
+    let Some(copy) = SYSCALL_STATS.get_ptr_mut(slot) else {
+        return;
+    };
+    // SAFETY: as above.
+    let copy = unsafe { &mut *copy };
+    if copy.key != *key {
+        // First call of this key on this CPU since the slot was handed to it: whatever the
+        // copy holds belongs to a previous owner that user space has already read out.
+        copy.stats = SyscallStats::ZERO;
+        copy.key = *key;
+    }
+    add_call(&mut copy.stats, bucket, duration);
+    // The set's most recent entry moves to its second way.
+    if let Some(way) = state.slots.get_mut(set + 1) {
+        *way = first;
+    }
+    if let Some(way) = state.slots.get_mut(set) {
+        *way = slot_cache::entry(tag, slot);
+    }
+}
+
+#[inline(always)]
+fn add_call(stats: &mut SyscallStats, bucket: usize, duration: u64) {
+    stats.sum_ns += duration;
+    if let Some(b) = stats.buckets.get_mut(bucket) {
+        *b += 1;
+    }
+}
+
+/// The key's slot, taken from the free slots when the key has none yet; `None` when no slot
+/// is free (or `SYSCALL_SLOTS` is full).
+#[inline(always)]
+fn slot_of(key: &SyscallKey) -> Option<u32> {
+    if let Some(slot) = unsafe { SYSCALL_SLOTS.get(key) } {
+        return Some(*slot);
+    }
+    let slot = FREE_SLOTS.pop().ok().flatten()?;
+    match SYSCALL_SLOTS.insert(key, &slot, BPF_NOEXIST as u64) {
+        Ok(()) => Some(slot),
+        Err(err) => {
+            // Another CPU gave the key a slot first (EEXIST), or the map is full: hand ours back.
+            let _ = FREE_SLOTS.push(slot, 0);
+            if err == EEXIST {
+                unsafe { SYSCALL_SLOTS.get(key) }.copied()
+            } else {
+                None
+            }
+        }
     }
 }
 

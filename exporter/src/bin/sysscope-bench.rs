@@ -9,28 +9,28 @@
 //!     `--stats` asks for them (as `collection.probe_stats` does for sysscope).
 //!
 //! sysscope-bench fill --pid PID --entries N
-//!     Fills the `SYSCALL_STATS` map of the running exporter PID with N synthetic entries
+//!     Fills the syscall statistics table of the running exporter PID with N synthetic entries
 //!     (this process's tgid, in fresh cgroups it creates, over every named syscall number), so
 //!     the scrape benchmark can measure a scrape of many live series. Prints
 //!     `ready entries=<n> cgroups=<c>`, then serves commands read from stdin, one per line:
 //!       bump      add one call to every entry (so the next read finds them all changed)
-//!       time-read time a full read of the map, one lookup per key and in batches; prints JSON
+//!       time-read time a full read of the table as the collector reads it; prints JSON
 //!     and on end of input removes its cgroups and exits (the exporter reclaims the entries).
 //! ```
 
 use std::{
     io::{BufRead, Write},
-    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
     time::Instant,
 };
 
 use anyhow::{bail, Context};
-use aya::maps::{Map, MapData, MapInfo, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Map, MapData, MapInfo};
 use sysscope::{
     config::{Config, ProbeStatsMode},
     metadata::cgroups,
     probes::{LoadOptions, Probes},
+    syscall_stats::SyscallStatsTable,
     syscall_table,
 };
 use sysscope_abi::{hist, maps, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
@@ -223,15 +223,21 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
     let (Some(pid), Some(entries)) = (pid, entries) else {
         usage()
     };
-    let id = maps_of(pid)?
-        .into_iter()
-        .find(|(_, name)| name == maps::SYSCALL_STATS)
-        .map(|(id, _)| id)
-        .with_context(|| format!("process {pid} holds no {} map", maps::SYSCALL_STATS))?;
-    let map = Map::from_map_data(MapData::from_id(id)?)?;
-    // A second descriptor of the same map for the batch reads (aya has no batch API).
-    let raw = MapData::from_id(id)?;
-    let mut stats: PerCpuHashMap<MapData, SyscallKey, SyscallStats> = PerCpuHashMap::try_from(map)?;
+    let held = maps_of(pid)?;
+    let open = |name: &'static str| -> anyhow::Result<Map> {
+        let id = held
+            .iter()
+            .find(|(_, n)| n == name)
+            .map(|(id, _)| *id)
+            .with_context(|| format!("process {pid} holds no {name} map"))?;
+        Ok(Map::from_map_data(MapData::from_id(id)?)?)
+    };
+    let mut table = SyscallStatsTable::new(
+        open(maps::SYSCALL_SLOTS)?,
+        open(maps::SYSCALL_STATS)?,
+        open(maps::FREE_SLOTS)?,
+        open(maps::SLOT_EPOCH)?,
+    )?;
 
     let nrs: Vec<u32> = (0..MAX_SYSCALL_NR)
         .filter(|nr| syscall_table::name(*nr).is_some())
@@ -246,23 +252,19 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
             nr: nrs[i % nrs.len()],
         })
         .collect();
-    let cpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
     let mut calls = 1u64;
-    let write_all = |stats: &mut PerCpuHashMap<MapData, SyscallKey, SyscallStats>,
-                     calls: u64|
-     -> anyhow::Result<()> {
+    let write_all = |table: &mut SyscallStatsTable, calls: u64| -> anyhow::Result<()> {
+        let mut on_cpu0 = SyscallStats::ZERO;
+        on_cpu0.sum_ns = 700 * calls;
+        on_cpu0.buckets[hist::bucket_index(700)] = calls;
         for key in &keys {
-            let mut per_cpu = vec![SyscallStats::ZERO; cpus];
-            per_cpu[0].sum_ns = 700 * calls;
-            per_cpu[0].buckets[hist::bucket_index(700)] = calls;
-            let values = PerCpuValues::try_from(per_cpu)?;
-            stats
-                .insert(key, values, 0)
-                .with_context(|| format!("inserting {key:?} (is the map full?)"))?;
+            table
+                .write(key, &[on_cpu0])
+                .with_context(|| format!("writing {key:?}"))?;
         }
         Ok(())
     };
-    write_all(&mut stats, calls)?;
+    write_all(&mut table, calls)?;
     println!("ready entries={} cgroups={}", keys.len(), cgroup_count);
     std::io::stdout().flush()?;
 
@@ -272,20 +274,16 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
         match line.trim() {
             "bump" => {
                 calls += 1;
-                write_all(&mut stats, calls)?;
+                write_all(&mut table, calls)?;
                 println!("bumped calls={calls}");
             }
             "time-read" => {
                 let t = Instant::now();
-                let n = stats.iter().filter(|r| r.is_ok()).count();
-                let per_key = t.elapsed();
-                let t = Instant::now();
-                let m = batch_read_count(raw.fd().as_fd().as_raw_fd(), cpus)?;
-                let batch = t.elapsed();
+                let n = table.snapshot().len();
+                let read = t.elapsed();
                 println!(
-                    "{{\"entries\":{n},\"lookup_per_key_ms\":{:.3},\"batch_entries\":{m},\"batch_ms\":{:.3}}}",
-                    per_key.as_secs_f64() * 1e3,
-                    batch.as_secs_f64() * 1e3
+                    "{{\"entries\":{n},\"read_ms\":{:.3}}}",
+                    read.as_secs_f64() * 1e3
                 );
             }
             "" => {}
@@ -294,14 +292,4 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
         std::io::stdout().flush()?;
     }
     Ok(())
-}
-
-/// Reads every entry of a per-CPU hash of (`SyscallKey`, `SyscallStats`) the way the
-/// collector does (`BPF_MAP_LOOKUP_BATCH`), returning how many entries it read.
-fn batch_read_count(map_fd: i32, cpus: usize) -> anyhow::Result<usize> {
-    // SAFETY: the caller holds `map_fd` open for the duration of this call.
-    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(map_fd) };
-    let all = sysscope::bpf_batch::lookup_all_percpu::<SyscallKey, SyscallStats>(fd, cpus)
-        .map_err(|e| anyhow::anyhow!("BPF_MAP_LOOKUP_BATCH: {e}"))?;
-    Ok(all.len())
 }

@@ -15,7 +15,7 @@ use sysscope_abi::{counters, hist, maps, ErrnoKey, SyscallKey, SyscallStats};
 
 use super::CliError;
 use crate::{
-    collectors::syscalls::{delta, sum_per_cpu, SyscallMaps},
+    collectors::syscalls::{delta, SyscallMaps},
     probes::Probes,
     syscall_table,
 };
@@ -237,11 +237,9 @@ impl ProfileReader {
         }
         let exited: HashSet<u32> = out.exited.iter().map(|(t, _)| *t).collect();
         let mut stale = Vec::new();
-        for item in self.maps.stats.iter() {
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in self.maps.stats.snapshot() {
             let gone = exited.contains(&key.tgid);
             if keep(key.cgroup_id, key.tgid) {
-                let cur = sum_per_cpu(&per_cpu);
                 let prev = self.last.get(&key).copied().unwrap_or(SyscallStats::ZERO);
                 let d = delta(&prev, &cur);
                 if d.count() > 0 || d.sum_ns > 0 {
@@ -278,9 +276,7 @@ impl ProfileReader {
                 stale_errors.push(key);
             }
         }
-        for key in stale {
-            let _ = self.maps.stats.remove(&key);
-        }
+        self.maps.stats.remove(&stale);
         for key in stale_errors {
             let _ = self.maps.errors.remove(&key);
         }

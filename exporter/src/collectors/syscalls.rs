@@ -2,7 +2,8 @@
 //!
 //! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task`,
 //! `syscalls_sched_switch` (raw tracepoints, see `ebpf/probes/src/syscalls.rs`).
-//! Maps read: `SYSCALL_STATS`, `SYSCALL_ERRORS`, `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written
+//! Maps read: the statistics table (`SYSCALL_SLOTS` + `SYSCALL_STATS`, see
+//! [`crate::syscall_stats`]), `SYSCALL_ERRORS`, `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written
 //! once at start.
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
@@ -33,6 +34,7 @@ use crate::{
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
     series::{Budget, Workload},
+    syscall_stats::SyscallStatsTable,
     syscall_table,
 };
 
@@ -89,7 +91,7 @@ struct ErrorTotals {
 }
 
 pub struct SyscallCollector {
-    stats: PerCpuHashMap<MapData, SyscallKey, SyscallStats>,
+    stats: SyscallStatsTable,
     errors: PerCpuHashMap<MapData, ErrnoKey, u64>,
     exits: BpfHashMap<MapData, u32, ProcessExit>,
     capacities: [u64; 3],
@@ -151,7 +153,7 @@ pub fn fold_buckets(
 /// The syscall probes' maps, with the probes attached: what the collector reads, and what the
 /// command-line tools (`sysscope summary`, `top`, ...) read with their own filters.
 pub struct SyscallMaps {
-    pub stats: PerCpuHashMap<MapData, SyscallKey, SyscallStats>,
+    pub stats: SyscallStatsTable,
     pub errors: PerCpuHashMap<MapData, ErrnoKey, u64>,
     pub exits: BpfHashMap<MapData, u32, ProcessExit>,
 }
@@ -167,8 +169,12 @@ impl SyscallMaps {
                 source,
             }
         };
-        let stats = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_STATS)?)
-            .map_err(map_err(maps::SYSCALL_STATS))?;
+        let stats = SyscallStatsTable::new(
+            take(probes, maps::SYSCALL_SLOTS)?,
+            take(probes, maps::SYSCALL_STATS)?,
+            take(probes, maps::FREE_SLOTS)?,
+            take(probes, maps::SLOT_EPOCH)?,
+        )?;
         let errors = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_ERRORS)?)
             .map_err(map_err(maps::SYSCALL_ERRORS))?;
         let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
@@ -315,9 +321,9 @@ impl SyscallCollector {
             .collect()
     }
 
-    /// Every entry of `SYSCALL_STATS`, summed over CPUs.
+    /// Every entry of the statistics table, summed over CPUs.
     fn snapshot_stats(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
-        snapshot(&mut self.batch, &self.stats, self.nr_cpus, sum_per_cpu)
+        self.stats.snapshot()
     }
 
     /// Every entry of `SYSCALL_ERRORS`, summed over CPUs.
@@ -509,8 +515,8 @@ impl Collector for SyscallCollector {
         let stale_errors = self.read_errors(now, &reclaim);
 
         // Reclaim: the values of these entries were just added to their series.
+        self.stats.remove(&stale_stats);
         for key in stale_stats {
-            let _ = self.stats.remove(&key);
             self.entries.remove(&key);
         }
         for key in stale_errors {

@@ -606,3 +606,29 @@ impl Drop for LoopDevice {
         let _ = Command::new("losetup").args(["-d", &self.path]).status();
     }
 }
+
+/// `bpftool map dump` of the exporter's map called `name`, as a list of entries.
+pub fn dump_exporter_map(exporter: &Exporter, name: &str) -> Vec<serde_json::Value> {
+    let map_id = bpf_map_ids_of(exporter.child.id())
+        .into_iter()
+        .find(|map_id| {
+            let out = Command::new("bpftool")
+                .args(["-j", "map", "show", "id", &map_id.to_string()])
+                .output()
+                .expect("bpftool");
+            let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            info["name"] == name
+        })
+        .unwrap_or_else(|| panic!("the exporter holds its {name} map open"));
+    let out = Command::new("bpftool")
+        .args(["-j", "map", "dump", "id", &map_id.to_string()])
+        .output()
+        .expect("bpftool");
+    assert!(out.status.success(), "bpftool map dump id {map_id} failed");
+    let entries: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("bpftool prints JSON");
+    entries
+        .as_array()
+        .expect("bpftool prints a list of entries")
+        .clone()
+}
