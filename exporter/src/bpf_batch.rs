@@ -1,4 +1,5 @@
-//! Batched reads of kernel hash maps (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6+).
+//! Batched reads of kernel maps (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6+): hashes, per-CPU hashes and
+//! ranges of per-CPU arrays.
 //!
 //! Reading a map entry by entry costs two `bpf()` calls per entry (next key, lookup), and
 //! sysscope's own syscall probes trace each of them: reading a full 16,384-entry map took most
@@ -10,8 +11,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 
 use aya::Pod;
 
-/// Entries asked for per call (grown when one hash bucket holds more).
-/// Entries asked for per batch call.
+/// Entries asked for per batch call (grown when one hash bucket holds more).
 pub const CHUNK: usize = 512;
 
 #[derive(Debug, thiserror::Error)]
@@ -45,34 +45,104 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
 ) -> Result<Vec<(K, Vec<V>)>, BatchError> {
     // Per-CPU values are laid out with each CPU's value rounded up to 8 bytes.
     let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
-    lookup(map, nr_cpus, stride, usize::MAX)
+    lookup(map, nr_cpus, stride)
 }
 
 /// Every entry of a hash map that is not per CPU.
 pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> Result<Vec<(K, V)>, BatchError> {
-    let all = lookup::<K, V>(map, 1, std::mem::size_of::<V>(), usize::MAX)?;
+    let all = lookup::<K, V>(map, 1, std::mem::size_of::<V>())?;
     Ok(all
         .into_iter()
         .filter_map(|(k, mut v)| Some((k, v.pop()?)))
         .collect())
 }
 
-/// The first `len` entries of a per-CPU array (indices `0..len`), one value per possible CPU.
-pub fn lookup_percpu_array_prefix<V: Pod>(
+/// Indices `range` of a per-CPU array, handed to `each` one at a time with their per-CPU values,
+/// read in batches whose buffer stays under [`ARRAY_BUFFER_BYTES`] however many CPUs and
+/// indices there are (so a caller can sum as it reads, never holding the whole range).
+pub fn for_each_percpu_array_range<V: Pod>(
     map: BorrowedFd<'_>,
     nr_cpus: usize,
-    len: usize,
-) -> Result<Vec<(u32, Vec<V>)>, BatchError> {
+    range: std::ops::Range<u32>,
+    mut each: impl FnMut(u32, &[V]),
+) -> Result<(), BatchError> {
     let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
-    lookup(map, nr_cpus, stride, len)
+    let per_index = stride * nr_cpus.max(1);
+    let chunk = (ARRAY_BUFFER_BYTES / per_index).clamp(1, CHUNK);
+    let mut keys = vec![0u32; chunk];
+    let mut values = vec![0u8; per_index * chunk];
+    let mut per_cpu: Vec<V> = Vec::with_capacity(nr_cpus);
+    let mut next = range.start;
+    while next < range.end {
+        let want = chunk.min((range.end - next) as usize);
+        // The kernel continues after the index in `in_batch`; none starts at index 0.
+        let mut token_in: u32 = next.wrapping_sub(1);
+        let mut token_out: u32 = 0;
+        let mut attr = BatchAttr {
+            in_batch: if next == 0 {
+                0
+            } else {
+                &mut token_in as *mut u32 as u64
+            },
+            out_batch: &mut token_out as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: want as u32,
+            map_fd: map.as_raw_fd() as u32,
+            ..BatchAttr::default()
+        };
+        // SAFETY: the buffers outlive the call and hold `count` keys and values.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                &mut attr as *mut BatchAttr,
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let errno = if r < 0 {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+        } else {
+            0
+        };
+        let n = (attr.count as usize).min(want);
+        for (i, index) in keys.iter().take(n).enumerate() {
+            per_cpu.clear();
+            let base = i * per_index;
+            // SAFETY: the kernel wrote `n` entries of `nr_cpus` values of this stride.
+            per_cpu.extend((0..nr_cpus).map(|cpu| unsafe {
+                std::ptr::read_unaligned(values[base + cpu * stride..].as_ptr() as *const V)
+            }));
+            if *index < range.end {
+                each(*index, &per_cpu);
+            }
+        }
+        match errno {
+            0 => {}
+            // Past the array's last index.
+            libc::ENOENT => return Ok(()),
+            libc::EINVAL | libc::EOPNOTSUPP | 524 if n == 0 && next == range.start => {
+                return Err(BatchError::Unsupported)
+            }
+            e => return Err(BatchError::Io(std::io::Error::from_raw_os_error(e))),
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        next = keys[n - 1].saturating_add(1);
+    }
+    Ok(())
 }
 
-/// Up to `limit` entries, in the map's order, with `values_per_key` values of `stride` bytes.
+/// The most a batched read of a per-CPU array buffers at once (fewer indices per call on nodes
+/// with many CPUs).
+pub const ARRAY_BUFFER_BYTES: usize = 4 << 20;
+
+/// Every entry of a hash map, with `values_per_key` values of `stride` bytes each.
 fn lookup<K: Pod, V: Pod>(
     map: BorrowedFd<'_>,
     values_per_key: usize,
     stride: usize,
-    limit: usize,
 ) -> Result<Vec<(K, Vec<V>)>, BatchError> {
     let key_size = std::mem::size_of::<K>();
     let fd = map.as_raw_fd();
@@ -81,10 +151,9 @@ fn lookup<K: Pod, V: Pod>(
     let mut token_in: u64 = 0;
     let mut token_out: u64 = 0;
     let mut first = true;
-    while out.len() < limit {
-        let want = chunk.min(limit - out.len());
-        let mut keys = vec![0u8; key_size * want];
-        let mut values = vec![0u8; stride * values_per_key * want];
+    loop {
+        let mut keys = vec![0u8; key_size * chunk];
+        let mut values = vec![0u8; stride * values_per_key * chunk];
         let mut attr = BatchAttr {
             in_batch: if first {
                 0
@@ -94,7 +163,7 @@ fn lookup<K: Pod, V: Pod>(
             out_batch: &mut token_out as *mut u64 as u64,
             keys: keys.as_mut_ptr() as u64,
             values: values.as_mut_ptr() as u64,
-            count: want as u32,
+            count: chunk as u32,
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
@@ -112,7 +181,7 @@ fn lookup<K: Pod, V: Pod>(
         } else {
             0
         };
-        let n = (attr.count as usize).min(want);
+        let n = (attr.count as usize).min(chunk);
         for i in 0..n {
             // SAFETY: the kernel wrote `n` keys and `n * values_per_key` values of these sizes.
             let key: K =
@@ -141,7 +210,6 @@ fn lookup<K: Pod, V: Pod>(
         token_in = token_out;
         first = false;
     }
-    Ok(out)
 }
 
 #[cfg(test)]
@@ -250,32 +318,46 @@ mod tests {
     }
 
     #[test]
-    fn reads_exactly_the_requested_prefix_of_a_percpu_array() {
+    fn reads_exactly_the_requested_ranges_of_a_percpu_array() {
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED reads_exactly_the_requested_prefix_of_a_percpu_array: needs root");
+            eprintln!("SKIPPED reads_exactly_the_requested_ranges_of_a_percpu_array: needs root");
             return;
         }
         let nr_cpus = aya::util::nr_cpus().unwrap();
-        let map = create(
-            6, /* BPF_MAP_TYPE_PERCPU_ARRAY */
-            4,
-            12,
-            4 * CHUNK as u32,
-        );
-        for i in 0..4 * CHUNK as u32 {
+        let size = 4 * CHUNK as u32;
+        let map = create(6 /* BPF_MAP_TYPE_PERCPU_ARRAY */, 4, 12, size);
+        for i in 0..size {
             // 12-byte values: each CPU's value is padded to 16 bytes in the buffer.
             let values: Vec<[u32; 4]> = (0..nr_cpus as u32).map(|c| [i, c, i + c, 0]).collect();
             update(&map, &i, values.as_slice());
         }
-        for len in [0, 1, CHUNK, CHUNK + 3, 4 * CHUNK] {
-            let read = lookup_percpu_array_prefix::<[u32; 3]>(map.as_fd(), nr_cpus, len).unwrap();
-            assert_eq!(read.len(), len, "prefix of {len}");
-            for (i, (index, per_cpu)) in read.iter().enumerate() {
-                assert_eq!(*index, i as u32);
-                for (c, v) in per_cpu.iter().enumerate() {
-                    assert_eq!(*v, [i as u32, c as u32, i as u32 + c as u32]);
-                }
-            }
+        let c = CHUNK as u32;
+        // Empty, from 0, from the middle across chunk boundaries, to the end, and past it.
+        for range in [
+            0..0,
+            0..1,
+            0..c + 3,
+            5..6,
+            c - 1..2 * c + 1,
+            3 * c..4 * c,
+            4 * c - 2..u32::MAX,
+        ] {
+            let mut seen = Vec::new();
+            for_each_percpu_array_range::<[u32; 3]>(
+                map.as_fd(),
+                nr_cpus,
+                range.clone(),
+                |i, per_cpu| {
+                    assert_eq!(per_cpu.len(), nr_cpus);
+                    for (cpu, v) in per_cpu.iter().enumerate() {
+                        assert_eq!(*v, [i, cpu as u32, i + cpu as u32], "index {i}");
+                    }
+                    seen.push(i);
+                },
+            )
+            .unwrap();
+            let expected: Vec<u32> = (range.start..range.end.min(size)).collect();
+            assert_eq!(seen, expected, "range {range:?}");
         }
     }
 }

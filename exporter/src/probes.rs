@@ -154,9 +154,9 @@ pub struct ProgramStats {
     pub run_count: u64,
 }
 
-/// Hands every slot of `SYSCALL_STATS` to the free-slot stack, lowest on top, so the slots in
-/// use stay packed at the start of the array and a read covers only them. (An object without
-/// the stack, such as an older build compared by the benchmark, is left alone.)
+/// Hands every slot of `SYSCALL_STATS` to the free-slot stack, lowest on top, so the slots ever
+/// used are the lowest ones (freed slots are handed out again first). (An object without the
+/// stack, such as an older build compared by the benchmark, is left alone.)
 fn fill_free_slots(ebpf: &mut Ebpf, capacity: u32) -> Result<(), ProbeError> {
     let Some(map) = ebpf.map_mut(maps::FREE_SLOTS) else {
         return Ok(());

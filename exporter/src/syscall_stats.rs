@@ -1,4 +1,6 @@
 //! User space's side of the syscall statistics table: reading it, and freeing its slots.
+//! (Read by the syscall collector and the command-line tools; why the table exists and why it
+//! is safe: docs/performance.md, "The table of slots".)
 //!
 //! Maps: `SYSCALL_SLOTS` (hash, (cgroup, process, syscall) -> slot), `SYSCALL_STATS` (per-CPU
 //! array of [`SlotStats`] indexed by slot), `FREE_SLOTS` (stack of unowned slots) and
@@ -46,6 +48,8 @@ pub struct SyscallStatsTable {
     nr_cpus: usize,
     /// Whether the kernel supports batched lookups (cleared on the first refusal).
     batch: bool,
+    /// Keys that held a slot at the last snapshot.
+    keys_held: usize,
 }
 
 impl std::fmt::Debug for SyscallStatsTable {
@@ -67,6 +71,7 @@ impl SyscallStatsTable {
             epoch: Array::try_from(epoch).map_err(map_err(maps::SLOT_EPOCH))?,
             nr_cpus: aya::util::nr_cpus().map(|n| n.max(1)).unwrap_or(1),
             batch: true,
+            keys_held: 0,
         })
     }
 
@@ -86,51 +91,74 @@ impl SyscallStatsTable {
 
     /// Every key's statistics, summed over the CPU copies that key owns. A key whose slot
     /// holds nothing yet (taken but not written) is left out.
+    ///
+    /// The array is read only where slots are held, in ranges (slots a few apart share one),
+    /// and summed as it is read: a read never buffers more than one batch, however large the
+    /// table or the node.
     pub fn snapshot(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
-        let keys = self.keys();
-        let Some(high) = keys.iter().map(|(_, slot)| *slot as usize + 1).max() else {
-            return Vec::new();
-        };
-        // Slots in use are packed at the start (the free stack hands out the lowest first),
-        // so one batched read of the prefix covers them.
-        let mut copies: Vec<Option<Vec<SlotStats>>> = vec![None; high];
-        let mut read = false;
-        if self.batch {
-            match bpf_batch::lookup_percpu_array_prefix::<SlotStats>(
-                self.stats.map().fd().as_fd(),
-                self.nr_cpus,
-                high,
-            ) {
-                Ok(all) => {
-                    for (slot, values) in all {
-                        if let Some(c) = copies.get_mut(slot as usize) {
-                            *c = Some(values);
+        let mut keys = self.keys();
+        self.keys_held = keys.len();
+        keys.sort_unstable_by_key(|(_, slot)| *slot);
+        let mut out = Vec::with_capacity(keys.len());
+        let mut rest = keys.as_slice();
+        while let Some(&(_, first)) = rest.first() {
+            let run = rest
+                .windows(2)
+                .position(|w| w[1].1 - w[0].1 > RANGE_GAP)
+                .map_or(rest.len(), |i| i + 1);
+            let (held, after) = rest.split_at(run);
+            rest = after;
+            let last = held[held.len() - 1].1;
+            if self.batch {
+                let mut at = 0;
+                let read = bpf_batch::for_each_percpu_array_range::<SlotStats>(
+                    self.stats.map().fd().as_fd(),
+                    self.nr_cpus,
+                    first..last + 1,
+                    |slot, copies| {
+                        while at < held.len() && held[at].1 < slot {
+                            at += 1;
                         }
+                        // A slot is held by one key (two only while a probe and user space
+                        // race on it): each counts the copies it owns.
+                        for (key, _) in held[at..].iter().take_while(|(_, s)| *s == slot) {
+                            out.extend(sum_owned(key, copies));
+                        }
+                    },
+                );
+                match read {
+                    Ok(()) => continue,
+                    Err(BatchError::Unsupported) => self.batch = false,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "batched read failed; reading slot by slot");
+                        // What the failed read handed over is dropped and read again below.
+                        out.retain(|(key, _)| !held.iter().any(|(k, _)| k == key));
                     }
-                    read = true;
                 }
-                Err(BatchError::Unsupported) => self.batch = false,
-                Err(e) => tracing::debug!(error = %e, "batched read failed; reading slot by slot"),
             }
-        }
-        if !read {
-            for (_, slot) in &keys {
-                if let Ok(values) = self.stats.get(slot, 0) {
-                    copies[*slot as usize] = Some(values.iter().copied().collect());
+            for (key, slot) in held {
+                if let Ok(copies) = self.stats.get(slot, 0) {
+                    out.extend(sum_owned(key, &copies));
                 }
             }
         }
-        keys.into_iter()
-            .filter_map(|(key, slot)| {
-                let values = copies.get(slot as usize)?.as_ref()?;
-                sum_owned(&key, values)
-            })
-            .collect()
+        out
+    }
+
+    /// Keys holding a slot at the last [`snapshot`](Self::snapshot) (what fills the table).
+    pub fn keys_held(&self) -> usize {
+        self.keys_held
     }
 
     /// Frees the slots of `keys` (whose final values the caller has read). Keys without a
     /// slot are skipped.
+    ///
+    /// A slot goes back to `FREE_SLOTS` only once its copies are zeroed and the epoch is
+    /// bumped: a slot whose copies still named its old key could be handed back to that same
+    /// key (other threads of an exited leader still run) and its final values counted twice.
+    /// A slot that cannot be cleaned is kept out of use instead (the table shrinks by one).
     pub fn remove(&mut self, keys: &[SyscallKey]) {
+        let zero = || PerCpuValues::try_from(vec![SlotStats::default(); self.nr_cpus]);
         let mut freed = Vec::with_capacity(keys.len());
         for key in keys {
             let Ok(slot) = self.slots.get(key, 0) else {
@@ -139,17 +167,32 @@ impl SyscallStatsTable {
             if self.slots.remove(key).is_err() {
                 continue;
             }
-            let zero = vec![SlotStats::default(); self.nr_cpus];
-            if let Ok(zero) = PerCpuValues::try_from(zero) {
-                let _ = self.stats.set(slot, zero, 0);
+            let zeroed = zero()
+                .map_err(|e| {
+                    MapError::SyscallError(aya::sys::SyscallError {
+                        call: "per-CPU values",
+                        io_error: e,
+                    })
+                })
+                .and_then(|zero| self.stats.set(slot, zero, 0));
+            match zeroed {
+                Ok(()) => freed.push(slot),
+                Err(e) => {
+                    tracing::warn!(slot, error = %e, "could not zero a freed slot; keeping it out of use")
+                }
             }
-            freed.push(slot);
         }
         if freed.is_empty() {
             return;
         }
-        let epoch = self.epoch.get(&0, 0).unwrap_or(0);
-        let _ = self.epoch.set(0, epoch.wrapping_add(1), 0);
+        let bumped = self
+            .epoch
+            .get(&0, 0)
+            .and_then(|epoch| self.epoch.set(0, epoch.wrapping_add(1), 0));
+        if let Err(e) = bumped {
+            tracing::warn!(slots = freed.len(), error = %e, "could not bump SLOT_EPOCH; keeping the freed slots out of use");
+            return;
+        }
         for slot in freed {
             if let Err(e) = self.free.push(slot, 0) {
                 // Cannot happen (the stack holds every slot), but a lost slot only shrinks
@@ -160,16 +203,23 @@ impl SyscallStatsTable {
     }
 
     /// Writes `per_cpu` as the statistics of `key`, taking a free slot if it has none (the
-    /// scrape benchmark fills the table with synthetic entries this way).
+    /// scrape benchmark fills the table with synthetic entries this way, beside the probes).
     pub fn write(&mut self, key: &SyscallKey, per_cpu: &[SyscallStats]) -> Result<(), TableError> {
         let slot = match self.slots.get(key, 0) {
             Ok(slot) => slot,
             Err(_) => {
                 let slot = self.free.pop(0).map_err(|_| TableError::Full)?;
-                self.slots
-                    .insert(key, slot, 0)
-                    .map_err(map_err(maps::SYSCALL_SLOTS))?;
-                slot
+                // BPF_NOEXIST, as the probes do: if a probe gave the key a slot meanwhile, that
+                // slot stays the key's and ours goes back.
+                match self.slots.insert(key, slot, BPF_NOEXIST) {
+                    Ok(()) => slot,
+                    Err(e) => {
+                        let _ = self.free.push(slot, 0);
+                        self.slots
+                            .get(key, 0)
+                            .map_err(|_| map_err(maps::SYSCALL_SLOTS)(e))?
+                    }
+                }
             }
         };
         let values: Vec<SlotStats> = (0..self.nr_cpus)
@@ -190,6 +240,13 @@ impl SyscallStatsTable {
             .map_err(map_err(maps::SYSCALL_STATS))
     }
 }
+
+/// Held slots at most this far apart are read in one range (reading a few free slots costs
+/// less than another `bpf()` call).
+const RANGE_GAP: u32 = 64;
+
+/// `BPF_NOEXIST`: create only.
+const BPF_NOEXIST: u64 = 1;
 
 /// The sum of the copies `key` owns; `None` when it owns none.
 fn sum_owned(key: &SyscallKey, copies: &[SlotStats]) -> Option<(SyscallKey, SyscallStats)> {
@@ -222,6 +279,134 @@ mod tests {
         stats.buckets[3] = calls;
         stats.sum_ns = 100 * calls;
         SlotStats { key: owner, stats }
+    }
+
+    /// Creates a map (type, key size, value size, max entries) as an aya `Map`.
+    fn create(map_type: u32, key_size: u32, value_size: u32, entries: u32) -> Map {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        let mut attr = [0u8; 128];
+        for (i, v) in [map_type, key_size, value_size, entries].iter().enumerate() {
+            attr[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        // SAFETY: a zero-padded bpf_attr for BPF_MAP_CREATE of the size passed.
+        let fd = unsafe { libc::syscall(libc::SYS_bpf, 0, attr.as_mut_ptr(), attr.len()) };
+        assert!(fd >= 0, "map create: {}", std::io::Error::last_os_error());
+        // SAFETY: a new descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Map::from_map_data(MapData::from_fd(fd).expect("map info")).expect("a known map type")
+    }
+
+    fn root(test: &str) -> bool {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            return true;
+        }
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true" && v != "1"),
+            "{test} needs root, and CI must run it"
+        );
+        eprintln!("SKIPPED {test}: needs root");
+        false
+    }
+
+    fn stats(calls: u64) -> SyscallStats {
+        let mut s = SyscallStats::ZERO;
+        s.buckets[2] = calls;
+        s.sum_ns = 3000 * calls;
+        s
+    }
+
+    /// The table over real kernel maps: keys at slots far apart (several read ranges), a copy
+    /// left by a previous owner, frees that leave nothing behind, and a freed slot handed to a
+    /// new key that must start from zero.
+    #[test]
+    fn sparse_slots_are_read_exactly_and_freed_clean() {
+        if !root("sparse_slots_are_read_exactly_and_freed_clean") {
+            return;
+        }
+        let nr_cpus = aya::util::nr_cpus().unwrap().max(1);
+        let capacity = 1000;
+        let mut table = SyscallStatsTable::new(
+            create(1 /* HASH */, 16, 4, capacity),
+            create(
+                6, /* PERCPU_ARRAY */
+                4,
+                std::mem::size_of::<SlotStats>() as u32,
+                capacity,
+            ),
+            create(23 /* STACK */, 0, 4, capacity),
+            create(2 /* ARRAY */, 4, 8, 1),
+        )
+        .unwrap();
+        // Popped in this order: 5, 6, 300, 301, 999 (three read ranges).
+        for slot in [999, 301, 300, 6, 5] {
+            table.free.push(slot, 0).unwrap();
+        }
+        let keys: Vec<SyscallKey> = (0..5).map(|i| key(100 + i, 39)).collect();
+        for (i, k) in keys.iter().enumerate() {
+            // Calls on the first CPU and the last.
+            let mut per_cpu = vec![SyscallStats::ZERO; nr_cpus];
+            per_cpu[0] = stats(i as u64 + 1);
+            per_cpu[nr_cpus - 1].sum_ns += 7;
+            table.write(k, &per_cpu).unwrap();
+        }
+        assert_eq!(table.slots.get(&keys[4], 0).unwrap(), 999);
+        // Slot 6 (keys[1]) on the last CPU still holds a previous owner's copy: not keys[1]'s.
+        let mut copies: Vec<SlotStats> = table.stats.get(&6, 0).unwrap().iter().copied().collect();
+        copies[nr_cpus - 1] = copy(key(1, 39), 1000);
+        table
+            .stats
+            .set(6, PerCpuValues::try_from(copies).unwrap(), 0)
+            .unwrap();
+        let mut read = table.snapshot();
+        read.sort_unstable_by_key(|(k, _)| k.tgid);
+        assert_eq!(table.keys_held(), 5);
+        // Every key: its calls plus the 7 ns on the last CPU, except keys[1], whose last-CPU
+        // copy is the stray one (with one CPU, keys[1] owns no copy at all).
+        let want: Vec<(SyscallKey, SyscallStats)> = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| {
+                let mut s = stats(i as u64 + 1);
+                s.sum_ns += 7;
+                if i == 1 {
+                    if nr_cpus == 1 {
+                        return None;
+                    }
+                    s.sum_ns -= 7;
+                }
+                Some((*k, s))
+            })
+            .collect();
+        assert_eq!(read, want);
+
+        // Free slots 6 and 300: keys gone, copies zeroed, epoch bumped, slots free again.
+        table.remove(&[keys[1], keys[2], key(77, 1) /* holds no slot */]);
+        assert!(table.slots.get(&keys[1], 0).is_err());
+        assert!(table.slots.get(&keys[2], 0).is_err());
+        for slot in [6, 300] {
+            let copies = table.stats.get(&slot, 0).unwrap();
+            assert!(
+                copies.iter().all(|c| *c == SlotStats::default()),
+                "slot {slot}"
+            );
+        }
+        assert_eq!(table.epoch.get(&0, 0).unwrap(), 1);
+        let mut read = table.snapshot();
+        read.sort_unstable_by_key(|(k, _)| k.tgid);
+        assert_eq!(
+            read.iter().map(|(k, _)| k.tgid).collect::<Vec<_>>(),
+            [100, 103, 104]
+        );
+
+        // The last slot freed is handed out first; the new key sees only its own calls.
+        let newcomer = key(200, 0);
+        table.write(&newcomer, &[stats(4)]).unwrap();
+        assert_eq!(table.slots.get(&newcomer, 0).unwrap(), 300);
+        let read = table.snapshot();
+        let (_, got) = read.iter().find(|(k, _)| *k == newcomer).unwrap();
+        assert_eq!(*got, stats(4));
+        assert_eq!(table.keys_held(), 4);
     }
 
     #[test]

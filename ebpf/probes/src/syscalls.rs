@@ -111,8 +111,9 @@ static SYSCALL_STATS: PerCpuArray<SlotStats> = PerCpuArray::with_max_entries(163
 #[map(name = "SYSCALL_SLOTS")]
 static SYSCALL_SLOTS: HashMap<SyscallKey, u32> = HashMap::with_max_entries(16384, 0);
 
-/// Slots not owned by any key. Filled by the loader with every slot (lowest on top, so slots in
-/// use stay packed at the start of the array) and by user space with the slots it reclaims.
+/// Slots not owned by any key. Filled by the loader with every slot (lowest on top) and by user
+/// space with the slots it frees, which are handed out again first: the slots ever used are the
+/// lowest ones, as many as were ever held at once.
 #[map(name = "FREE_SLOTS")]
 static FREE_SLOTS: Stack<u32> = Stack::with_max_entries(16384, 0);
 
@@ -341,12 +342,16 @@ fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
         copy.key = *key;
     }
     add_call(&mut copy.stats, bucket, duration);
-    // The set's most recent entry moves to its second way.
-    if let Some(way) = state.slots.get_mut(set + 1) {
-        *way = first;
-    }
-    if let Some(way) = state.slots.get_mut(set) {
-        *way = slot_cache::entry(tag, slot);
+    // The new entry goes first and the set's previous first entry second, unless the first
+    // already names this slot (a hit whose copy on this CPU was not the key's yet).
+    let fresh = slot_cache::entry(tag, slot);
+    if fresh != first {
+        if let Some(way) = state.slots.get_mut(set + 1) {
+            *way = first;
+        }
+        if let Some(way) = state.slots.get_mut(set) {
+            *way = fresh;
+        }
     }
 }
 

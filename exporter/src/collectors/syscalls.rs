@@ -343,9 +343,7 @@ impl SyscallCollector {
         let seen_at = Instant::now();
         let snapshot = self.snapshot_stats();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        let mut seen = 0u64;
         for (key, cur) in snapshot {
-            seen += 1;
             let entry = self.entries.entry(key).or_insert_with(|| Entry {
                 last: SyscallStats::ZERO,
                 source: None,
@@ -387,7 +385,9 @@ impl SyscallCollector {
                 to_delete.push(key);
             }
         }
-        self.entries_seen[0] = seen;
+        // What fills the table: keys holding a slot (a key whose copies are not written yet
+        // holds one too).
+        self.entries_seen[0] = self.stats.keys_held() as u64;
         to_delete
     }
 
