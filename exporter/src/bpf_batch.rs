@@ -38,6 +38,28 @@ struct BatchAttr {
 
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 
+/// One `BPF_MAP_LOOKUP_BATCH`; returns its errno (0 on success). The kernel writes back
+/// `attr.count` and the out-batch token even when it fails part way.
+///
+/// # Safety
+/// `attr`'s pointers must be valid for `attr.count` keys and values of the map's sizes.
+unsafe fn lookup_batch(attr: &mut BatchAttr) -> i32 {
+    // SAFETY: as the caller promises.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_BATCH,
+            attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>(),
+        )
+    };
+    if r < 0 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 /// Every entry of a per-CPU hash map: keys and, per key, one value per possible CPU.
 pub fn lookup_all_percpu<K: Pod, V: Pod>(
     map: BorrowedFd<'_>,
@@ -92,19 +114,7 @@ pub fn for_each_percpu_array_range<V: Pod>(
             ..BatchAttr::default()
         };
         // SAFETY: the buffers outlive the call and hold `count` keys and values.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let errno = if r < 0 {
-            std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-        } else {
-            0
-        };
+        let errno = unsafe { lookup_batch(&mut attr) };
         let n = (attr.count as usize).min(want);
         for (i, index) in keys.iter().take(n).enumerate() {
             per_cpu.clear();
@@ -167,20 +177,8 @@ fn lookup<K: Pod, V: Pod>(
             map_fd: fd as u32,
             ..BatchAttr::default()
         };
-        // SAFETY: the buffers outlive the call and are as large as `count` entries need.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                &mut attr as *mut BatchAttr,
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let errno = if r < 0 {
-            std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-        } else {
-            0
-        };
+        // SAFETY: the buffers outlive the call and hold `count` keys and values.
+        let errno = unsafe { lookup_batch(&mut attr) };
         let n = (attr.count as usize).min(chunk);
         for i in 0..n {
             // SAFETY: the kernel wrote `n` keys and `n * values_per_key` values of these sizes.
