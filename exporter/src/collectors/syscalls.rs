@@ -192,18 +192,6 @@ impl SyscallMaps {
     }
 }
 
-/// Sum over CPUs of one `SYSCALL_STATS` value.
-pub fn sum_per_cpu(values: &[SyscallStats]) -> SyscallStats {
-    let mut total = SyscallStats::ZERO;
-    for v in values {
-        total.sum_ns = total.sum_ns.wrapping_add(v.sum_ns);
-        for (t, b) in total.buckets.iter_mut().zip(v.buckets.iter()) {
-            *t = t.wrapping_add(*b);
-        }
-    }
-    total
-}
-
 /// What changed between two reads of an entry. An entry that went backwards was deleted and
 /// re-created in between: everything it holds now is new.
 pub fn delta(prev: &SyscallStats, cur: &SyscallStats) -> SyscallStats {
