@@ -86,10 +86,43 @@ pub fn for_each_percpu_array_range<V: Pod>(
     map: BorrowedFd<'_>,
     nr_cpus: usize,
     range: std::ops::Range<u32>,
+    each: impl FnMut(u32, &[V]),
+) -> Result<(), BatchError> {
+    // Per-CPU values are laid out with each CPU's value rounded up to 8 bytes.
+    let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
+    array_range(map, nr_cpus.max(1), stride, range, each)
+}
+
+/// Indices `range` of an array that is not per CPU, handed to `each` one at a time, read in
+/// batches as [`for_each_percpu_array_range`] reads.
+pub fn for_each_array_range<V: Pod>(
+    map: BorrowedFd<'_>,
+    range: std::ops::Range<u32>,
+    mut each: impl FnMut(u32, &V),
+) -> Result<(), BatchError> {
+    array_range(
+        map,
+        1,
+        std::mem::size_of::<V>(),
+        range,
+        |index, values: &[V]| {
+            if let Some(value) = values.first() {
+                each(index, value);
+            }
+        },
+    )
+}
+
+/// Indices `range` of an array with `values_per_index` values of `stride` bytes per index.
+fn array_range<V: Pod>(
+    map: BorrowedFd<'_>,
+    values_per_index: usize,
+    stride: usize,
+    range: std::ops::Range<u32>,
     mut each: impl FnMut(u32, &[V]),
 ) -> Result<(), BatchError> {
-    let stride = std::mem::size_of::<V>().div_ceil(8) * 8;
-    let per_index = stride * nr_cpus.max(1);
+    let nr_cpus = values_per_index;
+    let per_index = stride * nr_cpus;
     let chunk = (ARRAY_BUFFER_BYTES / per_index).clamp(1, CHUNK);
     let mut keys = vec![0u32; chunk];
     let mut values = vec![0u8; per_index * chunk];

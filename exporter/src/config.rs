@@ -121,6 +121,10 @@ pub struct LimitsConfig {
     pub max_threads: u32,
     /// (cgroup, process, syscall) entries in the kernel's syscall map.
     pub max_syscall_entries: u32,
+    /// Slots of the syscall map the keys of one cgroup may hold (0: no quota). Past it, the
+    /// cgroup's new (process, syscall) pairs are counted under the cgroup's shared key
+    /// (`comm="other"`), so no workload can fill the map and leave another's calls uncounted.
+    pub max_syscall_entries_per_cgroup: u32,
     /// (cgroup, process, syscall, errno) entries in the kernel's error map.
     pub max_error_entries: u32,
     /// Exited processes queued for reclaim between two reads.
@@ -133,6 +137,7 @@ impl Default for LimitsConfig {
             max_series: 30_000,
             max_threads: 32_768,
             max_syscall_entries: 16_384,
+            max_syscall_entries_per_cgroup: 4_096,
             max_error_entries: 4_096,
             max_exited_processes: 8_192,
         }
@@ -386,6 +391,12 @@ impl Config {
             "limits.max_syscall_entries",
             l.max_syscall_entries as u64,
             64,
+            1_048_576,
+        )?;
+        ranged(
+            "limits.max_syscall_entries_per_cgroup",
+            l.max_syscall_entries_per_cgroup as u64,
+            0,
             1_048_576,
         )?;
         ranged(

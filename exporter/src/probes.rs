@@ -15,7 +15,7 @@ use aya::{
     programs::{ProgramError, RawTracePoint},
     Ebpf, EbpfLoader,
 };
-use sysscope_abi::{globals, maps, BlockProbeConfig};
+use sysscope_abi::{globals, maps, BlockProbeConfig, MAX_STAT_STRIPES};
 
 use crate::{
     collectors::block_io,
@@ -154,6 +154,14 @@ pub struct ProgramStats {
     pub run_count: u64,
 }
 
+/// Copies of each `SYSCALL_STATS` slot on a node with `cpus` possible CPUs: one per CPU up to
+/// [`MAX_STAT_STRIPES`] (a power of two), so small machines pay nothing for it and big ones
+/// keep the map's size fixed while CPUs counting the same key at once mostly write different
+/// copies.
+pub fn stat_stripes(cpus: u32) -> u32 {
+    cpus.max(1).next_power_of_two().min(MAX_STAT_STRIPES)
+}
+
 /// Hands every slot of `SYSCALL_STATS` to the free-slot stack, lowest on top, so the slots ever
 /// used are the lowest ones (freed slots are handed out again first). (An object without the
 /// stack, such as an older build compared by the benchmark, is left alone.)
@@ -212,14 +220,25 @@ impl Probes {
             0
         };
         let limits = &config.limits;
+        let stripes = stat_stripes(cpus);
+        let cgroup_quota = limits.max_syscall_entries_per_cgroup;
+        // One count per cgroup holding slots: at most one per slot, and far fewer in practice.
+        let quota_entries = (limits.max_syscall_entries / 4).max(64);
         let mut loader = EbpfLoader::new();
         loader
             // Task-local storage (per-thread syscall state) has no user-space wrapper in aya;
             // user space never reads it.
             .allow_unsupported_maps()
-            .map_max_entries(maps::SYSCALL_STATS, limits.max_syscall_entries)
+            .map_max_entries(
+                maps::SYSCALL_STATS,
+                limits.max_syscall_entries.saturating_mul(stripes),
+            )
             .map_max_entries(maps::SYSCALL_SLOTS, limits.max_syscall_entries)
             .map_max_entries(maps::FREE_SLOTS, limits.max_syscall_entries)
+            .map_max_entries(maps::CGROUP_SLOTS_TAKEN, quota_entries)
+            .map_max_entries(maps::CGROUP_SLOTS_RETURNED, quota_entries)
+            .override_global(globals::SYSCALL_STAT_STRIPES, &stripes, false)
+            .override_global(globals::SYSCALL_CGROUP_QUOTA, &cgroup_quota, false)
             .map_max_entries(maps::SYSCALL_ERRORS, limits.max_error_entries)
             .map_max_entries(maps::PROCESS_EXITS, limits.max_exited_processes)
             .map_max_entries(maps::SLOW_EVENTS, slow.ring_buffer_bytes)

@@ -2,30 +2,138 @@
 //! (Read by the syscall collector and the command-line tools; why the table exists and why it
 //! is safe: docs/performance.md, "The table of slots".)
 //!
-//! Maps: `SYSCALL_SLOTS` (hash, (cgroup, process, syscall) -> slot), `SYSCALL_STATS` (per-CPU
-//! array of [`SlotStats`] indexed by slot), `FREE_SLOTS` (stack of unowned slots) and
-//! `SLOT_EPOCH` (one `u64`). The probes (`ebpf/probes/src/syscalls.rs`) take a slot
-//! for a new key from the stack and cache it per thread, so the hot path is an array lookup
-//! instead of a hash lookup; user space is the only one that frees slots.
+//! Maps: `SYSCALL_SLOTS` (hash, (cgroup, process, syscall) -> slot), `SYSCALL_STATS` (array of
+//! [`SlotStats`], a few copies per slot chosen by CPU, so its size does not grow with the CPU
+//! count), `FREE_SLOTS` (stack of unowned slots), `SLOT_EPOCH` (one `u64`), and the per-cgroup
+//! slot counts `CGROUP_SLOTS_TAKEN` (written by the probes) and `CGROUP_SLOTS_RETURNED`
+//! (written here). The probes (`ebpf/probes/src/syscalls.rs`) take a slot for a new key from
+//! the stack and cache it per thread, so the hot path is an array lookup instead of a hash
+//! lookup; user space is the only one that frees slots.
 //!
 //! Freeing a key's slot, after its final values were read: delete its `SYSCALL_SLOTS` entry,
-//! zero every CPU's copy (owner included, so a thread still holding the slot in its cache
-//! misses and looks the key up again), bump the epoch (every thread's cache is emptied on its
-//! next call), and only then hand the slot back to the stack.
+//! zero every copy (owner included, so a thread still holding the slot in its cache misses and
+//! looks the key up again), bump the epoch (every thread's cache is emptied on its next call),
+//! and only then hand the slot back to the stack and count it returned to its cgroup.
 
-use std::os::fd::AsFd;
+use std::{collections::HashMap, os::fd::AsFd};
 
-use aya::maps::{
-    Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, PerCpuArray, PerCpuValues,
-    Stack,
+use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, Stack};
+use sysscope_abi::{
+    maps, programs, ErrnoKey, ProcessExit, SlotStats, SyscallKey, SyscallStats, FOLDED_TGID,
 };
-use sysscope_abi::{maps, SlotStats, SyscallKey, SyscallStats};
 
-use crate::bpf_batch::{self, BatchError};
+use crate::{
+    bpf_batch::{self, BatchError},
+    probes::{ProbeError, Probes},
+};
+
+/// The syscall probes' maps, with the probes attached: what the collector reads, and what the
+/// command-line tools (`sysscope summary`, `top`, ...) read with their own filters.
+pub struct SyscallMaps {
+    pub stats: SyscallStatsTable,
+    errors: BpfHashMap<MapData, ErrnoKey, u64>,
+    pub exits: BpfHashMap<MapData, u32, ProcessExit>,
+    /// Whether the kernel supports batched lookups (cleared on the first refusal).
+    batch: bool,
+}
+
+impl SyscallMaps {
+    /// Takes the maps and attaches `sched_process_exit`, `cgroup_attach_task`, `sys_exit` and
+    /// `sys_enter`, in that order, recording them under `collector`.
+    pub fn attach(probes: &mut Probes, collector: &'static str) -> Result<Self, ProbeError> {
+        let map_err = |name: &'static str| {
+            move |source| ProbeError::Map {
+                map: name.into(),
+                source,
+            }
+        };
+        let stats = SyscallStatsTable::new(TableMaps {
+            slots: probes.take_map(maps::SYSCALL_SLOTS)?,
+            stats: probes.take_map(maps::SYSCALL_STATS)?,
+            free: probes.take_map(maps::FREE_SLOTS)?,
+            epoch: probes.take_map(maps::SLOT_EPOCH)?,
+            taken: probes.take_map(maps::CGROUP_SLOTS_TAKEN)?,
+            returned: probes.take_map(maps::CGROUP_SLOTS_RETURNED)?,
+        })?;
+        let errors = BpfHashMap::try_from(probes.take_map(maps::SYSCALL_ERRORS)?)
+            .map_err(map_err(maps::SYSCALL_ERRORS))?;
+        let exits = BpfHashMap::try_from(probes.take_map(maps::PROCESS_EXITS)?)
+            .map_err(map_err(maps::PROCESS_EXITS))?;
+        // Exit tracking first, so no process can exit unseen once syscalls are counted.
+        probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
+        probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
+        probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
+        probes.attach_raw_tracepoint(collector, programs::SYS_ENTER, "sys_enter")?;
+        Ok(Self {
+            stats,
+            errors,
+            exits,
+            batch: true,
+        })
+    }
+
+    /// Every entry of `SYSCALL_ERRORS`: in batches where the kernel allows, entry by entry
+    /// otherwise.
+    pub fn snapshot_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
+        if self.batch {
+            match bpf_batch::lookup_all::<ErrnoKey, u64>(self.errors.map().fd().as_fd()) {
+                Ok(all) => return all,
+                Err(BatchError::Unsupported) => self.batch = false,
+                Err(e) => {
+                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
+                }
+            }
+        }
+        self.errors.iter().filter_map(Result::ok).collect()
+    }
+
+    /// Deletes the error entries `keys` (whose final values the caller has read) and returns
+    /// those that are gone from the kernel; a key whose delete failed keeps its values there
+    /// and must be read again, not forgotten.
+    pub fn remove_errors(&mut self, keys: &[ErrnoKey]) -> Vec<ErrnoKey> {
+        keys.iter()
+            .filter(|key| deleted(self.errors.remove(key)))
+            .copied()
+            .collect()
+    }
+}
+
+/// Whether a delete left the entry gone (deleted now, or not there at all).
+fn deleted(result: Result<(), MapError>) -> bool {
+    match result {
+        Ok(()) => true,
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => true,
+        Err(MapError::KeyNotFound) => true,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not delete a kernel entry; reading it again next time");
+            false
+        }
+    }
+}
+
+/// What changed between two reads of an entry. An entry that went backwards was deleted and
+/// re-created in between: everything it holds now is new.
+pub fn delta(prev: &SyscallStats, cur: &SyscallStats) -> SyscallStats {
+    let went_back = cur.sum_ns < prev.sum_ns
+        || cur
+            .buckets
+            .iter()
+            .zip(prev.buckets.iter())
+            .any(|(c, p)| c < p);
+    if went_back {
+        return *cur;
+    }
+    let mut d = SyscallStats::ZERO;
+    d.sum_ns = cur.sum_ns - prev.sum_ns;
+    for (i, b) in d.buckets.iter_mut().enumerate() {
+        *b = cur.buckets[i] - prev.buckets[i];
+    }
+    d
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error("map `{map}`: {source}")]
+    #[error("map `{map}`")]
     Map {
         map: &'static str,
         #[source]
@@ -33,19 +141,24 @@ pub enum TableError {
     },
     #[error("no free slot in `SYSCALL_STATS` (the map is full)")]
     Full,
+    #[error("`SYSCALL_STATS` holds {entries} copies, not a whole number per slot of {slots}")]
+    Layout { entries: u32, slots: u32 },
 }
 
 fn map_err(map: &'static str) -> impl Fn(MapError) -> TableError {
     move |source| TableError::Map { map, source }
 }
 
-/// The four maps of the syscall statistics table.
+/// The maps of the syscall statistics table.
 pub struct SyscallStatsTable {
     slots: BpfHashMap<MapData, SyscallKey, u32>,
-    stats: PerCpuArray<MapData, SlotStats>,
+    stats: Array<MapData, SlotStats>,
     free: Stack<MapData, u32>,
     epoch: Array<MapData, u64>,
-    nr_cpus: usize,
+    taken: BpfHashMap<MapData, u64, u64>,
+    returned: BpfHashMap<MapData, u64, u64>,
+    /// Copies per slot (`SYSCALL_STAT_STRIPES`, as the loader chose it).
+    stripes: u32,
     /// Whether the kernel supports batched lookups (cleared on the first refusal).
     batch: bool,
     /// Keys that held a slot at the last snapshot.
@@ -55,24 +168,58 @@ pub struct SyscallStatsTable {
 impl std::fmt::Debug for SyscallStatsTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SyscallStatsTable")
-            .field("nr_cpus", &self.nr_cpus)
+            .field("stripes", &self.stripes)
             .finish_non_exhaustive()
     }
 }
 
+/// The maps a [`SyscallStatsTable`] is made of, as taken from the loaded object.
+pub struct TableMaps {
+    pub slots: Map,
+    pub stats: Map,
+    pub free: Map,
+    pub epoch: Map,
+    pub taken: Map,
+    pub returned: Map,
+}
+
 impl SyscallStatsTable {
-    /// The table made of these maps (`SYSCALL_SLOTS`, `SYSCALL_STATS`, `FREE_SLOTS`,
-    /// `SLOT_EPOCH`).
-    pub fn new(slots: Map, stats: Map, free: Map, epoch: Map) -> Result<Self, TableError> {
+    /// The table made of these maps. The copies per slot are read off the maps' sizes, so they
+    /// always match what the loader chose.
+    pub fn new(maps: TableMaps) -> Result<Self, TableError> {
+        let slots: BpfHashMap<MapData, SyscallKey, u32> =
+            BpfHashMap::try_from(maps.slots).map_err(map_err(maps::SYSCALL_SLOTS))?;
+        let stats: Array<MapData, SlotStats> =
+            Array::try_from(maps.stats).map_err(map_err(maps::SYSCALL_STATS))?;
+        let slot_count = slots
+            .map()
+            .info()
+            .map_err(map_err(maps::SYSCALL_SLOTS))?
+            .max_entries();
+        let entries = stats.len();
+        if slot_count == 0 || !entries.is_multiple_of(slot_count) {
+            return Err(TableError::Layout {
+                entries,
+                slots: slot_count,
+            });
+        }
         Ok(Self {
-            slots: BpfHashMap::try_from(slots).map_err(map_err(maps::SYSCALL_SLOTS))?,
-            stats: PerCpuArray::try_from(stats).map_err(map_err(maps::SYSCALL_STATS))?,
-            free: Stack::try_from(free).map_err(map_err(maps::FREE_SLOTS))?,
-            epoch: Array::try_from(epoch).map_err(map_err(maps::SLOT_EPOCH))?,
-            nr_cpus: aya::util::nr_cpus().map(|n| n.max(1)).unwrap_or(1),
+            slots,
+            stats,
+            free: Stack::try_from(maps.free).map_err(map_err(maps::FREE_SLOTS))?,
+            epoch: Array::try_from(maps.epoch).map_err(map_err(maps::SLOT_EPOCH))?,
+            taken: BpfHashMap::try_from(maps.taken).map_err(map_err(maps::CGROUP_SLOTS_TAKEN))?,
+            returned: BpfHashMap::try_from(maps.returned)
+                .map_err(map_err(maps::CGROUP_SLOTS_RETURNED))?,
+            stripes: entries / slot_count,
             batch: true,
             keys_held: 0,
         })
+    }
+
+    /// Copies per slot.
+    pub fn stripes(&self) -> u32 {
+        self.stripes
     }
 
     /// Every key with its slot.
@@ -89,60 +236,69 @@ impl SyscallStatsTable {
         self.slots.iter().filter_map(Result::ok).collect()
     }
 
-    /// Every key's statistics, summed over the CPU copies that key owns. A key whose slot
-    /// holds nothing yet (taken but not written) is left out.
+    /// Every key's statistics, summed over the copies of its slot that name it. A key whose
+    /// slot holds nothing yet is left out.
     ///
     /// The array is read only where slots are held, in ranges (slots a few apart share one),
-    /// and summed as it is read: a read never buffers more than one batch, however large the
-    /// table or the node.
+    /// and summed as it is read: a read never buffers more than one batch. What a read costs
+    /// depends on the keys held, never on the node's CPU count.
     pub fn snapshot(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
         let mut keys = self.keys();
         self.keys_held = keys.len();
         keys.sort_unstable_by_key(|(_, slot)| *slot);
-        let mut out = Vec::with_capacity(keys.len());
-        let mut rest = keys.as_slice();
-        while let Some(&(_, first)) = rest.first() {
-            let run = rest
+        let stripes = self.stripes;
+        // Per key (in `keys` order): its sum, and whether any copy named it.
+        let mut sums = vec![(SyscallStats::ZERO, false); keys.len()];
+        let mut start = 0;
+        while start < keys.len() {
+            let run = keys[start..]
                 .windows(2)
                 .position(|w| w[1].1 - w[0].1 > RANGE_GAP)
-                .map_or(rest.len(), |i| i + 1);
-            let (held, after) = rest.split_at(run);
-            rest = after;
-            let last = held[held.len() - 1].1;
+                .map_or(keys.len() - start, |i| i + 1);
+            let held = start..start + run;
+            start += run;
+            let (first, last) = (keys[held.start].1, keys[held.end - 1].1);
+            let indices = first.saturating_mul(stripes)..(last + 1).saturating_mul(stripes);
             if self.batch {
-                let mut at = 0;
-                let read = bpf_batch::for_each_percpu_array_range::<SlotStats>(
+                let read = bpf_batch::for_each_array_range::<SlotStats>(
                     self.stats.map().fd().as_fd(),
-                    self.nr_cpus,
-                    first..last + 1,
-                    |slot, copies| {
-                        while at < held.len() && held[at].1 < slot {
-                            at += 1;
-                        }
-                        // A slot is held by one key (two only while a probe and user space
-                        // race on it): each counts the copies it owns.
-                        for (key, _) in held[at..].iter().take_while(|(_, s)| *s == slot) {
-                            out.extend(sum_owned(key, copies));
-                        }
+                    indices.clone(),
+                    |index, copy| {
+                        add_copy(
+                            &keys[held.clone()],
+                            &mut sums[held.clone()],
+                            index / stripes,
+                            copy,
+                        )
                     },
                 );
                 match read {
                     Ok(()) => continue,
                     Err(BatchError::Unsupported) => self.batch = false,
                     Err(e) => {
-                        tracing::debug!(error = %e, "batched read failed; reading slot by slot");
-                        // What the failed read handed over is dropped and read again below.
-                        out.retain(|(key, _)| !held.iter().any(|(k, _)| k == key));
+                        tracing::debug!(error = %e, "batched read failed; reading copy by copy");
                     }
                 }
+                // What the failed read handed over is dropped and read again below.
+                for sum in &mut sums[held.clone()] {
+                    *sum = (SyscallStats::ZERO, false);
+                }
             }
-            for (key, slot) in held {
-                if let Ok(copies) = self.stats.get(slot, 0) {
-                    out.extend(sum_owned(key, &copies));
+            for index in indices {
+                if let Ok(copy) = self.stats.get(&index, 0) {
+                    add_copy(
+                        &keys[held.clone()],
+                        &mut sums[held.clone()],
+                        index / stripes,
+                        &copy,
+                    );
                 }
             }
         }
-        out
+        keys.into_iter()
+            .zip(sums)
+            .filter_map(|((key, _), (stats, owned))| owned.then_some((key, stats)))
+            .collect()
     }
 
     /// Keys holding a slot at the last [`snapshot`](Self::snapshot) (what fills the table).
@@ -150,40 +306,40 @@ impl SyscallStatsTable {
         self.keys_held
     }
 
-    /// Frees the slots of `keys` (whose final values the caller has read). Keys without a
-    /// slot are skipped.
+    /// Frees the slots of `keys` (whose final values the caller has read) and returns the keys
+    /// that are gone from the kernel: those whose entry was deleted, and those that held none.
+    /// A key whose delete failed is not returned: its values are still there, and forgetting
+    /// what was read of them would count them twice.
     ///
     /// A slot goes back to `FREE_SLOTS` only once its copies are zeroed and the epoch is
     /// bumped: a slot whose copies still named its old key could be handed back to that same
     /// key (other threads of an exited leader still run) and its final values counted twice.
     /// A slot that cannot be cleaned is kept out of use instead (the table shrinks by one).
-    pub fn remove(&mut self, keys: &[SyscallKey]) {
-        let zero = || PerCpuValues::try_from(vec![SlotStats::default(); self.nr_cpus]);
+    pub fn remove(&mut self, keys: &[SyscallKey]) -> Vec<SyscallKey> {
+        let mut gone = Vec::with_capacity(keys.len());
         let mut freed = Vec::with_capacity(keys.len());
         for key in keys {
             let Ok(slot) = self.slots.get(key, 0) else {
+                gone.push(*key);
                 continue;
             };
-            if self.slots.remove(key).is_err() {
+            if !deleted(self.slots.remove(key)) {
                 continue;
             }
-            let zeroed = zero()
-                .map_err(|e| {
-                    MapError::SyscallError(aya::sys::SyscallError {
-                        call: "per-CPU values",
-                        io_error: e,
-                    })
-                })
-                .and_then(|zero| self.stats.set(slot, zero, 0));
+            gone.push(*key);
+            let zeroed = (0..self.stripes).try_for_each(|stripe| {
+                self.stats
+                    .set(slot * self.stripes + stripe, SlotStats::default(), 0)
+            });
             match zeroed {
-                Ok(()) => freed.push(slot),
+                Ok(()) => freed.push((slot, *key)),
                 Err(e) => {
                     tracing::warn!(slot, error = %e, "could not zero a freed slot; keeping it out of use")
                 }
             }
         }
         if freed.is_empty() {
-            return;
+            return gone;
         }
         let bumped = self
             .epoch
@@ -191,19 +347,57 @@ impl SyscallStatsTable {
             .and_then(|epoch| self.epoch.set(0, epoch.wrapping_add(1), 0));
         if let Err(e) = bumped {
             tracing::warn!(slots = freed.len(), error = %e, "could not bump SLOT_EPOCH; keeping the freed slots out of use");
-            return;
+            return gone;
         }
-        for slot in freed {
+        let mut returned: HashMap<u64, u64> = HashMap::new();
+        for (slot, key) in freed {
             if let Err(e) = self.free.push(slot, 0) {
                 // Cannot happen (the stack holds every slot), but a lost slot only shrinks
                 // the table: say so rather than fail.
                 tracing::warn!(slot, error = %e, "could not return a slot to FREE_SLOTS");
             }
+            // Shared keys hold slots outside the quota.
+            if key.tgid != FOLDED_TGID {
+                *returned.entry(key.cgroup_id).or_default() += 1;
+            }
         }
+        for (cgroup_id, n) in returned {
+            let before = self.returned.get(&cgroup_id, 0).unwrap_or(0);
+            if let Err(e) = self.returned.insert(cgroup_id, before + n, 0) {
+                // The cgroup then looks fuller than it is: its new keys fold sooner.
+                tracing::debug!(error = %e, "could not count slots returned to a cgroup");
+            }
+        }
+        gone
+    }
+
+    /// Forgets the slot counts of cgroups that hold no slot (most are cgroups that are gone),
+    /// so the count maps do not fill with dead cgroups. The probes' count goes first: a slot
+    /// taken meanwhile is then counted from zero again, never against an old return.
+    pub fn forget_idle_cgroups(&mut self) {
+        let taken: Vec<(u64, u64)> = if self.batch {
+            bpf_batch::lookup_all::<u64, u64>(self.taken.map().fd().as_fd()).unwrap_or_default()
+        } else {
+            self.taken.iter().filter_map(Result::ok).collect()
+        };
+        for (cgroup_id, taken) in taken {
+            let returned = self.returned.get(&cgroup_id, 0).unwrap_or(0);
+            if taken <= returned && self.taken.remove(&cgroup_id).is_ok() {
+                let _ = self.returned.remove(&cgroup_id);
+            }
+        }
+    }
+
+    /// Slots the keys of `cgroup_id` hold, by the probes' count (for tests and diagnostics).
+    pub fn cgroup_slots(&self, cgroup_id: u64) -> u64 {
+        let taken = self.taken.get(&cgroup_id, 0).unwrap_or(0);
+        let returned = self.returned.get(&cgroup_id, 0).unwrap_or(0);
+        taken.saturating_sub(returned)
     }
 
     /// Writes `per_cpu` as the statistics of `key`, taking a free slot if it has none (the
     /// scrape benchmark fills the table with synthetic entries this way, beside the probes).
+    /// CPU `c`'s value goes to the copy CPU `c` would add to.
     pub fn write(&mut self, key: &SyscallKey, per_cpu: &[SyscallStats]) -> Result<(), TableError> {
         let slot = match self.slots.get(key, 0) {
             Ok(slot) => slot,
@@ -212,7 +406,13 @@ impl SyscallStatsTable {
                 // BPF_NOEXIST, as the probes do: if a probe gave the key a slot meanwhile, that
                 // slot stays the key's and ours goes back.
                 match self.slots.insert(key, slot, BPF_NOEXIST) {
-                    Ok(()) => slot,
+                    Ok(()) => {
+                        if key.tgid != FOLDED_TGID {
+                            let taken = self.taken.get(&key.cgroup_id, 0).unwrap_or(0);
+                            let _ = self.taken.insert(key.cgroup_id, taken + 1, 0);
+                        }
+                        slot
+                    }
                     Err(e) => {
                         let _ = self.free.push(slot, 0);
                         self.slots
@@ -222,22 +422,26 @@ impl SyscallStatsTable {
                 }
             }
         };
-        let values: Vec<SlotStats> = (0..self.nr_cpus)
-            .map(|cpu| SlotStats {
+        let mut copies = vec![
+            SlotStats {
                 key: *key,
-                stats: per_cpu.get(cpu).copied().unwrap_or(SyscallStats::ZERO),
-            })
-            .collect();
-        let values = PerCpuValues::try_from(values).map_err(|e| TableError::Map {
-            map: maps::SYSCALL_STATS,
-            source: MapError::SyscallError(aya::sys::SyscallError {
-                call: "per-CPU values",
-                io_error: e,
-            }),
-        })?;
-        self.stats
-            .set(slot, values, 0)
-            .map_err(map_err(maps::SYSCALL_STATS))
+                ..SlotStats::default()
+            };
+            self.stripes as usize
+        ];
+        for (cpu, stats) in per_cpu.iter().enumerate() {
+            let copy = &mut copies[cpu % self.stripes as usize].stats;
+            copy.sum_ns = copy.sum_ns.wrapping_add(stats.sum_ns);
+            for (t, b) in copy.buckets.iter_mut().zip(stats.buckets.iter()) {
+                *t = t.wrapping_add(*b);
+            }
+        }
+        for (stripe, copy) in copies.into_iter().enumerate() {
+            self.stats
+                .set(slot * self.stripes + stripe as u32, copy, 0)
+                .map_err(map_err(maps::SYSCALL_STATS))?;
+        }
+        Ok(())
     }
 }
 
@@ -248,18 +452,30 @@ const RANGE_GAP: u32 = 64;
 /// `BPF_NOEXIST`: create only.
 const BPF_NOEXIST: u64 = 1;
 
-/// The sum of the copies `key` owns; `None` when it owns none.
-fn sum_owned(key: &SyscallKey, copies: &[SlotStats]) -> Option<(SyscallKey, SyscallStats)> {
-    let mut total = SyscallStats::ZERO;
-    let mut owned = false;
-    for copy in copies.iter().filter(|c| c.key == *key) {
-        owned = true;
-        total.sum_ns = total.sum_ns.wrapping_add(copy.stats.sum_ns);
-        for (t, b) in total.buckets.iter_mut().zip(copy.stats.buckets.iter()) {
-            *t = t.wrapping_add(*b);
+/// Adds `copy` (a copy of `slot`) to the sum of the key it names, if that key holds `slot`.
+/// `keys` (sorted by slot) and `sums` run in step. A slot is held by one key (two only while a
+/// probe and user space race on it): each counts the copies that name it.
+fn add_copy(
+    keys: &[(SyscallKey, u32)],
+    sums: &mut [(SyscallStats, bool)],
+    slot: u32,
+    copy: &SlotStats,
+) {
+    let first = keys.partition_point(|(_, s)| *s < slot);
+    for (i, (key, _)) in keys[first..]
+        .iter()
+        .enumerate()
+        .take_while(|(_, (_, s))| *s == slot)
+    {
+        if copy.key == *key {
+            let (sum, owned) = &mut sums[first + i];
+            *owned = true;
+            sum.sum_ns = sum.sum_ns.wrapping_add(copy.stats.sum_ns);
+            for (t, b) in sum.buckets.iter_mut().zip(copy.stats.buckets.iter()) {
+                *t = t.wrapping_add(*b);
+            }
         }
     }
-    owned.then_some((*key, total))
 }
 
 #[cfg(test)]
@@ -278,7 +494,11 @@ mod tests {
         let mut stats = SyscallStats::ZERO;
         stats.buckets[3] = calls;
         stats.sum_ns = 100 * calls;
-        SlotStats { key: owner, stats }
+        SlotStats {
+            key: owner,
+            stats,
+            ..SlotStats::default()
+        }
     }
 
     /// Creates a map (type, key size, value size, max entries) as an aya `Map`.
@@ -316,82 +536,85 @@ mod tests {
         s
     }
 
-    /// The table over real kernel maps: keys at slots far apart (several read ranges), a copy
-    /// left by a previous owner, frees that leave nothing behind, and a freed slot handed to a
-    /// new key that must start from zero.
+    fn table(capacity: u32, stripes: u32) -> SyscallStatsTable {
+        SyscallStatsTable::new(TableMaps {
+            slots: create(1 /* HASH */, 16, 4, capacity),
+            stats: create(
+                2, /* ARRAY */
+                4,
+                std::mem::size_of::<SlotStats>() as u32,
+                capacity * stripes,
+            ),
+            free: create(23 /* STACK */, 0, 4, capacity),
+            epoch: create(2 /* ARRAY */, 4, 8, 1),
+            taken: create(1 /* HASH */, 8, 8, 64),
+            returned: create(1 /* HASH */, 8, 8, 64),
+        })
+        .unwrap()
+    }
+
+    /// The table over real kernel maps, with four copies per slot: keys at slots far apart
+    /// (several read ranges), a copy left by a previous owner, frees that leave nothing behind
+    /// and count the slots returned to their cgroup, and a freed slot handed to a new key that
+    /// must start from zero.
     #[test]
     fn sparse_slots_are_read_exactly_and_freed_clean() {
         if !root("sparse_slots_are_read_exactly_and_freed_clean") {
             return;
         }
-        let nr_cpus = aya::util::nr_cpus().unwrap().max(1);
-        let capacity = 1000;
-        let mut table = SyscallStatsTable::new(
-            create(1 /* HASH */, 16, 4, capacity),
-            create(
-                6, /* PERCPU_ARRAY */
-                4,
-                std::mem::size_of::<SlotStats>() as u32,
-                capacity,
-            ),
-            create(23 /* STACK */, 0, 4, capacity),
-            create(2 /* ARRAY */, 4, 8, 1),
-        )
-        .unwrap();
+        let stripes = 4;
+        let mut table = table(1000, stripes);
+        assert_eq!(table.stripes(), stripes);
         // Popped in this order: 5, 6, 300, 301, 999 (three read ranges).
         for slot in [999, 301, 300, 6, 5] {
             table.free.push(slot, 0).unwrap();
         }
         let keys: Vec<SyscallKey> = (0..5).map(|i| key(100 + i, 39)).collect();
         for (i, k) in keys.iter().enumerate() {
-            // Calls on the first CPU and the last.
-            let mut per_cpu = vec![SyscallStats::ZERO; nr_cpus];
+            // Calls on "CPU" 0 and 7 (copies 0 and 3).
+            let mut per_cpu = vec![SyscallStats::ZERO; 8];
             per_cpu[0] = stats(i as u64 + 1);
-            per_cpu[nr_cpus - 1].sum_ns += 7;
+            per_cpu[7].sum_ns += 7;
             table.write(k, &per_cpu).unwrap();
         }
         assert_eq!(table.slots.get(&keys[4], 0).unwrap(), 999);
-        // Slot 6 (keys[1]) on the last CPU still holds a previous owner's copy: not keys[1]'s.
-        let mut copies: Vec<SlotStats> = table.stats.get(&6, 0).unwrap().iter().copied().collect();
-        copies[nr_cpus - 1] = copy(key(1, 39), 1000);
+        assert_eq!(table.cgroup_slots(7), 5);
+        // Slot 6 (keys[1]): its last copy holds a previous owner's values, not keys[1]'s.
         table
             .stats
-            .set(6, PerCpuValues::try_from(copies).unwrap(), 0)
+            .set(6 * stripes + 3, copy(key(1, 39), 1000), 0)
             .unwrap();
         let mut read = table.snapshot();
         read.sort_unstable_by_key(|(k, _)| k.tgid);
         assert_eq!(table.keys_held(), 5);
-        // Every key: its calls plus the 7 ns on the last CPU, except keys[1], whose last-CPU
-        // copy is the stray one (with one CPU, keys[1] owns no copy at all).
         let want: Vec<(SyscallKey, SyscallStats)> = keys
             .iter()
             .enumerate()
-            .filter_map(|(i, k)| {
+            .map(|(i, k)| {
                 let mut s = stats(i as u64 + 1);
-                s.sum_ns += 7;
-                if i == 1 {
-                    if nr_cpus == 1 {
-                        return None;
-                    }
-                    s.sum_ns -= 7;
+                if i != 1 {
+                    s.sum_ns += 7;
                 }
-                Some((*k, s))
+                (*k, s)
             })
             .collect();
         assert_eq!(read, want);
 
-        // Free slots 6 and 300: keys gone, copies zeroed, epoch bumped, slots free again.
-        table.remove(&[keys[1], keys[2], key(77, 1) /* holds no slot */]);
+        // Free slots 6 and 300: keys gone, copies zeroed, epoch bumped, slots free again,
+        // returned to the cgroup's count. A key that holds no slot is gone too.
+        let nobody = key(77, 1);
+        let gone = table.remove(&[keys[1], keys[2], nobody]);
+        assert_eq!(gone, [keys[1], keys[2], nobody]);
         assert!(table.slots.get(&keys[1], 0).is_err());
         assert!(table.slots.get(&keys[2], 0).is_err());
         for slot in [6, 300] {
-            let copies = table.stats.get(&slot, 0).unwrap();
-            assert!(
-                copies.iter().all(|c| *c == SlotStats::default()),
-                "slot {slot}"
-            );
+            for stripe in 0..stripes {
+                let c = table.stats.get(&(slot * stripes + stripe), 0).unwrap();
+                assert_eq!(c, SlotStats::default(), "slot {slot} copy {stripe}");
+            }
         }
         assert_eq!(table.epoch.get(&0, 0).unwrap(), 1);
+        assert_eq!(table.cgroup_slots(7), 3);
         let mut read = table.snapshot();
         read.sort_unstable_by_key(|(k, _)| k.tgid);
         assert_eq!(
@@ -407,16 +630,27 @@ mod tests {
         let (_, got) = read.iter().find(|(k, _)| *k == newcomer).unwrap();
         assert_eq!(*got, stats(4));
         assert_eq!(table.keys_held(), 4);
+
+        // Counts of cgroups that hold nothing are forgotten; the others stay.
+        table.taken.insert(8, 2, 0).unwrap();
+        table.returned.insert(8, 2, 0).unwrap();
+        table.forget_idle_cgroups();
+        assert!(table.taken.get(&8, 0).is_err());
+        assert!(table.returned.get(&8, 0).is_err());
+        assert_eq!(table.cgroup_slots(7), 4);
     }
 
     #[test]
     fn only_the_copies_a_key_owns_count() {
         let mine = key(10, 39);
         let previous_owner = key(11, 39);
-        let copies = [copy(mine, 5), copy(previous_owner, 1000), copy(mine, 2)];
-        let (_, total) = sum_owned(&mine, &copies).unwrap();
-        assert_eq!(total.count(), 7);
-        assert_eq!(total.sum_ns, 700);
-        assert!(sum_owned(&key(12, 39), &copies).is_none());
+        let keys = [(key(9, 1), 3), (mine, 4), (key(12, 2), 5)];
+        let mut sums = vec![(SyscallStats::ZERO, false); 3];
+        for c in [copy(mine, 5), copy(previous_owner, 1000), copy(mine, 2)] {
+            add_copy(&keys, &mut sums, 4, &c);
+        }
+        assert_eq!(sums[1].0.count(), 7);
+        assert_eq!(sums[1].0.sum_ns, 700);
+        assert!(!sums[0].1 && sums[1].1 && !sums[2].1);
     }
 }

@@ -23,14 +23,22 @@ pub fn is_known_anywhere(name: &str) -> bool {
         || name.parse::<syscalls::aarch64::Sysno>().is_ok()
 }
 
-/// Label value for a syscall number: its name, or `syscall_<nr>` for numbers the table lacks
-/// (a newer kernel than the table), so nothing is ever dropped for want of a name.
+/// Label value for a syscall number: its name, `syscall_<nr>` for numbers the table lacks (a
+/// newer kernel than the table), so nothing is ever dropped for want of a name, or `invalid`
+/// for the one number the probes count every out-of-range number as
+/// ([`sysscope_abi::INVALID_NR`]), so the label has at most `MAX_SYSCALL_NR` values.
 pub fn label(nr: u32) -> std::borrow::Cow<'static, str> {
+    if nr >= sysscope_abi::INVALID_NR {
+        return INVALID.into();
+    }
     match name(nr) {
         Some(n) => n.into(),
         None => format!("syscall_{nr}").into(),
     }
 }
+
+/// The label of out-of-range syscall numbers.
+pub const INVALID: &str = "invalid";
 
 /// Symbolic name of a positive errno value (`ENOENT`), or `E<n>` when unknown.
 pub fn errno_label(errno: u16) -> std::borrow::Cow<'static, str> {
@@ -71,7 +79,9 @@ mod tests {
 
     #[test]
     fn unknown_numbers_still_label() {
-        assert_eq!(label(9999), "syscall_9999");
+        assert_eq!(label(500), "syscall_500");
+        assert_eq!(label(sysscope_abi::INVALID_NR), "invalid");
+        assert_eq!(label(9999), "invalid");
     }
 
     #[test]

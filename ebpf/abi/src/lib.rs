@@ -75,6 +75,10 @@ pub mod maps {
     pub const FREE_SLOTS: &str = "FREE_SLOTS";
     pub const SLOT_EPOCH: &str = "SLOT_EPOCH";
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
+    /// cgroup id -> slots of `SYSCALL_STATS` the probes have handed to its keys (atomic adds).
+    pub const CGROUP_SLOTS_TAKEN: &str = "CGROUP_SLOTS_TAKEN";
+    /// cgroup id -> slots of its keys user space has freed (written by user space only).
+    pub const CGROUP_SLOTS_RETURNED: &str = "CGROUP_SLOTS_RETURNED";
     pub const PROCESS_EXITS: &str = "PROCESS_EXITS";
     pub const PROBE_COUNTERS: &str = "PROBE_COUNTERS";
     pub const SLOW_THRESHOLDS: &str = "SLOW_THRESHOLDS";
@@ -127,6 +131,13 @@ pub mod globals {
     /// `TRACE_BLOCK_EVENTS`: set by `sysscope trace`; 0 (every request, no stream) for the
     /// exporter.
     pub const BLOCK_TRACE: &str = "BLOCK_TRACE";
+    /// `u32`, a power of two: copies of each `SYSCALL_STATS` slot, chosen by CPU
+    /// ([`crate::SlotStats`]). Set by the loader from the possible CPUs (at most
+    /// [`crate::MAX_STAT_STRIPES`]); 1 in the object.
+    pub const SYSCALL_STAT_STRIPES: &str = "SYSCALL_STAT_STRIPES";
+    /// `u32`: slots one cgroup's keys may hold before its new keys fold into the cgroup's
+    /// shared key ([`crate::FOLDED_TGID`]); 0: no quota.
+    pub const SYSCALL_CGROUP_QUOTA: &str = "SYSCALL_CGROUP_QUOTA";
 }
 
 /// Indices into `PROBE_COUNTERS`, a per-CPU array of `u64`: what the probes could not record.
@@ -159,12 +170,45 @@ pub mod counters {
     pub const BLOCK_LATENCY_FULL: u32 = 11;
     /// Trace: a block request of the target was not streamed: `TRACE_BLOCK_EVENTS` was full.
     pub const TRACE_BLOCK_RINGBUF_FULL: u32 = 12;
+    /// A syscall was counted under its cgroup's shared key ([`crate::FOLDED_TGID`], exported
+    /// as `comm="other"`): the cgroup held its quota of slots, or no slot was free. Counted,
+    /// never lost.
+    pub const SYSCALL_FOLDED: u32 = 13;
+    /// A syscall number outside the table (`syscall(20000)`, `syscall(-1)`) was counted as
+    /// [`crate::INVALID_NR`].
+    pub const SYSCALL_INVALID_NR: u32 = 14;
     /// Number of counters.
     pub const COUNT: u32 = 16;
 }
 
 /// Upper bound on syscall numbers the probes index arrays with (x86_64 < 470, aarch64 < 470).
 pub const MAX_SYSCALL_NR: u32 = 512;
+
+/// The number every syscall number at or above it is counted as (exported as
+/// `syscall="invalid"`). Any process may call `syscall(n)` with any `n`; the kernel answers
+/// ENOSYS, and counting each `n` apart would let one process fill the maps and the exposition.
+/// No architecture sysscope supports uses it.
+pub const INVALID_NR: u32 = MAX_SYSCALL_NR - 1;
+
+/// The syscall number the probes count a raw tracepoint `id` as: itself when it is below
+/// [`INVALID_NR`], else [`INVALID_NR`] (negative ids included).
+#[inline(always)]
+pub fn bounded_nr(id: u64) -> u32 {
+    if id < INVALID_NR as u64 {
+        id as u32
+    } else {
+        INVALID_NR
+    }
+}
+
+/// The tgid of a cgroup's shared statistics key: calls of that cgroup's processes that could
+/// not have a key of their own (the cgroup held [`globals::SYSCALL_CGROUP_QUOTA`] slots, or
+/// none was free) are counted there, exported as `comm="other"`. No process has tgid 0.
+pub const FOLDED_TGID: u32 = 0;
+
+/// Most copies of a `SYSCALL_STATS` slot (see [`SlotStats`]): memory stays fixed however many
+/// CPUs a node has.
+pub const MAX_STAT_STRIPES: u32 = 8;
 
 /// Syscalls that never return to user space: counted at entry, with no duration.
 pub mod noreturn {
@@ -303,23 +347,37 @@ impl Default for SyscallStats {
     }
 }
 
-/// Value of `SYSCALL_STATS`, a per-CPU array indexed by slot: the statistics of the
-/// (cgroup, process, syscall) that owns this CPU's copy of the slot.
+/// One copy of a slot of `SYSCALL_STATS`, an array (shared by all CPUs) of
+/// [`globals::SYSCALL_STAT_STRIPES`] copies per slot: the copy of slot `s` that CPU `c` adds to
+/// is at index `s * stripes + (c % stripes)`, with atomic adds. So the map's size does not grow
+/// with the CPU count (at most [`MAX_STAT_STRIPES`] copies), and CPUs that count the same key at
+/// once mostly write different cache lines (a copy is 256 bytes, four lines).
 ///
-/// A slot is handed out (from `FREE_SLOTS`) to one key at a time, recorded in
-/// `SYSCALL_SLOTS`. Each CPU's copy names its owner: a program that finds another owner (or
-/// none) in its CPU's copy zeroes the copy and takes it over, and readers count a copy only
-/// for the key it names. So a slot freed by user space and handed to another key never mixes
-/// the two keys' counts, even on CPUs the new key has not run on yet.
+/// A slot is handed out (from `FREE_SLOTS`) to one key at a time, recorded in `SYSCALL_SLOTS`.
+/// The probe that takes a slot writes the key into every copy before it publishes the slot, and
+/// adds to a copy only if the copy names its key; readers count a copy only for the key it
+/// names. So a slot freed by user space and handed to another key never mixes the two keys'
+/// counts.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlotStats {
     /// Owner of this copy (all zero: none yet).
     pub key: SyscallKey,
     pub stats: SyscallStats,
+    /// Pads a copy to four cache lines, so neighbouring copies share none.
+    pub _pad: [u64; 3],
 }
 
-/// Key of `SYSCALL_ERRORS` (value: per-CPU `u64` count).
+// The layouts both sides compile: a change here is a change of the kernel/user contract.
+const _: () = assert!(core::mem::size_of::<SyscallKey>() == 16);
+const _: () = assert!(core::mem::size_of::<SyscallStats>() == 8 + 8 * hist::HIST_BUCKETS);
+const _: () = assert!(core::mem::size_of::<SlotStats>() == 256);
+const _: () = assert!(core::mem::size_of::<ErrnoKey>() == 16);
+const _: () = assert!(MAX_STAT_STRIPES.is_power_of_two());
+const _: () = assert!(INVALID_NR < MAX_SYSCALL_NR);
+
+/// Key of `SYSCALL_ERRORS` (value: `u64` count, shared by all CPUs, atomic adds). `nr` is a
+/// [`bounded_nr`], so it always fits.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ErrnoKey {
@@ -843,6 +901,25 @@ mod slot_cache_tests {
 #[cfg(test)]
 mod tests {
     use super::hist::*;
+
+    #[test]
+    fn out_of_range_syscall_numbers_fold_into_one() {
+        use super::{bounded_nr, INVALID_NR};
+        assert_eq!(bounded_nr(0), 0);
+        assert_eq!(bounded_nr(39), 39);
+        assert_eq!(bounded_nr(INVALID_NR as u64 - 1), INVALID_NR - 1);
+        for id in [
+            INVALID_NR as u64,
+            512,
+            20_000,
+            65_536,
+            65_595,
+            0x4000_0000,
+            u64::MAX,
+        ] {
+            assert_eq!(bounded_nr(id), INVALID_NR, "{id}");
+        }
+    }
 
     #[test]
     fn bucket_edges() {

@@ -3,23 +3,29 @@
 //! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_process_exit`
 //! and `cgroup:cgroup_attach_task` (raw_tp).
 //! Maps: `SYSCALL_THREADS` (task-local storage: entry time, cached tgid, cgroup id and slots),
-//! the statistics table (`SYSCALL_SLOTS`: (cgroup, tgid, nr) -> slot; `SYSCALL_STATS`: per-CPU
-//! array of owner key + sum + log2 buckets by slot; `FREE_SLOTS`; `SLOT_EPOCH`; user space's
-//! side is `exporter/src/syscall_stats.rs`), `SYSCALL_ERRORS` (per-CPU, (cgroup, tgid, nr,
-//! errno) -> count), `PROCESS_EXITS` (tgid -> comm at exit, for reclaim), `SLOW_THRESHOLDS`
-//! (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS` (ring buffer).
+//! the statistics table (`SYSCALL_SLOTS`: (cgroup, tgid, nr) -> slot; `SYSCALL_STATS`: an array
+//! of a few copies per slot, each an owner key + sum + log2 buckets, updated with atomic adds;
+//! `FREE_SLOTS`; `SLOT_EPOCH`; `CGROUP_SLOTS_TAKEN`/`CGROUP_SLOTS_RETURNED` for the per-cgroup
+//! quota; user space's side is `exporter/src/syscall_stats.rs`), `SYSCALL_ERRORS` ((cgroup,
+//! tgid, nr, errno) -> count, atomic adds), `PROCESS_EXITS` (tgid -> comm at exit, for
+//! reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS`
+//! (ring buffer).
 //!
 //! The hot path (docs/performance.md) per syscall: two clock reads (unavoidable for a
 //! duration), two task-storage lookups for the thread's state (cheaper than a hash lookup by
 //! tid, and freed by the kernel with the thread, so process churn never fills a thread map),
-//! an inlined per-CPU array lookup for the (cgroup, process, syscall) statistics, whose slot
-//! the thread's cache names (a hash lookup only on a miss), and an inlined array lookup for
-//! the slow-call threshold. The tgid and the cgroup id
-//! are cached in the thread's state: the cgroup id stays valid until a `cgroup_attach_task`
-//! bumps `CGROUP_GENERATION`, so no helper call is made for them on the common path. Every
-//! value written per syscall belongs to the thread or to the CPU: no cache line is written by
-//! two CPUs, and a program preempted mid-run shares no state with the next task on its CPU.
-//! Errors and samples are off the common path.
+//! an inlined array lookup for the (cgroup, process, syscall) statistics, whose slot the
+//! thread's cache names (a hash lookup only on a miss), two atomic adds, and an inlined array
+//! lookup for the slow-call threshold. The tgid and the cgroup id are cached in the thread's
+//! state: the cgroup id stays valid until a `cgroup_attach_task` bumps `CGROUP_GENERATION`, so
+//! no helper call is made for them on the common path. No map is per CPU but the tiny drop
+//! counters and rate window, so kernel memory does not grow with the CPU count. Errors and
+//! samples are off the common path.
+//!
+//! What a tenant controls is bounded here: a syscall number out of the table counts as
+//! `INVALID_NR`, and a cgroup whose keys hold `SYSCALL_CGROUP_QUOTA` slots (or that finds none
+//! free) has its new (process, syscall) pairs counted under its shared key (`FOLDED_TGID`), so
+//! no workload can fill the table and leave another's calls uncounted.
 //!
 //! The command-line tools set `SYSCALL_TARGET_ONLY` to count only their target (the trace
 //! filter's, see `trace.rs`); the exporter leaves it 0 and the check folds away at load.
@@ -33,16 +39,17 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns,
         generated::{bpf_get_current_task_btf, bpf_task_storage_get},
     },
     macros::{map, raw_tracepoint},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf, Stack},
+    maps::{Array, HashMap, PerCpuArray, RingBuf, Stack},
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    counters, hist, noreturn, slot_cache, ErrnoKey, ProcessExit, RateWindow, SlotStats,
-    SlowCallEvent, SyscallKey, SyscallStats, ThreadState, MAX_SYSCALL_NR,
+    bounded_nr, counters, hist, noreturn, slot_cache, ErrnoKey, ProcessExit, RateWindow, SlotStats,
+    SlowCallEvent, SyscallKey, SyscallStats, ThreadState, FOLDED_TGID, INVALID_NR,
+    MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_args, EEXIST};
@@ -101,10 +108,10 @@ static SYSCALL_THREADS: TaskStorage<ThreadState> = TaskStorage::new();
 
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
 
-/// Statistics per slot and CPU. A slot belongs to one (cgroup, process, syscall) at a time
-/// (`SYSCALL_SLOTS`); each CPU's copy names its owner (see `SlotStats`).
+/// Statistics by slot: [`SYSCALL_STAT_STRIPES`] copies per slot, shared by all CPUs and
+/// updated with atomic adds (see `SlotStats`), so the map does not grow with the CPU count.
 #[map(name = "SYSCALL_STATS")]
-static SYSCALL_STATS: PerCpuArray<SlotStats> = PerCpuArray::with_max_entries(16384, 0);
+static SYSCALL_STATS: Array<SlotStats> = Array::with_max_entries(16384, 0);
 
 /// (cgroup, process, syscall) -> its slot in `SYSCALL_STATS`. Looked up only when a thread's
 /// slot cache misses; user space deletes entries when it reclaims them.
@@ -123,8 +130,19 @@ static FREE_SLOTS: Stack<u32> = Stack::with_max_entries(16384, 0);
 #[map(name = "SLOT_EPOCH")]
 static SLOT_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 
+/// (cgroup, process, syscall, errno) -> calls that failed so, shared by all CPUs (atomic adds).
 #[map(name = "SYSCALL_ERRORS")]
-static SYSCALL_ERRORS: PerCpuHashMap<ErrnoKey, u64> = PerCpuHashMap::with_max_entries(4096, 0);
+static SYSCALL_ERRORS: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(4096, 0);
+
+/// cgroup id -> slots handed to its keys, ever (atomic adds). With `CGROUP_SLOTS_RETURNED`
+/// (written by user space alone as it frees slots) it gives the slots a cgroup holds, which
+/// [`SYSCALL_CGROUP_QUOTA`] bounds: one workload cannot take every slot and leave the others'
+/// calls uncounted.
+#[map(name = "CGROUP_SLOTS_TAKEN")]
+static CGROUP_SLOTS_TAKEN: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+
+#[map(name = "CGROUP_SLOTS_RETURNED")]
+static CGROUP_SLOTS_RETURNED: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 
 #[map(name = "PROCESS_EXITS")]
 static PROCESS_EXITS: HashMap<u32, ProcessExit> = HashMap::with_max_entries(8192, 0);
@@ -142,6 +160,15 @@ static SLOW_EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 /// Slow-call events each CPU may emit per second; set by the loader (0: sampling off).
 #[unsafe(no_mangle)]
 static SLOW_EVENTS_PER_CPU_PER_SEC: u32 = 0;
+
+/// Copies per `SYSCALL_STATS` slot (a power of two, at most `MAX_STAT_STRIPES`); set by the
+/// loader from the possible CPUs.
+#[unsafe(no_mangle)]
+static SYSCALL_STAT_STRIPES: u32 = 1;
+
+/// Slots one cgroup's keys may hold (0: no quota); set by the loader.
+#[unsafe(no_mangle)]
+static SYSCALL_CGROUP_QUOTA: u32 = 0;
 
 /// Non-zero: count only the target selected by the trace filter; set by the loader.
 #[unsafe(no_mangle)]
@@ -210,9 +237,12 @@ fn key_of(state: &mut ThreadState, nr: u32) -> SyscallKey {
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long id)
-    let nr = ctx.arg::<u64>(1) as u32;
+    let nr = bounded_nr(ctx.arg::<u64>(1));
     if target_only() && !crate::trace::is_target(bpf_get_current_pid_tgid()) {
         return 0;
+    }
+    if nr == INVALID_NR {
+        count_drop(counters::SYSCALL_INVALID_NR);
     }
     let state = SYSCALL_THREADS.current(true);
     if state.is_null() {
@@ -305,8 +335,9 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// Adds one call to the key's statistics on this CPU. The common case costs an inlined array
-/// lookup: the thread's cache names the slot, and the copy's owner confirms it.
+/// Adds one call to the key's statistics, in the copy of its slot this CPU writes. The common
+/// case costs an inlined array lookup: the thread's cache names the slot, and the copy's owner
+/// confirms it.
 #[inline(always)]
 fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
     let bucket = hist::bucket_index(duration);
@@ -316,12 +347,14 @@ fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
     let (Some(&first), Some(&second)) = (state.slots.get(set), state.slots.get(set + 1)) else {
         return;
     };
+    let stripe = stripe_of_this_cpu();
     if let Some(slot) = slot_cache::hit(first, tag).or_else(|| slot_cache::hit(second, tag)) {
-        if let Some(copy) = SYSCALL_STATS.get_ptr_mut(slot) {
-            // SAFETY: this CPU's copy of the slot; programs do not nest on a CPU.
+        if let Some(copy) = stat_copy(slot, stripe) {
+            // SAFETY: a value of an array map, valid while the program runs; written only with
+            // atomic adds (counts) or by the probe that takes the slot before publishing it.
             let copy = unsafe { &mut *copy };
-            if copy.key == *key {
-                add_call(&mut copy.stats, bucket, duration);
+            if counts_for(&copy.key, key) {
+                add_call(copy, bucket, duration);
                 return;
             }
         }
@@ -330,20 +363,20 @@ fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
         count_drop(counters::SYSCALL_STATS_FULL);
         return;
     };
-    let Some(copy) = SYSCALL_STATS.get_ptr_mut(slot) else {
+    let Some(copy) = stat_copy(slot, stripe) else {
         return;
     };
     // SAFETY: as above.
     let copy = unsafe { &mut *copy };
-    if copy.key != *key {
-        // First call of this key on this CPU since the slot was handed to it: whatever the
-        // copy holds belongs to a previous owner that user space has already read out.
-        copy.stats = SyscallStats::ZERO;
-        copy.key = *key;
+    if !counts_for(&copy.key, key) {
+        // User space freed the slot between the lookup and now (its process exited while
+        // this thread still ran): the call cannot be placed.
+        count_drop(counters::SYSCALL_STATS_FULL);
+        return;
     }
-    add_call(&mut copy.stats, bucket, duration);
+    add_call(copy, bucket, duration);
     // The new entry goes first and the set's previous first entry second, unless the first
-    // already names this slot (a hit whose copy on this CPU was not the key's yet).
+    // already names this slot (a hit whose copy did not name the key).
     let fresh = slot_cache::entry(tag, slot);
     if fresh != first {
         if let Some(way) = state.slots.get_mut(set + 1) {
@@ -355,28 +388,141 @@ fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
     }
 }
 
+/// Whether a copy owned by `owner` counts the calls of `key`: its own, or its cgroup's shared
+/// key when the key was folded.
 #[inline(always)]
-fn add_call(stats: &mut SyscallStats, bucket: usize, duration: u64) {
-    stats.sum_ns += duration;
-    if let Some(b) = stats.buckets.get_mut(bucket) {
-        *b += 1;
+fn counts_for(owner: &SyscallKey, key: &SyscallKey) -> bool {
+    owner.cgroup_id == key.cgroup_id
+        && owner.nr == key.nr
+        && (owner.tgid == key.tgid || owner.tgid == FOLDED_TGID)
+}
+
+/// The copies of a slot this CPU adds to (CPUs share a copy only when they are a multiple of
+/// the stripe count apart).
+#[inline(always)]
+fn stripe_of_this_cpu() -> u32 {
+    // SAFETY: a loader-set global, read once per call.
+    let stripes = unsafe { core::ptr::read_volatile(&SYSCALL_STAT_STRIPES) };
+    // SAFETY: the helper has no preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    cpu & stripes.wrapping_sub(1)
+}
+
+#[inline(always)]
+fn stat_copy(slot: u32, stripe: u32) -> Option<*mut SlotStats> {
+    // SAFETY: as in `stripe_of_this_cpu`.
+    let stripes = unsafe { core::ptr::read_volatile(&SYSCALL_STAT_STRIPES) };
+    SYSCALL_STATS.get_ptr_mut(slot.wrapping_mul(stripes).wrapping_add(stripe))
+}
+
+#[inline(always)]
+fn add_call(copy: &mut SlotStats, bucket: usize, duration: u64) {
+    // SAFETY: aligned u64 fields of a map value, updated atomically: other CPUs add to the same
+    // copy (the stripe count is below the CPU count on big nodes), and a program preempted
+    // mid-run must not lose another task's add.
+    unsafe {
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&mut copy.stats.sum_ns, duration)
+    };
+    if let Some(b) = copy.stats.buckets.get_mut(bucket) {
+        // SAFETY: as above.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(b, 1) };
+    }
+    if copy.key.tgid == FOLDED_TGID {
+        count_drop(counters::SYSCALL_FOLDED);
     }
 }
 
-/// The key's slot, taken from the free slots when the key has none yet; `None` when no slot
-/// is free (or `SYSCALL_SLOTS` is full).
+/// The slot that counts `key`'s calls: its own (taken from the free slots when it has none
+/// yet), or its cgroup's shared key's when the cgroup holds its quota or no slot is free;
+/// `None` when neither can have one.
 #[inline(always)]
 fn slot_of(key: &SyscallKey) -> Option<u32> {
+    // SAFETY: a read of a hash map value, copied out at once.
+    if let Some(slot) = unsafe { SYSCALL_SLOTS.get(key) } {
+        return Some(*slot);
+    }
+    let folded = SyscallKey {
+        tgid: FOLDED_TGID,
+        ..*key
+    };
+    if over_quota(key.cgroup_id) {
+        return take_slot(&folded);
+    }
+    match take_slot(key) {
+        Some(slot) => {
+            slot_taken(key.cgroup_id);
+            Some(slot)
+        }
+        None => take_slot(&folded),
+    }
+}
+
+/// Whether the cgroup's keys hold their quota of slots (or its count cannot be kept).
+#[inline(always)]
+fn over_quota(cgroup_id: u64) -> bool {
+    // SAFETY: a loader-set global.
+    let quota = unsafe { core::ptr::read_volatile(&SYSCALL_CGROUP_QUOTA) } as u64;
+    if quota == 0 {
+        return false;
+    }
+    let Some(taken) = CGROUP_SLOTS_TAKEN.get_ptr(&cgroup_id) else {
+        // First key of the cgroup; if its count cannot be created (the map is full), its keys
+        // fold rather than take slots nobody counts against it.
+        return match CGROUP_SLOTS_TAKEN.insert(&cgroup_id, &0, BPF_NOEXIST as u64) {
+            Ok(()) => false,
+            Err(err) => err != EEXIST,
+        };
+    };
+    // SAFETY: a value of a hash map, read whole (an aligned u64).
+    let taken = unsafe { core::ptr::read_volatile(taken) };
+    // SAFETY: as above.
+    let returned = unsafe { CGROUP_SLOTS_RETURNED.get(&cgroup_id) }
+        .copied()
+        .unwrap_or(0);
+    taken.saturating_sub(returned) >= quota
+}
+
+#[inline(always)]
+fn slot_taken(cgroup_id: u64) {
+    if let Some(taken) = CGROUP_SLOTS_TAKEN.get_ptr_mut(&cgroup_id) {
+        // SAFETY: an aligned u64 of a hash map value; CPUs add to it at once.
+        unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(taken, 1) };
+    }
+}
+
+/// `key`'s slot, taken from the free slots when it has none yet. The probe that takes a slot
+/// names the key in every copy before it publishes the slot in `SYSCALL_SLOTS`, so no CPU
+/// ever finds a published slot whose copies name another key.
+#[inline(always)]
+fn take_slot(key: &SyscallKey) -> Option<u32> {
+    // SAFETY: as in `slot_of`.
     if let Some(slot) = unsafe { SYSCALL_SLOTS.get(key) } {
         return Some(*slot);
     }
     let slot = FREE_SLOTS.pop().ok().flatten()?;
+    // SAFETY: a loader-set global.
+    let stripes = unsafe { core::ptr::read_volatile(&SYSCALL_STAT_STRIPES) };
+    let mut stripe = 0;
+    while stripe < MAX_STAT_STRIPES && stripe < stripes {
+        if let Some(copy) = stat_copy(slot, stripe) {
+            // SAFETY: a free slot's copy: no published key names it, so nothing adds to it.
+            unsafe {
+                *copy = SlotStats {
+                    key: *key,
+                    stats: SyscallStats::ZERO,
+                    _pad: [0; 3],
+                }
+            };
+        }
+        stripe += 1;
+    }
     match SYSCALL_SLOTS.insert(key, &slot, BPF_NOEXIST as u64) {
         Ok(()) => Some(slot),
         Err(err) => {
             // Another CPU gave the key a slot first (EEXIST), or the map is full: hand ours back.
             let _ = FREE_SLOTS.push(slot, 0);
             if err == EEXIST {
+                // SAFETY: as in `slot_of`.
                 unsafe { SYSCALL_SLOTS.get(key) }.copied()
             } else {
                 None
@@ -390,21 +536,48 @@ fn record_error(key: &SyscallKey, errno: u16) {
     let ekey = ErrnoKey {
         cgroup_id: key.cgroup_id,
         tgid: key.tgid,
+        // A bounded number: below MAX_SYSCALL_NR, so it fits.
         nr: key.nr as u16,
         errno,
     };
-    if let Some(count) = SYSCALL_ERRORS.get_ptr_mut(&ekey) {
-        unsafe { *count += 1 };
+    if add_error(&ekey) {
         return;
     }
-    match SYSCALL_ERRORS.insert(&ekey, &1u64, BPF_NOEXIST as u64) {
-        Ok(()) => {}
-        Err(EEXIST) => {
-            if let Some(count) = SYSCALL_ERRORS.get_ptr_mut(&ekey) {
-                unsafe { *count += 1 };
-            }
+    // Past the cgroup's quota or with the map full, the error counts under the cgroup's shared
+    // key, as its calls do.
+    if !over_quota(key.cgroup_id) && insert_error(&ekey) {
+        return;
+    }
+    let folded = ErrnoKey {
+        tgid: FOLDED_TGID,
+        ..ekey
+    };
+    if !(add_error(&folded) || insert_error(&folded)) {
+        count_drop(counters::SYSCALL_ERRORS_FULL);
+    }
+}
+
+/// Adds one to an existing error count; false when the key has none.
+#[inline(always)]
+fn add_error(key: &ErrnoKey) -> bool {
+    match SYSCALL_ERRORS.get_ptr_mut(key) {
+        Some(count) => {
+            // SAFETY: an aligned u64 of a hash map value; CPUs add to it at once.
+            unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, 1) };
+            true
         }
-        Err(_) => count_drop(counters::SYSCALL_ERRORS_FULL),
+        None => false,
+    }
+}
+
+/// Creates an error count of one (or adds to the one another CPU created first); false when
+/// the map is full.
+#[inline(always)]
+fn insert_error(key: &ErrnoKey) -> bool {
+    match SYSCALL_ERRORS.insert(key, &1u64, BPF_NOEXIST as u64) {
+        Ok(()) => true,
+        Err(EEXIST) => add_error(key),
+        Err(_) => false,
     }
 }
 

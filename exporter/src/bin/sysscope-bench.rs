@@ -30,7 +30,7 @@ use sysscope::{
     config::{Config, ProbeStatsMode},
     metadata::cgroups,
     probes::{LoadOptions, Probes},
-    syscall_stats::SyscallStatsTable,
+    syscall_stats::{SyscallStatsTable, TableMaps},
     syscall_table,
 };
 use sysscope_abi::{hist, maps, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
@@ -232,12 +232,14 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
             .with_context(|| format!("process {pid} holds no {name} map"))?;
         Ok(Map::from_map_data(MapData::from_id(id)?)?)
     };
-    let mut table = SyscallStatsTable::new(
-        open(maps::SYSCALL_SLOTS)?,
-        open(maps::SYSCALL_STATS)?,
-        open(maps::FREE_SLOTS)?,
-        open(maps::SLOT_EPOCH)?,
-    )?;
+    let mut table = SyscallStatsTable::new(TableMaps {
+        slots: open(maps::SYSCALL_SLOTS)?,
+        stats: open(maps::SYSCALL_STATS)?,
+        free: open(maps::FREE_SLOTS)?,
+        epoch: open(maps::SLOT_EPOCH)?,
+        taken: open(maps::CGROUP_SLOTS_TAKEN)?,
+        returned: open(maps::CGROUP_SLOTS_RETURNED)?,
+    })?;
 
     let nrs: Vec<u32> = (0..MAX_SYSCALL_NR)
         .filter(|nr| syscall_table::name(*nr).is_some())

@@ -15,8 +15,8 @@ use sysscope_abi::{counters, hist, maps, ErrnoKey, SyscallKey, SyscallStats};
 
 use super::CliError;
 use crate::{
-    collectors::syscalls::{delta, SyscallMaps},
     probes::Probes,
+    syscall_stats::{delta, SyscallMaps},
     syscall_table,
 };
 
@@ -245,40 +245,33 @@ impl ProfileReader {
                 if d.count() > 0 || d.sum_ns > 0 {
                     out.stats.push((key, d));
                 }
-                if gone {
-                    self.last.remove(&key);
-                } else {
-                    self.last.insert(key, cur);
-                }
+                // Forgotten only once the kernel's entry is gone (below).
+                self.last.insert(key, cur);
             }
             if gone {
                 stale.push(key);
             }
         }
         let mut stale_errors = Vec::new();
-        for item in self.maps.errors.iter() {
-            let Ok((key, per_cpu)) = item else { continue };
+        for (key, cur) in self.maps.snapshot_errors() {
             let gone = exited.contains(&key.tgid);
             if keep(key.cgroup_id, key.tgid) {
-                let cur = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
                 let prev = self.last_errors.get(&key).copied().unwrap_or(0);
                 let d = if cur < prev { cur } else { cur - prev };
                 if d > 0 {
                     out.errors.push((key, d));
                 }
-                if gone {
-                    self.last_errors.remove(&key);
-                } else {
-                    self.last_errors.insert(key, cur);
-                }
+                self.last_errors.insert(key, cur);
             }
             if gone {
                 stale_errors.push(key);
             }
         }
-        self.maps.stats.remove(&stale);
-        for key in stale_errors {
-            let _ = self.maps.errors.remove(&key);
+        for key in self.maps.stats.remove(&stale) {
+            self.last.remove(&key);
+        }
+        for key in self.maps.remove_errors(&stale_errors) {
+            self.last_errors.remove(&key);
         }
         for tgid in exited {
             let _ = self.maps.exits.remove(&tgid);

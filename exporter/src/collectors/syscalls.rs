@@ -16,25 +16,24 @@
 use std::{
     borrow::Cow,
     collections::{HashMap, HashSet},
-    os::fd::AsFd,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, MapData, PerCpuHashMap};
+use aya::maps::{Array, MapData};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
 };
-use sysscope_abi::{hist, maps, programs, ErrnoKey, ProcessExit, SyscallKey, SyscallStats};
+use sysscope_abi::{hist, maps, ErrnoKey, SyscallKey, SyscallStats, FOLDED_TGID};
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
-    bpf_batch::{self, BatchError},
     config::{Config, HistogramResolution},
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
-    series::{Budget, Workload},
-    syscall_stats::SyscallStatsTable,
+    series::{Budget, Workload, OTHER},
+    syscall_stats::{delta, SyscallMaps},
     syscall_table,
 };
 
@@ -91,9 +90,7 @@ struct ErrorTotals {
 }
 
 pub struct SyscallCollector {
-    stats: SyscallStatsTable,
-    errors: PerCpuHashMap<MapData, ErrnoKey, u64>,
-    exits: BpfHashMap<MapData, u32, ProcessExit>,
+    maps: SyscallMaps,
     capacities: [u64; 3],
     labeler: SharedLabeler,
     entries: HashMap<SyscallKey, Entry>,
@@ -107,10 +104,6 @@ pub struct SyscallCollector {
     generation: u64,
     last_orphan_scan: Instant,
     entries_seen: [u64; 3],
-    /// Possible CPUs (the length of per-CPU values).
-    nr_cpus: usize,
-    /// Whether the kernel supports batched lookups (cleared on the first refusal).
-    batch: bool,
 }
 
 impl std::fmt::Debug for SyscallCollector {
@@ -150,68 +143,6 @@ pub fn fold_buckets(
     out
 }
 
-/// The syscall probes' maps, with the probes attached: what the collector reads, and what the
-/// command-line tools (`sysscope summary`, `top`, ...) read with their own filters.
-pub struct SyscallMaps {
-    pub stats: SyscallStatsTable,
-    pub errors: PerCpuHashMap<MapData, ErrnoKey, u64>,
-    pub exits: BpfHashMap<MapData, u32, ProcessExit>,
-}
-
-impl SyscallMaps {
-    /// Takes the maps and attaches `sched_process_exit`, `sys_exit` and `sys_enter`, in that
-    /// order, recording them under `collector`.
-    pub fn attach(probes: &mut Probes, collector: &'static str) -> Result<Self, ProbeError> {
-        let take = |probes: &mut Probes, name: &'static str| probes.take_map(name);
-        let map_err = |name: &'static str| {
-            move |source| ProbeError::Map {
-                map: name.into(),
-                source,
-            }
-        };
-        let stats = SyscallStatsTable::new(
-            take(probes, maps::SYSCALL_SLOTS)?,
-            take(probes, maps::SYSCALL_STATS)?,
-            take(probes, maps::FREE_SLOTS)?,
-            take(probes, maps::SLOT_EPOCH)?,
-        )?;
-        let errors = PerCpuHashMap::try_from(take(probes, maps::SYSCALL_ERRORS)?)
-            .map_err(map_err(maps::SYSCALL_ERRORS))?;
-        let exits = BpfHashMap::try_from(take(probes, maps::PROCESS_EXITS)?)
-            .map_err(map_err(maps::PROCESS_EXITS))?;
-        // Exit tracking first, so no process can exit unseen once syscalls are counted.
-        probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
-        probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
-        probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
-        probes.attach_raw_tracepoint(collector, programs::SYS_ENTER, "sys_enter")?;
-        Ok(Self {
-            stats,
-            errors,
-            exits,
-        })
-    }
-}
-
-/// What changed between two reads of an entry. An entry that went backwards was deleted and
-/// re-created in between: everything it holds now is new.
-pub fn delta(prev: &SyscallStats, cur: &SyscallStats) -> SyscallStats {
-    let went_back = cur.sum_ns < prev.sum_ns
-        || cur
-            .buckets
-            .iter()
-            .zip(prev.buckets.iter())
-            .any(|(c, p)| c < p);
-    if went_back {
-        return *cur;
-    }
-    let mut d = SyscallStats::ZERO;
-    d.sum_ns = cur.sum_ns - prev.sum_ns;
-    for (i, b) in d.buckets.iter_mut().enumerate() {
-        *b = cur.buckets[i] - prev.buckets[i];
-    }
-    d
-}
-
 impl SyscallCollector {
     /// Attaches the syscall probes, writes the slow-call thresholds and takes the maps.
     pub fn start(
@@ -238,16 +169,10 @@ impl SyscallCollector {
                 }
             }
         }
-        let SyscallMaps {
-            stats,
-            errors,
-            exits,
-        } = SyscallMaps::attach(probes, NAME)?;
+        let maps = SyscallMaps::attach(probes, NAME)?;
         let limits = &config.limits;
         Ok(Self {
-            stats,
-            errors,
-            exits,
+            maps,
             capacities: [
                 limits.max_syscall_entries as u64,
                 limits.max_error_entries as u64,
@@ -264,8 +189,6 @@ impl SyscallCollector {
             generation: 0,
             last_orphan_scan: Instant::now(),
             entries_seen: [0; 3],
-            nr_cpus: aya::util::nr_cpus().map(|n| n.max(1)).unwrap_or(1),
-            batch: true,
         })
     }
 
@@ -282,7 +205,7 @@ impl SyscallCollector {
     fn read_exits(&mut self) -> HashSet<u32> {
         let mut exited = HashSet::new();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        for item in self.exits.iter() {
+        for item in self.maps.exits.iter() {
             let Ok((tgid, exit)) = item else { continue };
             labeler.comms.set_exited(tgid, &exit.comm);
             exited.insert(tgid);
@@ -302,26 +225,17 @@ impl SyscallCollector {
         }
         self.last_orphan_scan = Instant::now();
         let labeler = self.labeler.lock().expect("labeler lock");
-        let tgids: HashSet<u32> = self.entries.keys().map(|k| k.tgid).collect();
+        // A cgroup's shared key belongs to no process: it is reclaimed when idle (read_stats).
+        let tgids: HashSet<u32> = self
+            .entries
+            .keys()
+            .map(|k| k.tgid)
+            .filter(|t| *t != FOLDED_TGID)
+            .collect();
         tgids
             .into_iter()
             .filter(|t| !exited.contains(t) && !labeler.comms.alive(*t))
             .collect()
-    }
-
-    /// Every entry of the statistics table, summed over CPUs.
-    fn snapshot_stats(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
-        self.stats.snapshot()
-    }
-
-    /// Every entry of `SYSCALL_ERRORS`, summed over CPUs.
-    fn snapshot_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
-        snapshot(
-            &mut self.batch,
-            &self.errors,
-            self.nr_cpus,
-            |v: &[u64]| v.iter().fold(0u64, |a, x| a.wrapping_add(*x)),
-        )
     }
 
     fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<SyscallKey> {
@@ -329,7 +243,7 @@ impl SyscallCollector {
         let generation = self.generation;
         let mut to_delete = Vec::new();
         let seen_at = Instant::now();
-        let snapshot = self.snapshot_stats();
+        let snapshot = self.maps.stats.snapshot();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         for (key, cur) in snapshot {
             let entry = self.entries.entry(key).or_insert_with(|| Entry {
@@ -340,13 +254,14 @@ impl SyscallCollector {
             });
             entry.seen = generation;
             let d = delta(&entry.last, &cur);
-            if d.count() > 0 || d.sum_ns > 0 || entry.target.is_none() {
+            let changed = d.count() > 0 || d.sum_ns > 0;
+            if changed || entry.target.is_none() {
                 // Not nameable yet (a process that exited since the snapshot): keep the
                 // values for the next cycle (and the entry in the kernel) rather than
                 // attribute them to a placeholder.
                 let last_chance = reclaim.contains(&key.tgid);
                 let Some(workload) =
-                    labeler.try_workload(key.cgroup_id, key.tgid, seen_at, last_chance)
+                    workload_of(&mut labeler, key.cgroup_id, key.tgid, seen_at, last_chance)
                 else {
                     continue;
                 };
@@ -369,13 +284,15 @@ impl SyscallCollector {
             } else {
                 entry.last = cur;
             }
-            if reclaim.contains(&key.tgid) {
+            // A cgroup's shared key is freed once a read finds it idle: its values are read,
+            // and the slot serves whichever key needs one next.
+            if reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && !changed) {
                 to_delete.push(key);
             }
         }
         // What fills the table: keys holding a slot (a key whose copies are not written yet
         // holds one too).
-        self.entries_seen[0] = self.stats.keys_held() as u64;
+        self.entries_seen[0] = self.maps.stats.keys_held() as u64;
         to_delete
     }
 
@@ -384,7 +301,7 @@ impl SyscallCollector {
         let generation = self.generation;
         let mut to_delete = Vec::new();
         let seen_at = Instant::now();
-        let snapshot = self.snapshot_errors();
+        let snapshot = self.maps.snapshot_errors();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let mut seen = 0u64;
         for (key, cur) in snapshot {
@@ -404,7 +321,7 @@ impl SyscallCollector {
             if d > 0 || entry.target.is_none() {
                 let last_chance = reclaim.contains(&key.tgid);
                 let Some(workload) =
-                    labeler.try_workload(key.cgroup_id, key.tgid, seen_at, last_chance)
+                    workload_of(&mut labeler, key.cgroup_id, key.tgid, seen_at, last_chance)
                 else {
                     continue;
                 };
@@ -428,7 +345,7 @@ impl SyscallCollector {
             } else {
                 entry.last = cur;
             }
-            if reclaim.contains(&key.tgid) {
+            if reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && d == 0) {
                 to_delete.push(key);
             }
         }
@@ -465,26 +382,23 @@ impl SyscallCollector {
     }
 }
 
-/// Every entry of a per-CPU hash, its per-CPU values folded by `sum`: in batches where the
-/// kernel allows (`batch` turns false for good when it does not), entry by entry otherwise (an
-/// entry deleted between listing and lookup is skipped).
-fn snapshot<K: aya::Pod, V: aya::Pod, T>(
-    batch: &mut bool,
-    map: &PerCpuHashMap<MapData, K, V>,
-    nr_cpus: usize,
-    sum: impl Fn(&[V]) -> T,
-) -> Vec<(K, T)> {
-    if *batch {
-        match bpf_batch::lookup_all_percpu::<K, V>(map.map().fd().as_fd(), nr_cpus) {
-            Ok(all) => return all.into_iter().map(|(k, v)| (k, sum(&v))).collect(),
-            Err(BatchError::Unsupported) => *batch = false,
-            Err(e) => tracing::debug!(error = %e, "batched read failed; reading entry by entry"),
-        }
+/// The workload of a kernel (cgroup, tgid) pair; a cgroup's shared key
+/// ([`FOLDED_TGID`]) is its cgroup's `comm="other"`.
+fn workload_of(
+    labeler: &mut crate::metadata::Labeler,
+    cgroup_id: u64,
+    tgid: u32,
+    seen_at: Instant,
+    last_chance: bool,
+) -> Option<Workload> {
+    if tgid == FOLDED_TGID {
+        return Some(
+            labeler
+                .workload_named(cgroup_id, tgid, Arc::from(OTHER))
+                .fold_comm(),
+        );
     }
-    map.iter()
-        .filter_map(Result::ok)
-        .map(|(k, v)| (k, sum(&v)))
-        .collect()
+    labeler.try_workload(cgroup_id, tgid, seen_at, last_chance)
 }
 
 impl Collector for SyscallCollector {
@@ -502,15 +416,15 @@ impl Collector for SyscallCollector {
         let stale_stats = self.read_stats(now, &reclaim);
         let stale_errors = self.read_errors(now, &reclaim);
 
-        // Reclaim: the values of these entries were just added to their series.
-        self.stats.remove(&stale_stats);
-        for key in stale_stats {
+        // Reclaim: the values of these entries were just added to their series. An entry is
+        // forgotten only once the kernel's is gone; otherwise it is read again next time.
+        for key in self.maps.stats.remove(&stale_stats) {
             self.entries.remove(&key);
         }
-        for key in stale_errors {
-            let _ = self.errors.remove(&key);
+        for key in self.maps.remove_errors(&stale_errors) {
             self.error_entries.remove(&key);
         }
+        self.maps.stats.forget_idle_cgroups();
         {
             // Entries deferred this cycle still need the exit-time name.
             let remaining: HashSet<u32> = self
@@ -521,7 +435,7 @@ impl Collector for SyscallCollector {
                 .collect();
             let mut labeler = self.labeler.lock().expect("labeler lock");
             for tgid in &exited {
-                let _ = self.exits.remove(tgid);
+                let _ = self.maps.exits.remove(tgid);
                 if !remaining.contains(tgid) {
                     labeler.comms.forget(*tgid);
                 }
