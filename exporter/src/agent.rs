@@ -85,6 +85,16 @@ const COUNTER_METRICS: &[(u32, CounterKind, &str)] = &[
         CounterKind::SpanDrop,
         "ring_buffer_full",
     ),
+    (
+        counters::SYSCALL_FOLDED,
+        CounterKind::Folded,
+        "cgroup_shared_key",
+    ),
+    (
+        counters::SYSCALL_INVALID_NR,
+        CounterKind::Folded,
+        "invalid_syscall_number",
+    ),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +102,8 @@ enum CounterKind {
     MapFull,
     Missed,
     SpanDrop,
+    /// Counted in full, but under a coarser key than usual.
+    Folded,
 }
 
 struct Slot {
@@ -375,6 +387,7 @@ impl Agent {
                 .flat_map(|h| h.missed_events.iter().copied())
                 .collect();
             self.encode_counters(encoder, CounterKind::Missed, "sysscope_probe_missed_events", "Events the probes saw only half of (e.g. a syscall that returned without a recorded entry).", "reason", &missed)?;
+            self.encode_counters(encoder, CounterKind::Folded, "sysscope_syscalls_folded", "Syscalls counted under a coarser key: their cgroup's comm=\"other\" (the cgroup held limits.max_syscall_entries_per_cgroup slots, or none was free) or syscall=\"invalid\" (a number outside the syscall table). Nothing is lost.", "reason", &[])?;
         }
         {
             let mut family = encoder.encode_descriptor(

@@ -47,7 +47,7 @@
 
 use std::{
     ffi::CString,
-    io::BufRead,
+    io::{BufRead, Write},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -57,7 +57,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K"
     );
     std::process::exit(2)
 }
@@ -280,6 +280,23 @@ fn main() {
                 let prefix = args.get(i + 3).unwrap_or_else(|| usage()).clone();
                 fork_children(n, k, &prefix);
                 i += 4;
+            }
+            "invalid-syscalls" => {
+                let first = num(args.get(i + 1));
+                let count = num(args.get(i + 2));
+                for nr in first..first + count {
+                    // SAFETY: a number the kernel does not implement: it returns ENOSYS and
+                    // touches nothing.
+                    let r = unsafe { libc::syscall(nr as libc::c_long) };
+                    assert!(r < 0, "syscall({nr}) exists");
+                }
+                i += 3;
+            }
+            "hold-children" => {
+                let n = num(args.get(i + 1));
+                let k = num(args.get(i + 2));
+                hold_children(n, k);
+                i += 3;
             }
             "wait-stdin" => {
                 let mut line = String::new();
@@ -790,5 +807,75 @@ fn fork_children(n: u64, k: u64, prefix: &str) {
             );
         }
         started += batch;
+    }
+}
+
+/// Syscalls with no arguments that matter and no effect, distinct on every architecture:
+/// what `hold-children` makes each child call.
+const DISTINCT_CALLS: [libc::c_long; 10] = [
+    libc::SYS_getpid,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    libc::SYS_gettid,
+    libc::SYS_getpgid,
+    libc::SYS_getsid,
+    libc::SYS_sched_yield,
+    libc::SYS_getppid,
+];
+
+/// Forks `n` children that each make `k` calls of every one of [`DISTINCT_CALLS`] and then stay
+/// alive, holding their (process, syscall) keys, until a line arrives on standard input. Prints
+/// `ready` once every child has made its calls.
+fn hold_children(n: u64, k: u64) {
+    let mut done = [0i32; 2];
+    let mut release = [0i32; 2];
+    // SAFETY: arrays of two descriptors, as pipe(2) wants.
+    assert!(
+        unsafe { libc::pipe(done.as_mut_ptr()) } == 0
+            && unsafe { libc::pipe(release.as_mut_ptr()) } == 0
+    );
+    let mut pids = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        // SAFETY: the child makes raw syscalls only and _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: argument-less calls (getpgid/getsid take 0: this process), a one-byte
+            // write to our pipe, a blocking read of the other until the parent closes it.
+            unsafe {
+                for _ in 0..k {
+                    for nr in DISTINCT_CALLS {
+                        libc::syscall(nr, 0);
+                    }
+                }
+                libc::write(done[1], b"x".as_ptr().cast(), 1);
+                libc::close(release[1]);
+                let mut b = 0u8;
+                libc::read(release[0], (&mut b as *mut u8).cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        pids.push(pid);
+    }
+    // SAFETY: our own descriptors.
+    unsafe { libc::close(release[0]) };
+    for _ in 0..n {
+        let mut b = 0u8;
+        // SAFETY: a one-byte read into a local.
+        let r = unsafe { libc::read(done[0], (&mut b as *mut u8).cast(), 1) };
+        assert!(r == 1, "a child died before its calls");
+    }
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().lock().read_line(&mut line);
+    // SAFETY: our own descriptor; closing it ends every child's read.
+    unsafe { libc::close(release[1]) };
+    for pid in pids {
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
     }
 }
