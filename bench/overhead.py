@@ -297,6 +297,9 @@ class Bench:
             return Running(name)
         if name in ("empty", "empty+stats"):
             return self.start_attach(name, ["empty_sys_enter", "empty_sys_exit"])
+        if name in ("clock", "clock+stats"):
+            # The exact-duration floor: the clock read at entry and exit, nothing else.
+            return self.start_attach(name, ["clock_sys_enter", "clock_sys_exit"])
         if name.startswith("attach:"):
             # attach:PROG+PROG...[@OBJECT]: chosen programs of the object, or of another build
             # of it (compares probe variants).
@@ -611,6 +614,9 @@ def targets(rows: list[dict]) -> list[dict]:
                     "met": None if value is None else ok(value)})
 
     for wl in ("getppid", "dd", "read"):
+        add(f"sysscope added / clock floor added ({wl}, 1 thread)", ratio(rows, "sysscope", "clock", wl, 1),
+            "<= 1.15", lambda v: v <= 1.15)
+    for wl in ("getppid", "dd", "read"):
         add(f"sysscope added / empty added ({wl}, 1 thread)", ratio(rows, "sysscope", "empty", wl, 1),
             "<= 2", lambda v: v <= 2)
     add("bpftrace added / sysscope added (getppid, 1 thread)", ratio(rows, "bpftrace", "sysscope", "getppid", 1),
@@ -681,7 +687,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="1 round of 0.2 s cells: checks the machinery only")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--seconds", type=float, help="length of one measured cell")
-    ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, "
+    ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, clock, "
                     "empty+stats, probes, probes+stats, sysscope-syscalls, sysscope, sysscope+stats, bpftrace, "
                     "perf-trace, strace, or attach:PROG+PROG...[@OBJECT][+stats] for chosen programs of the "
                     "object (or of another build of it)")
@@ -692,7 +698,7 @@ def main() -> int:
     ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. the variant measured)")
     args = ap.parse_args()
 
-    default_configs = ["none", "empty", "sysscope-syscalls", "sysscope", "bpftrace", "perf-trace", "strace"]
+    default_configs = ["none", "empty", "clock", "sysscope-syscalls", "sysscope", "bpftrace", "perf-trace", "strace"]
     if args.smoke:
         args.rounds = args.rounds or 1
         args.seconds = args.seconds or 0.2

@@ -5,7 +5,7 @@
 //! Maps: `SYSCALL_SLOTS` (hash, (cgroup, process, syscall) -> slot), `SYSCALL_STATS` (array of
 //! [`SlotStats`], a few copies per slot chosen by CPU, so its size does not grow with the CPU
 //! count), `FREE_SLOTS` (stack of unowned slots), `SLOT_EPOCH` (one `u64`), and the per-cgroup
-//! slot counts `CGROUP_SLOTS_TAKEN` (written by the probes) and `CGROUP_SLOTS_RETURNED`
+//! slot counts `CGROUP_TAKEN` (written by the probes) and `CGROUP_RETURNED`
 //! (written here). The probes (`ebpf/probes/src/syscalls.rs`) take a slot for a new key from
 //! the stack and cache it per thread, so the hot path is an array lookup instead of a hash
 //! lookup; user space is the only one that frees slots.
@@ -52,8 +52,8 @@ impl SyscallMaps {
             stats: probes.take_map(maps::SYSCALL_STATS)?,
             free: probes.take_map(maps::FREE_SLOTS)?,
             epoch: probes.take_map(maps::SLOT_EPOCH)?,
-            taken: probes.take_map(maps::CGROUP_SLOTS_TAKEN)?,
-            returned: probes.take_map(maps::CGROUP_SLOTS_RETURNED)?,
+            taken: probes.take_map(maps::CGROUP_TAKEN)?,
+            returned: probes.take_map(maps::CGROUP_RETURNED)?,
         })?;
         let errors = BpfHashMap::try_from(probes.take_map(maps::SYSCALL_ERRORS)?)
             .map_err(map_err(maps::SYSCALL_ERRORS))?;
@@ -208,9 +208,9 @@ impl SyscallStatsTable {
             stats,
             free: Stack::try_from(maps.free).map_err(map_err(maps::FREE_SLOTS))?,
             epoch: Array::try_from(maps.epoch).map_err(map_err(maps::SLOT_EPOCH))?,
-            taken: BpfHashMap::try_from(maps.taken).map_err(map_err(maps::CGROUP_SLOTS_TAKEN))?,
+            taken: BpfHashMap::try_from(maps.taken).map_err(map_err(maps::CGROUP_TAKEN))?,
             returned: BpfHashMap::try_from(maps.returned)
-                .map_err(map_err(maps::CGROUP_SLOTS_RETURNED))?,
+                .map_err(map_err(maps::CGROUP_RETURNED))?,
             stripes: entries / slot_count,
             batch: true,
             keys_held: 0,

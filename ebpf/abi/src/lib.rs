@@ -76,9 +76,9 @@ pub mod maps {
     pub const SLOT_EPOCH: &str = "SLOT_EPOCH";
     pub const SYSCALL_ERRORS: &str = "SYSCALL_ERRORS";
     /// cgroup id -> slots of `SYSCALL_STATS` the probes have handed to its keys (atomic adds).
-    pub const CGROUP_SLOTS_TAKEN: &str = "CGROUP_SLOTS_TAKEN";
+    pub const CGROUP_TAKEN: &str = "CGROUP_TAKEN";
     /// cgroup id -> slots of its keys user space has freed (written by user space only).
-    pub const CGROUP_SLOTS_RETURNED: &str = "CGROUP_SLOTS_RETURNED";
+    pub const CGROUP_RETURNED: &str = "CGROUP_RETURNED";
     pub const PROCESS_EXITS: &str = "PROCESS_EXITS";
     pub const PROBE_COUNTERS: &str = "PROBE_COUNTERS";
     pub const SLOW_THRESHOLDS: &str = "SLOW_THRESHOLDS";

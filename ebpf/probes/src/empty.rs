@@ -13,3 +13,28 @@ pub fn empty_sys_enter(_ctx: RawTracePointContext) -> i32 {
 pub fn empty_sys_exit(_ctx: RawTracePointContext) -> i32 {
     0
 }
+
+/// The floor of any tracer that measures every call's duration exactly: the clock read at
+/// entry, stored per CPU, and read again at exit. sysscope's hot path is benchmarked against it
+/// (`bench/overhead.sh`, configuration `clock`).
+#[aya_ebpf::macros::map(name = "CLOCK_FLOOR")]
+static CLOCK_FLOOR: aya_ebpf::maps::PerCpuArray<u64> =
+    aya_ebpf::maps::PerCpuArray::with_max_entries(1, 0);
+
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn clock_sys_enter(_ctx: RawTracePointContext) -> i32 {
+    if let Some(slot) = CLOCK_FLOOR.get_ptr_mut(0) {
+        // SAFETY: this CPU's value of a one-entry array; the helper has no preconditions.
+        unsafe { *slot = aya_ebpf::helpers::bpf_ktime_get_ns() };
+    }
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn clock_sys_exit(_ctx: RawTracePointContext) -> i32 {
+    if let Some(slot) = CLOCK_FLOOR.get_ptr_mut(0) {
+        // SAFETY: as above; the difference is stored so the clock read is not optimised away.
+        unsafe { *slot = aya_ebpf::helpers::bpf_ktime_get_ns().wrapping_sub(*slot) };
+    }
+    0
+}

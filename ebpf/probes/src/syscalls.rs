@@ -5,7 +5,7 @@
 //! Maps: `SYSCALL_THREADS` (task-local storage: entry time, cached tgid, cgroup id and slots),
 //! the statistics table (`SYSCALL_SLOTS`: (cgroup, tgid, nr) -> slot; `SYSCALL_STATS`: an array
 //! of a few copies per slot, each an owner key + sum + log2 buckets, updated with atomic adds;
-//! `FREE_SLOTS`; `SLOT_EPOCH`; `CGROUP_SLOTS_TAKEN`/`CGROUP_SLOTS_RETURNED` for the per-cgroup
+//! `FREE_SLOTS`; `SLOT_EPOCH`; `CGROUP_TAKEN`/`CGROUP_RETURNED` for the per-cgroup
 //! quota; user space's side is `exporter/src/syscall_stats.rs`), `SYSCALL_ERRORS` ((cgroup,
 //! tgid, nr, errno) -> count, atomic adds), `PROCESS_EXITS` (tgid -> comm at exit, for
 //! reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS`
@@ -134,15 +134,15 @@ static SLOT_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
 #[map(name = "SYSCALL_ERRORS")]
 static SYSCALL_ERRORS: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(4096, 0);
 
-/// cgroup id -> slots handed to its keys, ever (atomic adds). With `CGROUP_SLOTS_RETURNED`
+/// cgroup id -> slots handed to its keys, ever (atomic adds). With `CGROUP_RETURNED`
 /// (written by user space alone as it frees slots) it gives the slots a cgroup holds, which
 /// [`SYSCALL_CGROUP_QUOTA`] bounds: one workload cannot take every slot and leave the others'
 /// calls uncounted.
-#[map(name = "CGROUP_SLOTS_TAKEN")]
-static CGROUP_SLOTS_TAKEN: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+#[map(name = "CGROUP_TAKEN")]
+static CGROUP_TAKEN: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 
-#[map(name = "CGROUP_SLOTS_RETURNED")]
-static CGROUP_SLOTS_RETURNED: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+#[map(name = "CGROUP_RETURNED")]
+static CGROUP_RETURNED: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 
 #[map(name = "PROCESS_EXITS")]
 static PROCESS_EXITS: HashMap<u32, ProcessExit> = HashMap::with_max_entries(8192, 0);
@@ -465,10 +465,10 @@ fn over_quota(cgroup_id: u64) -> bool {
     if quota == 0 {
         return false;
     }
-    let Some(taken) = CGROUP_SLOTS_TAKEN.get_ptr(&cgroup_id) else {
+    let Some(taken) = CGROUP_TAKEN.get_ptr(&cgroup_id) else {
         // First key of the cgroup; if its count cannot be created (the map is full), its keys
         // fold rather than take slots nobody counts against it.
-        return match CGROUP_SLOTS_TAKEN.insert(&cgroup_id, &0, BPF_NOEXIST as u64) {
+        return match CGROUP_TAKEN.insert(&cgroup_id, &0, BPF_NOEXIST as u64) {
             Ok(()) => false,
             Err(err) => err != EEXIST,
         };
@@ -476,7 +476,7 @@ fn over_quota(cgroup_id: u64) -> bool {
     // SAFETY: a value of a hash map, read whole (an aligned u64).
     let taken = unsafe { core::ptr::read_volatile(taken) };
     // SAFETY: as above.
-    let returned = unsafe { CGROUP_SLOTS_RETURNED.get(&cgroup_id) }
+    let returned = unsafe { CGROUP_RETURNED.get(&cgroup_id) }
         .copied()
         .unwrap_or(0);
     taken.saturating_sub(returned) >= quota
@@ -484,7 +484,7 @@ fn over_quota(cgroup_id: u64) -> bool {
 
 #[inline(always)]
 fn slot_taken(cgroup_id: u64) {
-    if let Some(taken) = CGROUP_SLOTS_TAKEN.get_ptr_mut(&cgroup_id) {
+    if let Some(taken) = CGROUP_TAKEN.get_ptr_mut(&cgroup_id) {
         // SAFETY: an aligned u64 of a hash map value; CPUs add to it at once.
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(taken, 1) };
     }

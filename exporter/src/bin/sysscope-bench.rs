@@ -237,8 +237,8 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
         stats: open(maps::SYSCALL_STATS)?,
         free: open(maps::FREE_SLOTS)?,
         epoch: open(maps::SLOT_EPOCH)?,
-        taken: open(maps::CGROUP_SLOTS_TAKEN)?,
-        returned: open(maps::CGROUP_SLOTS_RETURNED)?,
+        taken: open(maps::CGROUP_TAKEN)?,
+        returned: open(maps::CGROUP_RETURNED)?,
     })?;
 
     let nrs: Vec<u32> = (0..MAX_SYSCALL_NR)
