@@ -359,10 +359,11 @@ fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
             }
         }
     }
-    let Some(slot) = slot_of(key) else {
+    let slot = slot_of(key);
+    if slot == NO_SLOT {
         count_drop(counters::SYSCALL_STATS_FULL);
         return;
-    };
+    }
     let Some(copy) = stat_copy(slot, stripe) else {
         return;
     };
@@ -432,29 +433,31 @@ fn add_call(copy: &mut SlotStats, bucket: usize, duration: u64) {
     }
 }
 
+/// What [`slot_of`] returns when no slot can count the call.
+const NO_SLOT: u32 = u32::MAX;
+
 /// The slot that counts `key`'s calls: its own (taken from the free slots when it has none
 /// yet), or its cgroup's shared key's when the cgroup holds its quota or no slot is free;
-/// `None` when neither can have one.
-#[inline(always)]
-fn slot_of(key: &SyscallKey) -> Option<u32> {
+/// [`NO_SLOT`] when neither can have one. Off the common path, and a function of its own (a
+/// BPF subprogram) so that older verifiers, which explore every path of an inlined body once
+/// per path leading to it, stay within their complexity limit.
+#[inline(never)]
+fn slot_of(key: &SyscallKey) -> u32 {
     // SAFETY: a read of a hash map value, copied out at once.
     if let Some(slot) = unsafe { SYSCALL_SLOTS.get(key) } {
-        return Some(*slot);
+        return *slot;
     }
     let folded = SyscallKey {
         tgid: FOLDED_TGID,
         ..*key
     };
-    if over_quota(key.cgroup_id) {
-        return take_slot(&folded);
-    }
-    match take_slot(key) {
-        Some(slot) => {
+    if !over_quota(key.cgroup_id) {
+        if let Some(slot) = take_slot(key) {
             slot_taken(key.cgroup_id);
-            Some(slot)
+            return slot;
         }
-        None => take_slot(&folded),
     }
+    take_slot(&folded).unwrap_or(NO_SLOT)
 }
 
 /// Whether the cgroup's keys hold their quota of slots (or its count cannot be kept).
@@ -506,13 +509,11 @@ fn take_slot(key: &SyscallKey) -> Option<u32> {
     while stripe < MAX_STAT_STRIPES && stripe < stripes {
         if let Some(copy) = stat_copy(slot, stripe) {
             // SAFETY: a free slot's copy: no published key names it, so nothing adds to it.
-            unsafe {
-                *copy = SlotStats {
-                    key: *key,
-                    stats: SyscallStats::ZERO,
-                    _pad: [0; 3],
-                }
-            };
+            // Its statistics are zero already (user space zeroes a slot before freeing it, and
+            // a never-used one was created zeroed); only the owner changes. (Two 8-byte
+            // stores: zeroing the whole copy here would cost a memset loop that older
+            // verifiers walk byte by byte, once per stripe.)
+            unsafe { (*copy).key = *key };
         }
         stripe += 1;
     }
@@ -531,7 +532,9 @@ fn take_slot(key: &SyscallKey) -> Option<u32> {
     }
 }
 
-#[inline(always)]
+/// Counts one failed call. Off the common path, and a BPF subprogram for the same reason as
+/// [`slot_of`].
+#[inline(never)]
 fn record_error(key: &SyscallKey, errno: u16) {
     let ekey = ErrnoKey {
         cgroup_id: key.cgroup_id,
