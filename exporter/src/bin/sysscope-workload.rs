@@ -57,7 +57,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K | set-name NAME"
     );
     std::process::exit(2)
 }
@@ -280,6 +280,17 @@ fn main() {
                 let prefix = args.get(i + 3).unwrap_or_else(|| usage()).clone();
                 fork_children(n, k, &prefix);
                 i += 4;
+            }
+            "set-name" => {
+                // The process name the kernel reports (comm), whatever it holds: tests give
+                // it hostile values. The kernel keeps the first 15 bytes.
+                let name = args.get(i + 1).unwrap_or_else(|| usage());
+                let mut bytes = [0u8; 16];
+                let len = name.len().min(15);
+                bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+                // SAFETY: a NUL-terminated 16-byte buffer, as PR_SET_NAME reads.
+                unsafe { libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0) };
+                i += 2;
             }
             "invalid-syscalls" => {
                 let first = num(args.get(i + 1));

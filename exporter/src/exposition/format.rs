@@ -1,8 +1,13 @@
 //! Content negotiation between OpenMetrics 1.0 and the Prometheus text format 0.0.4.
 //!
-//! prometheus-client writes OpenMetrics. The 0.0.4 text format differs only in a few lines of
-//! the same data, which [`openmetrics_to_prometheus_text`] rewrites: counters are typed under
-//! their `_total` name, there is no `# EOF`/`# UNIT`, and exemplars are not allowed.
+//! prometheus-client writes OpenMetrics. The 0.0.4 text format carries the same samples and
+//! differs only in the metadata lines the encoder writes for each family, which
+//! [`openmetrics_to_prometheus_text`] writes anew: counters are typed under their `_total`
+//! name, and there is no `# EOF`/`# UNIT`. Sample lines are copied as they are, never
+//! searched or cut: they hold label values that tenants choose (process and cgroup names).
+//! The encoder escapes a label value's newlines, so a line that starts with `# ` is always one
+//! of its own metadata lines, never data. Exemplars are added to the OpenMetrics body only,
+//! after encoding (`spans::exemplars`), so the text this function reads has none.
 
 /// The formats `/metrics` can serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,12 +93,7 @@ pub fn openmetrics_to_prometheus_text(om: &str) -> String {
             }
             continue;
         }
-        // Samples: drop exemplars (" # {...} value [ts]"), which 0.0.4 cannot carry.
-        let sample = match line.find(" # {") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        out.push_str(sample);
+        out.push_str(line);
         out.push('\n');
     }
     out
@@ -129,12 +129,24 @@ mod tests {
     }
 
     #[test]
-    fn rewrites_counters_units_eof_and_exemplars() {
-        let om = "# HELP a_things Things.\n# TYPE a_things counter\na_things_total{x=\"1\"} 3 # {trace_id=\"ab\"} 1.0\n# HELP g A gauge.\n# TYPE g gauge\n# UNIT g seconds\ng 1.5\n# EOF\n";
+    fn rewrites_counters_units_and_eof() {
+        let om = "# HELP a_things Things.\n# TYPE a_things counter\na_things_total{x=\"1\"} 3\n# HELP g A gauge.\n# TYPE g gauge\n# UNIT g seconds\ng 1.5\n# EOF\n";
         let text = openmetrics_to_prometheus_text(om);
         assert_eq!(
             text,
             "# HELP a_things_total Things.\n# TYPE a_things_total counter\na_things_total{x=\"1\"} 3\n# HELP g A gauge.\n# TYPE g gauge\ng 1.5\n"
         );
+    }
+
+    /// Label values a tenant chooses pass through whole, whatever they contain.
+    #[test]
+    fn sample_lines_are_never_cut() {
+        let om = "# HELP s S.\n# TYPE s counter\ns_total{comm=\"ok # {evil\",cgroup=\"/hash # {x\"} 1\ns_total{comm=\"# HELP x\"} 2\n# EOF\n";
+        let text = openmetrics_to_prometheus_text(om);
+        assert!(
+            text.contains("s_total{comm=\"ok # {evil\",cgroup=\"/hash # {x\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("s_total{comm=\"# HELP x\"} 2\n"), "{text}");
     }
 }

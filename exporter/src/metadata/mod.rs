@@ -106,7 +106,12 @@ impl Labeler {
                 _ => return c.labels.clone(),
             }
         }
-        let path = self.cgroups.resolve(id);
+        // A cgroup's name is chosen by whoever may create it (a delegated subtree, a
+        // container runtime): control characters become `?`, as in process names.
+        let path: Arc<str> = match self.cgroups.resolve(id) {
+            p if p.chars().any(char::is_control) => Arc::from(processes::sanitize(&p).as_str()),
+            p => p,
+        };
         let derived = match &self.derive {
             Some(derive) => derive.derive(&path),
             None => Derived {
