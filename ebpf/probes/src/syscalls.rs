@@ -48,8 +48,8 @@ use aya_ebpf::{
 };
 use sysscope_abi::{
     bounded_nr, counters, hist, noreturn, slot_cache, ErrnoKey, ProcessExit, RateWindow, SlotStats,
-    SlowCallEvent, SyscallKey, SyscallStats, ThreadState, FOLDED_TGID, INVALID_NR,
-    MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    SlowCallEvent, SyscallKey, ThreadState, FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES,
+    MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_args, EEXIST};

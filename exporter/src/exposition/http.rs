@@ -7,17 +7,24 @@
 //! auth when users are configured (401 otherwise), and the configured headers are added.
 //! Concurrent connections are capped ([`MAX_CONNECTIONS`]) so a flood of clients cannot take
 //! the file descriptors the collectors need to read /proc and the cgroup tree.
+//!
+//! No client can hold a connection without using it: every phase has a deadline (the TLS
+//! handshake, the first request, which covers HTTP/1-vs-2 detection and request headers, and
+//! [`IDLE_TIMEOUT`] between requests, HTTP/2 included). And when the cap is reached, a new
+//! client is not turned away while a connection sits idle: the idle connection of the peer
+//! holding the most connections is closed to make room, so silent or half-open connections
+//! from one peer can never lock out Prometheus or the liveness probe.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     convert::Infallible,
     future::Future,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -34,7 +41,7 @@ use hyper_util::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
-    sync::Semaphore,
+    sync::{Notify, Semaphore},
 };
 
 use super::{
@@ -47,6 +54,10 @@ use super::{
 pub const MAX_CONNECTIONS: usize = 512;
 /// Time a client has to complete the TLS handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time a connection may go without a request in progress: from the accept to the first
+/// request's headers (protocol detection included), and between requests (HTTP/1 keep-alive
+/// and HTTP/2 alike).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// bcrypt checks running at once: each costs tens of milliseconds of CPU by design, so
 /// guessing passwords must not take more than this many cores.
 const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 2;
@@ -208,6 +219,127 @@ pub async fn handle(
     Ok(resp)
 }
 
+/// Requests of one connection: whether one is in progress, and when the last one ended.
+#[derive(Debug)]
+struct Activity {
+    in_flight: AtomicUsize,
+    /// Milliseconds since the connection table's epoch at the last request start or end.
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn idle_for(&self, epoch: Instant) -> Option<Duration> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let now = epoch.elapsed().as_millis() as u64;
+        Some(Duration::from_millis(
+            now.saturating_sub(self.last_ms.load(Ordering::Acquire)),
+        ))
+    }
+}
+
+/// Marks a request in progress on its connection for as long as it lives.
+struct InFlight {
+    activity: Arc<Activity>,
+    epoch: Instant,
+}
+
+impl InFlight {
+    fn start(activity: Arc<Activity>, epoch: Instant) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity
+            .last_ms
+            .store(epoch.elapsed().as_millis() as u64, Ordering::Release);
+        Self { activity, epoch }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.activity
+            .last_ms
+            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Release);
+        self.activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct Connection {
+    peer: IpAddr,
+    activity: Arc<Activity>,
+    evict: Arc<Notify>,
+}
+
+/// The open connections, to pick one to close when the cap is reached.
+struct Connections {
+    epoch: Instant,
+    next_id: u64,
+    open: HashMap<u64, Connection>,
+}
+
+impl Connections {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            next_id: 0,
+            open: HashMap::new(),
+        }
+    }
+
+    /// Registers a new connection from `peer`. At the cap, an idle connection is evicted
+    /// first: one of the peer with the most connections, the longest idle of those; `None`
+    /// when every connection is busy.
+    fn admit(&mut self, peer: IpAddr) -> Option<(u64, Arc<Activity>, Arc<Notify>)> {
+        if self.open.len() >= MAX_CONNECTIONS {
+            let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
+            for c in self.open.values() {
+                *per_peer.entry(c.peer).or_default() += 1;
+            }
+            let victim = self
+                .open
+                .iter()
+                .filter_map(|(id, c)| {
+                    let idle = c.activity.idle_for(self.epoch)?;
+                    Some((per_peer[&c.peer], idle, *id))
+                })
+                .max()
+                .map(|(_, _, id)| id)?;
+            if let Some(c) = self.open.remove(&victim) {
+                tracing::debug!(peer = %c.peer, "connection cap reached; closing an idle connection");
+                c.evict.notify_one();
+            }
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let activity = Arc::new(Activity {
+            in_flight: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
+        });
+        let evict = Arc::new(Notify::new());
+        self.open.insert(
+            id,
+            Connection {
+                peer,
+                activity: activity.clone(),
+                evict: evict.clone(),
+            },
+        );
+        Some((id, activity, evict))
+    }
+}
+
+/// Resolves once the connection has had no request in progress for [`IDLE_TIMEOUT`].
+async fn idle_deadline(activity: &Activity, epoch: Instant) {
+    loop {
+        let wait = match activity.idle_for(epoch) {
+            Some(idle) if idle >= IDLE_TIMEOUT => return,
+            Some(idle) => IDLE_TIMEOUT - idle,
+            None => IDLE_TIMEOUT,
+        };
+        tokio::time::sleep(wait.max(Duration::from_millis(100))).await;
+    }
+}
+
 /// What `--web.config.file` asks of every request, shared by the connections.
 struct Security {
     web: Option<Arc<WebConfig>>,
@@ -351,7 +483,8 @@ pub async fn serve_with(
         web,
         password_checks: Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS),
     });
-    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = Arc::new(Mutex::new(Connections::new()));
+    let epoch = connections.lock().expect("connection table lock").epoch;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -365,8 +498,12 @@ pub async fn serve_with(
                         continue;
                     }
                 };
-                let Ok(permit) = connections.clone().try_acquire_owned() else {
-                    tracing::debug!(%peer, "too many connections; closing this one");
+                let admitted = connections
+                    .lock()
+                    .expect("connection table lock")
+                    .admit(peer.ip());
+                let Some((id, activity, evict)) = admitted else {
+                    tracing::debug!(%peer, "too many busy connections; closing this one");
                     drop(stream);
                     continue;
                 };
@@ -375,11 +512,19 @@ pub async fn serve_with(
                 let builder = builder.clone();
                 let tls = tls.clone();
                 let watcher = graceful.watcher();
+                let table = connections.clone();
                 tokio::spawn(async move {
-                    let _permit = permit;
+                    let serve_activity = activity.clone();
                     let service = hyper::service::service_fn(move |req| {
-                        handle_secured(state.clone(), security.clone(), req)
+                        let in_flight = InFlight::start(serve_activity.clone(), epoch);
+                        let (state, security) = (state.clone(), security.clone());
+                        async move {
+                            let resp = handle_secured(state, security, req).await;
+                            drop(in_flight);
+                            resp
+                        }
                     });
+                    let serve = async move {
                     let result = match tls {
                         None => {
                             let conn = builder.serve_connection(TokioIo::new(stream), service);
@@ -413,6 +558,15 @@ pub async fn serve_with(
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
+                    };
+                    tokio::select! {
+                        _ = serve => {}
+                        _ = evict.notified() => {}
+                        _ = idle_deadline(&activity, epoch) => {
+                            tracing::debug!(%peer, "no request within {:?}; closing", IDLE_TIMEOUT);
+                        }
+                    }
+                    table.lock().expect("connection table lock").open.remove(&id);
                 });
             }
             _ = &mut shutdown => break,
