@@ -63,6 +63,8 @@ fi
 if [ "$want_test_tools" -eq 1 ]; then
   apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux python3-yaml \
     e2fsprogs python3-pip openssl curl
+  # The VM checks (scripts/vm/): Debian kernels booted under qemu's software emulation.
+  apt_install qemu-system-x86 busybox-static cpio
   # Python packages the tests use: the reference Prometheus parsers, the manifest validator,
   # and the OTLP protobuf definitions.
   for mod_pkg in prometheus_client:prometheus-client kubernetes_validate:kubernetes-validate; do
