@@ -124,6 +124,9 @@ fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
 
 fn main() -> ExitCode {
     limit_malloc_arenas();
+    if let Some(status) = sysscope::probe_stats::run_helper_if_asked() {
+        return ExitCode::from(status as u8);
+    }
     let cli = Cli::parse();
     if let Err(e) = init_logging(&cli.log_level, &cli.log_format) {
         eprintln!("sysscope: {e:#}");
@@ -198,6 +201,18 @@ fn config_check(config: &Config) -> anyhow::Result<ExitCode> {
     for (name, why) in &report.failed {
         println!("collector {name} failed: {why}");
     }
+    let kept = privileges::kept_for(config);
+    if kept.is_empty() {
+        println!("capabilities kept after start-up: none");
+    }
+    for (cap, why) in kept {
+        println!("capability kept after start-up: {cap:<20} for {why}");
+    }
+    if config.collection.probe_stats == sysscope::config::ProbeStatsMode::Sampled {
+        println!(
+            "capability kept by the statistics helper process: CAP_SYS_ADMIN for BPF_ENABLE_STATS (collection.probe_stats = \"sampled\")"
+        );
+    }
     println!("configuration OK: {}", if ok { "yes" } else { "no" });
     Ok(if ok {
         ExitCode::SUCCESS
@@ -255,7 +270,13 @@ fn run_exporter(
                 threads = r.threads,
                 "dropped capabilities"
             ),
-            Err(e) => tracing::error!(error = %e, "could not drop capabilities"),
+            // Running on with capabilities it promised to give up would be worse than not
+            // running: the operator learns why and the supervisor restarts it.
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(
+                    "could not drop the capabilities sysscope does not need after start-up",
+                ))
+            }
         }
         let agent = Arc::new(std::sync::Mutex::new(agent));
         let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));

@@ -62,9 +62,9 @@ pub fn cap_names(mask: u64) -> Vec<String> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {
-    #[error("capset failed on the main thread: {0}")]
+    #[error("capset failed on the main thread")]
     Capset(#[source] std::io::Error),
-    #[error("cannot install the signal handler that drops capabilities in other threads: {0}")]
+    #[error("cannot install the signal handler that drops capabilities in other threads")]
     Signal(#[source] std::io::Error),
     #[error(
         "threads {threads:?} still hold capabilities beyond {wanted:?} after the drop \
@@ -76,6 +76,29 @@ pub enum PrivilegeError {
     },
 }
 
+/// Set in the environment, makes [`drop_after_start`] fail as a refused `capset` would.
+pub const FAULT_DROP_ENV: &str = "SYSSCOPE_FAULT_CAPABILITY_DROP";
+
+/// What each capability kept after start-up is for, under `config` (what `--config.check`
+/// prints). `CAP_BPF` may be added at run time on kernels that need it for map access.
+pub fn kept_for(config: &Config) -> Vec<(&'static str, &'static str)> {
+    let mut out = Vec::new();
+    let keep = required(config);
+    if keep & (1 << CAP_DAC_READ_SEARCH) != 0 {
+        out.push((
+            "CAP_DAC_READ_SEARCH",
+            "file.path of slow-call spans: search /proc/<pid>/fd of other users' processes (slow_calls.resolve_file_paths)",
+        ));
+    }
+    if keep & (1 << CAP_SYS_PTRACE) != 0 {
+        out.push((
+            "CAP_SYS_PTRACE",
+            "file.path of slow-call spans: the kernel's ptrace access check on /proc/<pid>/fd links (slow_calls.resolve_file_paths)",
+        ));
+    }
+    out
+}
+
 /// The capabilities sysscope needs once everything is attached, from its configuration
 /// (before the `CAP_BPF` experiment).
 pub fn required(config: &Config) -> u64 {
@@ -84,12 +107,9 @@ pub fn required(config: &Config) -> u64 {
         keep |= 1 << CAP_DAC_READ_SEARCH;
         keep |= 1 << CAP_SYS_PTRACE;
     }
-    // Sampled probe statistics turn the kernel's BPF statistics on and off while running
-    // (BPF_ENABLE_STATS), which the kernel allows only with CAP_SYS_ADMIN. "always" enables
-    // them once at start and "off" never does: both run without it.
-    if config.collection.probe_stats == crate::config::ProbeStatsMode::Sampled {
-        keep |= 1 << CAP_SYS_ADMIN;
-    }
+    // Sampled probe statistics are switched by a helper process that keeps CAP_SYS_ADMIN for
+    // that alone (probe_stats.rs); "always" enables them once at start and "off" never does:
+    // the exporter keeps it in no mode.
     keep
 }
 
@@ -349,6 +369,12 @@ pub fn bpf_fd_access_needs_cap_bpf(keep: u64) -> bool {
 /// Drops every capability beyond those `config` needs, in every thread (see the module
 /// docs). Call once, after every probe is attached and before serving.
 pub fn drop_after_start(config: &Config) -> Result<DropReport, PrivilegeError> {
+    if std::env::var_os(FAULT_DROP_ENV).is_some() {
+        // The test suite's way to reach the failure path for real (the exporter must exit).
+        return Err(PrivilegeError::Capset(std::io::Error::from_raw_os_error(
+            libc::EPERM,
+        )));
+    }
     let mut keep = required(config);
     let needs_bpf = bpf_fd_access_needs_cap_bpf(keep);
     if needs_bpf {
@@ -484,14 +510,18 @@ mod tests {
         let mut c = Config::default();
         assert_eq!(
             cap_names(required(&c)),
-            ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE", "CAP_SYS_ADMIN"]
-        );
-        // CAP_SYS_ADMIN is for sampled probe statistics only.
-        c.collection.probe_stats = crate::config::ProbeStatsMode::Always;
-        assert_eq!(
-            cap_names(required(&c)),
             ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"]
         );
+        // No statistics mode keeps CAP_SYS_ADMIN (sampled statistics use a helper process).
+        for mode in [
+            crate::config::ProbeStatsMode::Always,
+            crate::config::ProbeStatsMode::Sampled,
+            crate::config::ProbeStatsMode::Off,
+        ] {
+            c.collection.probe_stats = mode;
+            assert_eq!(required(&c) & (1 << CAP_SYS_ADMIN), 0);
+        }
+        assert_eq!(kept_for(&c).len(), 2);
         c.slow_calls.resolve_file_paths = false;
         assert_eq!(required(&c), 0);
         c.slow_calls.resolve_file_paths = true;

@@ -11,6 +11,13 @@
 //! estimates. "always" keeps statistics on (exact counters), "off" never turns them on.
 //! Holders of `BPF_ENABLE_STATS` elsewhere on the machine keep statistics on regardless; in
 //! sampled mode only the deltas inside sysscope's windows are used, so they change nothing.
+//!
+//! `BPF_ENABLE_STATS` needs CAP_SYS_ADMIN each time statistics are turned on, and the exporter
+//! gives that capability up once its probes are attached (privileges.rs). So in sampled mode
+//! the switching is done by a helper process ([`StatsHelper`]): the same binary started with
+//! [`HELPER_ARG`], which keeps CAP_SYS_ADMIN and nothing else, reads one byte at a time from a
+//! pipe only the exporter holds (`1`: statistics on, `0`: off), answers on another, and exits
+//! when the exporter goes away (the pipe closes).
 
 use std::{
     collections::HashMap,
@@ -77,6 +84,91 @@ impl std::fmt::Debug for RunTimeStats {
     }
 }
 
+/// The argument that makes the binary the statistics helper.
+pub const HELPER_ARG: &str = "--internal.bpf-stats-helper";
+
+/// When the binary was started as the statistics helper, serves the exporter's requests and
+/// returns the exit status; `None` otherwise. Called first thing by every binary that loads
+/// the probes.
+pub fn run_helper_if_asked() -> Option<i32> {
+    if std::env::args_os().nth(1).as_deref() != Some(std::ffi::OsStr::new(HELPER_ARG)) {
+        return None;
+    }
+    // Nothing but switching statistics: CAP_SYS_ADMIN alone, no_new_privs.
+    if let Err(e) = crate::privileges::drop_to(1 << crate::privileges::CAP_SYS_ADMIN) {
+        eprintln!("sysscope statistics helper: {e}");
+        return Some(1);
+    }
+    let mut stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    let mut held: Option<OwnedFd> = None;
+    let mut byte = [0u8; 1];
+    use std::io::{Read, Write};
+    // EOF (the exporter exited or dropped the pipe) ends the helper.
+    while let Ok(1) = stdin.read(&mut byte) {
+        let answer = match byte[0] {
+            b'1' => {
+                if held.is_none() {
+                    held = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+                }
+                if held.is_some() {
+                    b'1'
+                } else {
+                    b'0'
+                }
+            }
+            _ => {
+                held = None;
+                b'0'
+            }
+        };
+        if stdout
+            .write_all(&[answer])
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            break;
+        }
+    }
+    Some(0)
+}
+
+/// The statistics helper process, seen from the exporter.
+struct StatsHelper {
+    child: std::process::Child,
+    to: std::process::ChildStdin,
+    from: std::process::ChildStdout,
+}
+
+impl StatsHelper {
+    fn spawn() -> std::io::Result<Self> {
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .arg(HELPER_ARG)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let to = child.stdin.take().expect("piped stdin");
+        let from = child.stdout.take().expect("piped stdout");
+        Ok(Self { child, to, from })
+    }
+
+    /// Asks for statistics on (`true`) or off; true when the helper says they are on.
+    fn switch(&mut self, on: bool) -> bool {
+        use std::io::{Read, Write};
+        let mut answer = [0u8; 1];
+        self.to.write_all(if on { b"1" } else { b"0" }).is_ok()
+            && self.from.read_exact(&mut answer).is_ok()
+            && answer[0] == b'1'
+    }
+}
+
+impl Drop for StatsHelper {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn enable() -> Option<OwnedFd> {
     match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
         Ok(fd) => Some(fd),
@@ -87,49 +179,52 @@ fn enable() -> Option<OwnedFd> {
     }
 }
 
-/// (run time ns, runs) of this process's programs, by id.
+/// (run time ns, runs) of this process's programs, by id, from the fdinfo of the program
+/// descriptors it holds: the kernel writes both counters there, so reading them needs no
+/// capability (enumerating programs by id would need CAP_SYS_ADMIN, which is given up).
 fn snapshot() -> HashMap<u32, (u64, u64)> {
-    let ours = own_program_ids();
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .filter(|p| ours.contains(&p.id()))
-        .map(|p| (p.id(), (p.run_time().as_nanos() as u64, p.run_count())))
-        .collect()
-}
-
-/// Ids of the eBPF programs this process holds open.
-fn own_program_ids() -> Vec<u32> {
-    let mut ids = Vec::new();
+    let mut out = HashMap::new();
     let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
-        return ids;
+        return out;
     };
     for fd in fds.flatten() {
-        if let Ok(text) = std::fs::read_to_string(fd.path()) {
-            ids.extend(
-                text.lines()
-                    .filter_map(|l| l.strip_prefix("prog_id:"))
-                    .filter_map(|v| v.trim().parse::<u32>().ok()),
-            );
+        let Ok(text) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(run_time), Some(runs)) =
+            (field("prog_id:"), field("run_time_ns:"), field("run_cnt:"))
+        {
+            out.insert(id as u32, (run_time, runs));
         }
     }
-    ids
+    out
 }
 
-fn sample(shared: &Shared, started: Instant) {
+fn sample(shared: &Shared, started: Instant, mut helper: StatsHelper) {
     let mut last_end = started;
+    let mut warned = false;
     loop {
-        let Some(fd) = enable() else {
+        if !helper.switch(true) {
+            if !warned {
+                tracing::warn!("the statistics helper cannot enable BPF run-time statistics (it needs CAP_SYS_ADMIN); probe cost metrics will read 0");
+                warned = true;
+            }
             if shared.sleep(PERIOD) {
                 return;
             }
             continue;
-        };
+        }
         let t0 = Instant::now();
         let before = snapshot();
         let stop = shared.sleep(WINDOW);
         let after = snapshot();
         let t1 = Instant::now();
-        drop(fd);
+        helper.switch(false);
         let on = t1 - t0;
         shared
             .on_ns
@@ -162,13 +257,16 @@ impl RunTimeStats {
             ProbeStatsMode::Off => (None, None),
             ProbeStatsMode::Sampled => {
                 let s = shared.clone();
-                let handle = std::thread::Builder::new()
-                    .name("sysscope-stats".into())
-                    .spawn(move || sample(&s, started))
-                    .map_err(
-                        |e| tracing::warn!(error = %e, "cannot start the BPF statistics sampler"),
-                    )
-                    .ok();
+                let handle = StatsHelper::spawn()
+                    .map_err(|e| tracing::warn!(error = %e, "cannot start the BPF statistics helper; probe cost metrics will read 0"))
+                    .ok()
+                    .and_then(|helper| {
+                        std::thread::Builder::new()
+                            .name("sysscope-stats".into())
+                            .spawn(move || sample(&s, started, helper))
+                            .map_err(|e| tracing::warn!(error = %e, "cannot start the BPF statistics sampler"))
+                            .ok()
+                    });
                 (None, handle)
             }
         };

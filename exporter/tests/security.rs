@@ -257,11 +257,11 @@ fn capabilities_are_dropped_in_every_thread_after_start() {
     }
     use sysscope::privileges::{CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN, CAP_SYS_PTRACE};
     for (config, expected) in [
-        // Default: slow-call file paths are resolved, which needs these two, and probe
-        // statistics are sampled, which needs CAP_SYS_ADMIN to switch them on and off.
+        // Default: slow-call file paths are resolved, which needs these two. Probe statistics
+        // are sampled, switched by a helper process: the exporter keeps no CAP_SYS_ADMIN.
         (
             TEST_CONFIG.to_string(),
-            (1u64 << CAP_DAC_READ_SEARCH) | (1 << CAP_SYS_PTRACE) | (1 << CAP_SYS_ADMIN),
+            (1u64 << CAP_DAC_READ_SEARCH) | (1 << CAP_SYS_PTRACE),
         ),
         // Statistics kept on from the start, no path resolution: nothing at all.
         (
@@ -292,6 +292,31 @@ fn capabilities_are_dropped_in_every_thread_after_start() {
             assert_eq!(hex(&status_field(pid, tid, "CapAmb")), 0);
             assert_eq!(status_field(pid, tid, "NoNewPrivs"), "1");
         }
+        // The statistics helper (sampled mode, the default) holds CAP_SYS_ADMIN and nothing
+        // else; with statistics always on there is no helper at all.
+        let helpers: Vec<u32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                    String::from_utf8_lossy(&c).contains(sysscope::probe_stats::HELPER_ARG)
+                }) && status_field(*p, *p, "PPid") == pid.to_string()
+            })
+            .collect();
+        if config == TEST_CONFIG {
+            assert_eq!(helpers.len(), 1, "statistics helpers of {pid}: {helpers:?}");
+            let helper = helpers[0];
+            for field in ["CapEff", "CapPrm", "CapBnd"] {
+                assert_eq!(
+                    hex(&status_field(helper, helper, field)),
+                    1u64 << CAP_SYS_ADMIN,
+                    "statistics helper {field}"
+                );
+            }
+            assert_eq!(status_field(helper, helper, "NoNewPrivs"), "1");
+        } else {
+            assert!(helpers.is_empty(), "a statistics helper with {config:?}");
+        }
         // Reading the maps still works without CAP_BPF: exact counts after the drop.
         let cg = TestCgroup::new("sysscope-test-caps");
         run_workload_joined(&cg, &["getppid", "321"]);
@@ -305,6 +330,30 @@ fn capabilities_are_dropped_in_every_thread_after_start() {
             321.0
         );
     }
+}
+
+/// A capability drop that fails is fatal: the exporter says why and exits non-zero rather than
+/// run on with what it promised to give up.
+#[test]
+fn a_failed_capability_drop_stops_the_exporter() {
+    if !require_root("a_failed_capability_drop_stops_the_exporter") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sysscope.toml");
+    std::fs::write(&config, TEST_CONFIG).unwrap();
+    let out = Command::new(sysscope_bin())
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{}", free_port()))
+        .env(sysscope::privileges::FAULT_DROP_ENV, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exited {:?}: {stderr}", out.status);
+    assert!(
+        stderr.contains("could not drop the capabilities"),
+        "no reason given: {stderr}"
+    );
 }
 
 #[test]

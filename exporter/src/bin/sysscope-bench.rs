@@ -44,6 +44,9 @@ fn usage() -> ! {
 }
 
 fn main() -> anyhow::Result<()> {
+    if let Some(status) = sysscope::probe_stats::run_helper_if_asked() {
+        std::process::exit(status);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("attach") => attach(&args[1..]),

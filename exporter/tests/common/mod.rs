@@ -471,7 +471,8 @@ pub fn parse_samples(text: &str) -> Vec<Sample> {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
         }
-        let line = line.split(" # {").next().unwrap();
+        // Label values are parsed with their escapes before anything else: a value may hold
+        // `}`, `" # {"` or anything a tenant chose, and an exemplar comes after the value.
         let (name, rest) = match line.find('{') {
             Some(i) => (&line[..i], &line[i..]),
             None => line.split_at(line.find(' ').expect("sample has a value")),
