@@ -1657,3 +1657,55 @@ fn http_json_exports_exact_spans_and_metrics() {
         "{requests:?}"
     );
 }
+
+/// Every slow call with a descriptor carries its path, the first of a fresh process too (its
+/// record must not wait for another one's wake-up), and arrives promptly.
+#[test]
+fn every_slow_read_of_a_fresh_process_has_its_path() {
+    if !require_root("every_slow_read_of_a_fresh_process_has_its_path") {
+        return;
+    }
+    let _serial = serial();
+    let exporter = Exporter::start(SLOW_READS, &[]);
+    for round in 0..3 {
+        // Three slow pipe reads, then the process stays a moment (its /proc is readable).
+        let ran = run(None, &["slow-pipe-read", "3", "40", "sleep", "1", "300"]);
+        let spans = eventually(Duration::from_secs(5), || {
+            let (_, _, body) = http_get(exporter.port, "/api/v1/slow-calls", None).ok()?;
+            let doc: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let reads: Vec<serde_json::Value> = doc["slow_calls"]
+                .as_array()?
+                .iter()
+                .filter(|c| c["attributes"]["process.pid"] == ran.pid && c["name"] == "read")
+                .cloned()
+                .collect();
+            (reads.len() == 3).then_some(reads)
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "round {round}: three slow reads of {} never showed up",
+                ran.pid
+            )
+        });
+        let mut spans = spans;
+        spans.sort_by_key(|s| s["start_time_unix_nano"].as_u64().unwrap_or(0));
+        // The first two reads are followed by another read of the same pipe 40 ms later: their
+        // descriptor is certainly still open when their records are read. The last one's is
+        // closed right after it; its span has the path, or says why not.
+        for (i, span) in spans.iter().enumerate() {
+            let path = span["attributes"]["file.path"].as_str().unwrap_or("");
+            let why = span["attributes"]["sysscope.file.path_unavailable"].as_str();
+            if i < 2 {
+                assert!(
+                    path.starts_with("pipe:["),
+                    "round {round}: slow read {i} without its path: {span}"
+                );
+            } else {
+                assert!(
+                    path.starts_with("pipe:[") || why == Some("gone"),
+                    "round {round}: the last slow read neither has its path nor says why: {span}"
+                );
+            }
+        }
+    }
+}

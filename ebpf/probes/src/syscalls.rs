@@ -36,7 +36,9 @@ use core::{
 };
 
 use aya_ebpf::{
-    bindings::{BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, BPF_NOEXIST},
+    bindings::{
+        BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP,
+    },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_smp_processor_id, bpf_ktime_get_ns,
@@ -630,5 +632,9 @@ fn sample_slow_call(
     let regs = ctx.arg::<*const u8>(0);
     read_syscall_args(regs, &mut event.args);
     event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
-    entry.submit(0);
+    // Wake the reader for every record. By default the kernel wakes it only when it has read
+    // everything before this record, so one missed wake-up leaves records waiting for an
+    // unrelated one: spans arrived seconds late, and the process whose descriptor path is read
+    // from /proc had exited by then. Records are rate-limited, so the wake-ups are too.
+    entry.submit(BPF_RB_FORCE_WAKEUP as u64);
 }

@@ -178,6 +178,8 @@ pub struct ProcContext {
     /// Where that descriptor points (`/proc/<pid>/task/<tid>/fd/<fd>`, or the process's table
     /// once the thread is gone), when resolved.
     pub fd_path: Option<String>,
+    /// Why a descriptor's path could not be read (paths on, the call had a descriptor).
+    pub fd_path_error: Option<&'static str>,
 }
 
 impl ProcContext {
@@ -195,17 +197,28 @@ impl ProcContext {
         };
         // The calling thread's table first (it may have unshared it); the process's when the
         // thread is gone already (threads normally share one table).
-        let fd_path = match fd {
+        let (fd_path, fd_path_error) = match fd {
             Some(fd) if resolve_paths && !spec.consumes_fd => {
-                readlink_lossy(&proc_root.join(format!("{}/task/{}/fd/{fd}", ev.tgid, ev.tid)))
-                    .or_else(|| readlink_lossy(&proc_root.join(format!("{}/fd/{fd}", ev.tgid))))
+                match std::fs::read_link(
+                    proc_root.join(format!("{}/task/{}/fd/{fd}", ev.tgid, ev.tid)),
+                )
+                .or_else(|_| std::fs::read_link(proc_root.join(format!("{}/fd/{fd}", ev.tgid))))
+                {
+                    Ok(p) => (Some(p.to_string_lossy().into_owned()), None),
+                    Err(e) => (None, Some(path_error(&e))),
+                }
             }
-            _ => None,
+            _ => (None, None),
         };
         let exe = std::fs::read_link(proc_root.join(format!("{}/exe", ev.tgid)))
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
-        Self { exe, fd, fd_path }
+        Self {
+            exe,
+            fd,
+            fd_path,
+            fd_path_error,
+        }
     }
 }
 
@@ -326,6 +339,9 @@ impl Enricher {
         if let Some(path) = &ctx.fd_path {
             attrs.push(("file.path", AttrValue::from(path.as_str())));
         }
+        if let Some(why) = ctx.fd_path_error {
+            attrs.push(("sysscope.file.path_unavailable", AttrValue::from(why)));
+        }
         if spec.ret_bytes && !failed && ev.ret >= 0 {
             attrs.push(("sysscope.syscall.bytes", ev.ret.into()));
         }
@@ -370,10 +386,15 @@ impl Enricher {
     }
 }
 
-fn readlink_lossy(link: &Path) -> Option<String> {
-    std::fs::read_link(link)
-        .ok()
-        .map(|p| p.to_string_lossy().into_owned())
+/// Why `/proc/<pid>/fd/<n>` could not be read, as a span attribute value.
+fn path_error(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        // The process exited (or closed the descriptor) between the call and the read of its
+        // record: a call right before exit.
+        std::io::ErrorKind::NotFound => "gone",
+        std::io::ErrorKind::PermissionDenied => "permission_denied",
+        _ => "unreadable",
+    }
 }
 
 /// Trace and span ids must not be all zeros (the invalid id).

@@ -36,30 +36,25 @@ pub fn spawn(
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(tokio::spawn(async move {
         loop {
-            let mut guard = match fd.readable_mut().await {
-                Ok(g) => g,
-                Err(e) => {
+            // The probes ask for a wake-up per record; the timer is a safety net should one
+            // still be missed (a record waiting for an unrelated wake-up arrives late, and the
+            // process whose paths it needs may be gone by then).
+            let ready = tokio::time::timeout(DRAIN_INTERVAL, fd.readable_mut()).await;
+            let mut guard = match ready {
+                Ok(Ok(g)) => g,
+                Ok(Err(e)) => {
                     tracing::error!(error = %e, "slow-call ring buffer cannot be watched; no more spans");
                     return;
                 }
-            };
-            let mut events = Vec::new();
-            {
-                let ring = guard.get_inner_mut();
-                while let Some(item) = ring.next() {
-                    match event::decode(&item) {
-                        // The /proc part first: the process may be about to exit.
-                        Some(ev) => events.push((
-                            ev,
-                            event::ProcContext::capture(&ev, resolve_paths, &proc_root),
-                        )),
-                        None => Stats::add(&stats.dropped_malformed, 1),
+                Err(_) => {
+                    let events = drain(fd.get_mut(), resolve_paths, &proc_root, &stats);
+                    if !events.is_empty() {
+                        deliver(&enricher, &sinks, events).await;
                     }
-                    if events.len() >= MAX_BATCH {
-                        break;
-                    }
+                    continue;
                 }
-            }
+            };
+            let events = drain(guard.get_inner_mut(), resolve_paths, &proc_root, &stats);
             // Drained: wait for the next wake-up. Otherwise come back for the rest at once.
             if events.len() < MAX_BATCH {
                 guard.clear_ready();
@@ -68,18 +63,52 @@ pub fn spawn(
             if events.is_empty() {
                 continue;
             }
-            let enricher = enricher.clone();
-            let sinks = sinks.clone();
-            let done = tokio::task::spawn_blocking(move || {
-                let mut enricher = enricher.lock().expect("enricher lock");
-                for (ev, ctx) in events {
-                    sinks.deliver(enricher.enrich_with(&ev, ctx));
-                }
-            })
-            .await;
-            if let Err(e) = done {
-                tracing::error!(error = %e, "enriching slow calls failed");
-            }
+            deliver(&enricher, &sinks, events).await;
         }
     }))
+}
+
+/// Longest a committed record can wait in the ring buffer if its wake-up was missed.
+const DRAIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
+
+type Captured = Vec<(sysscope_abi::SlowCallEvent, event::ProcContext)>;
+
+/// Reads up to [`MAX_BATCH`] records, each with the `/proc` context taken at once (the process
+/// may be about to exit).
+fn drain(
+    ring: &mut RingBuf<MapData>,
+    resolve_paths: bool,
+    proc_root: &std::path::Path,
+    stats: &Stats,
+) -> Captured {
+    let mut events = Vec::new();
+    while let Some(item) = ring.next() {
+        match event::decode(&item) {
+            Some(ev) => events.push((
+                ev,
+                event::ProcContext::capture(&ev, resolve_paths, proc_root),
+            )),
+            None => Stats::add(&stats.dropped_malformed, 1),
+        }
+        if events.len() >= MAX_BATCH {
+            break;
+        }
+    }
+    events
+}
+
+/// Enriches and hands the records to the sinks on a blocking thread (the labeler lock).
+async fn deliver(enricher: &Arc<Mutex<event::Enricher>>, sinks: &Arc<Sinks>, events: Captured) {
+    let enricher = enricher.clone();
+    let sinks = sinks.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        let mut enricher = enricher.lock().expect("enricher lock");
+        for (ev, ctx) in events {
+            sinks.deliver(enricher.enrich_with(&ev, ctx));
+        }
+    })
+    .await;
+    if let Err(e) = done {
+        tracing::error!(error = %e, "enriching slow calls failed");
+    }
 }
