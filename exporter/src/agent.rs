@@ -14,6 +14,7 @@ use prometheus_client::{
 use sysscope_abi::{counters, maps};
 
 use crate::{
+    build_info::{REVISION, VERSION},
     collectors::{Collector, Health},
     probes::Probes,
 };
@@ -113,13 +114,6 @@ struct Slot {
     /// Failed at start: its collector, if any, only tells why (never refreshed, always down).
     failed: bool,
 }
-
-/// Version and revision baked in at build time.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-pub const REVISION: &str = match option_env!("SYSSCOPE_REVISION") {
-    Some(r) => r,
-    None => "unknown",
-};
 
 pub struct Agent {
     slots: Vec<Slot>,

@@ -9,10 +9,12 @@
 pub mod agent;
 pub mod bpf_batch;
 pub mod btf;
+pub mod build_info;
 pub mod cli;
 pub mod collectors;
 pub mod config;
 pub mod exposition;
+pub mod hist;
 pub mod metadata;
 pub mod privileges;
 pub mod probe_stats;
@@ -22,3 +24,4 @@ pub mod spans;
 pub mod startup;
 pub mod syscall_stats;
 pub mod syscall_table;
+pub mod util;

@@ -18,7 +18,6 @@ use aya::{
 use sysscope_abi::{globals, maps, BlockProbeConfig, MAX_STAT_STRIPES};
 
 use crate::{
-    collectors::block_io,
     config::Config,
     probe_stats::{RunTimeStats, RunTotals},
 };
@@ -114,6 +113,19 @@ pub fn preflight() -> Result<(), ProbeError> {
         return Err(ProbeError::NoBtf);
     }
     Ok(())
+}
+
+/// `BLOCK_LATENCY` capacity when latency is kept per (device, op) only.
+const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
+
+/// Capacity of `BLOCK_LATENCY` for this config: the block I/O family's own sizing, which the
+/// loader applies and the collector reports as the map's capacity.
+pub fn block_latency_capacity(config: &Config) -> u32 {
+    if config.block_io.latency_by_cgroup {
+        config.block_io.max_entries
+    } else {
+        LATENCY_DEVICE_OP_ENTRIES
+    }
 }
 
 /// What the loader needs to know beyond the config.
@@ -262,7 +274,7 @@ impl Probes {
         loader
             .map_max_entries(maps::BLOCK_INFLIGHT, block.max_inflight)
             .map_max_entries(maps::BLOCK_STATS, block.max_entries)
-            .map_max_entries(maps::BLOCK_LATENCY, block_io::latency_capacity(config));
+            .map_max_entries(maps::BLOCK_LATENCY, block_latency_capacity(config));
         if let Some(block_config) = &options.block_io {
             loader.override_global(globals::BLOCK_CONFIG, block_config, true);
         }

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use super::{
     block::{self, BlockStream},
-    events::{set_target_filter, EventSink, EventStream},
+    events::{set_target_filter, EventStream},
     profile::{DropCounters, ProbeDrops, Profile, ProfileReader},
     progress::{thousands, Progress},
     session::{Session, StopReason},
+    sink::EventSink,
     CliError,
 };
 use crate::{
@@ -148,7 +149,7 @@ pub fn run(
             "until the cgroup is removed"
         };
         let limit = match session.duration() {
-            Some(d) => format!("for {}", crate::config::humantime_serde_compat::format(&d)),
+            Some(d) => format!("for {}", crate::util::duration::format(&d)),
             None => until.to_string(),
         };
         eprintln!(
