@@ -16,6 +16,8 @@ pub mod config;
 pub mod exposition;
 pub mod hist;
 pub mod metadata;
+#[cfg(test)]
+mod object_contract;
 pub mod privileges;
 pub mod probe_stats;
 pub mod probes;

@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// The compiled probes, embedded at build time.
-static PROBES_OBJECT: &[u8] =
+pub(crate) static PROBES_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sysscope-probes"));
 
 #[derive(Debug, thiserror::Error)]

@@ -37,6 +37,7 @@ LAYERS = [
             "syscall_table.rs",
             "hist.rs",
             "privileges.rs",
+            "object_contract.rs",
         ],
     ),
     ("labels", ["labels/", "metadata/", "series.rs"]),
