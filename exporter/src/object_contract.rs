@@ -54,6 +54,15 @@ const MAP_TYPES: &[(&str, Option<(usize, usize)>)] = &[
         Some((size_of::<u32>(), size_of::<u64>())),
     ),
     (maps::SLOW_EVENTS, None),
+    // Slots taken and returned per cgroup id (the per-cgroup quota).
+    (
+        maps::CGROUP_TAKEN,
+        Some((size_of::<u64>(), size_of::<u64>())),
+    ),
+    (
+        maps::CGROUP_RETURNED,
+        Some((size_of::<u64>(), size_of::<u64>())),
+    ),
     (
         maps::SLOW_RATE,
         Some((size_of::<u32>(), size_of::<RateWindow>())),
@@ -99,6 +108,8 @@ const GLOBAL_TYPES: &[(&str, usize)] = &[
     (globals::SYSCALL_TARGET_ONLY, size_of::<u32>()),
     (globals::BLOCK_CONFIG, size_of::<BlockProbeConfig>()),
     (globals::BLOCK_TRACE, size_of::<u32>()),
+    (globals::SYSCALL_STAT_STRIPES, size_of::<u32>()),
+    (globals::SYSCALL_CGROUP_QUOTA, size_of::<u32>()),
 ];
 
 /// The string constants of `pub mod <module> { ... }` in the ABI source.

@@ -7,8 +7,9 @@ and paths written inline), maps each to the deepest module file it names, and fa
   - a file belongs to no layer ("assign a layer" in LAYERS below and in the docs).
 Comments and `#[cfg(test)] mod tests` are left out: tests may reach anywhere.
 
-Known breaches that cannot be moved yet are listed in EXCEPTIONS, each with its reason; an
-exception that no longer matches an import fails the check too, so the list only shrinks.
+Known breaches that cannot be moved yet are listed in EXCEPTIONS (imports) and CYCLE_EXCEPTIONS
+(cycles), each with its reason; an exception that no longer matches fails the check too, so the
+lists only shrink.
 
 Usage: layers.py [SRC_DIR] (default: exporter/src beside this script's repository).
 Prints one line per problem and a final "OK ..." or "FAIL ..." line; exits 1 on failure.
@@ -66,10 +67,6 @@ EXCEPTIONS = {
         "config validation names syscalls through the kernel's syscall table; the table "
         "becomes a label decoder or the check moves to the syscall family's sizing"
     ),
-    ("cli/profile.rs", "collectors/syscalls.rs"): (
-        "the CLI reads the syscall maps through the collector's SyscallMaps and delta; both "
-        "move to the kernel layer's syscall family"
-    ),
     ("cli/block.rs", "collectors/block_io.rs"): (
         "the CLI's block tracks use the collector's kernel plan (plan, BlockIoPlan, "
         "SUBMIT_TRACEPOINT); the plan moves to the kernel layer's block I/O family"
@@ -104,6 +101,15 @@ EXCEPTIONS = {
     ("metadata/kubernetes/watch.rs", "collectors/mod.rs"): (
         "the pod watch is run as a collector and implements the Collector trait; the trait "
         "moves to a leaf below labels"
+    ),
+}
+
+# Import cycles allowed for now, as the sorted list of their files: why. Same rule: remove the
+# entry when the move that ends it lands.
+CYCLE_EXCEPTIONS = {
+    ("probes.rs", "syscall_stats.rs"): (
+        "the loader's error wraps the slot table's error while the table's attach returns the "
+        "loader's error; both become the kernel layer's syscall family with one map error"
     ),
 }
 
@@ -248,13 +254,16 @@ def main():
     mods = modules(src)
     graph = imports(src, mods)
     problems = []
+    used = set()
     for f in sorted(graph):
         if layer_of(f)[1] is None:
             problems.append(f"{f}: belongs to no layer: assign a layer (scripts/checks/layers.py "
                             "LAYERS and docs/architecture.md)")
     for c in cycles(graph):
+        if tuple(c) in CYCLE_EXCEPTIONS:
+            used.add(tuple(c))
+            continue
         problems.append("import cycle: " + ", ".join(c))
-    used = set()
     for f in sorted(graph):
         src_layer = layer_of(f)[1]
         if src_layer is None:
@@ -271,6 +280,9 @@ def main():
     for stale in sorted(set(EXCEPTIONS) - used):
         problems.append(f"exception {stale[0]} -> {stale[1]} no longer matches an import: "
                         "remove it from EXCEPTIONS")
+    for stale in sorted(set(CYCLE_EXCEPTIONS) - used):
+        problems.append(f"cycle exception {', '.join(stale)} no longer matches a cycle: "
+                        "remove it from CYCLE_EXCEPTIONS")
     for p in problems:
         print(p)
     summary = (f"{len(graph)} files, {sum(len(d) for d in graph.values())} imports, "
