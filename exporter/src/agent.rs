@@ -17,6 +17,7 @@ use crate::{
     build_info::{REVISION, VERSION},
     collectors::{Collector, Health},
     probes::Probes,
+    util::error::Chain,
 };
 
 /// Where each probe drop counter is reported: (index, metric, label value).
@@ -225,7 +226,7 @@ impl Agent {
                     Ok(()) => slot.up = true,
                     Err(e) => {
                         if slot.up {
-                            tracing::warn!(collector = slot.name, error = %e, "collector refresh failed");
+                            tracing::warn!(collector = slot.name, error = %Chain(&e), "collector refresh failed");
                         }
                         slot.up = false;
                     }

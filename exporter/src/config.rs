@@ -13,7 +13,7 @@ use crate::util::duration as humantime_serde_compat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: String,
         #[source]
@@ -742,6 +742,19 @@ mod tests {
         assert_eq!(c.otlp.endpoint.as_deref(), Some("https://collector:4318"));
         assert_eq!(c.otlp.traces, Some(false));
         assert_eq!(c.otlp.resource_attributes["team"], "infra");
+    }
+
+    #[test]
+    fn a_missing_file_names_its_cause_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.toml");
+        let e = Config::load(&path).unwrap_err();
+        // As `main` prints it: the message, then the chain of causes.
+        let shown = format!("{:#}", anyhow::Error::new(e));
+        let cause = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+        assert_eq!(shown.matches(&cause).count(), 1, "{shown}");
+        assert!(shown.starts_with("cannot read config file "), "{shown}");
+        assert!(shown.contains("absent.toml"), "{shown}");
     }
 
     #[test]

@@ -43,20 +43,20 @@ pub enum ProbeError {
     NoBtf,
     #[error("the embedded eBPF object is empty: this binary was built with AYA_BUILD_SKIP")]
     NotBuilt,
-    #[error("loading the eBPF object failed: {0}")]
+    #[error("loading the eBPF object failed")]
     Load(#[source] aya::EbpfError),
     #[error("program `{program}` is not in the eBPF object")]
     NoSuchProgram { program: String },
     #[error("map `{map}` is not in the eBPF object (or was already taken)")]
     NoSuchMap { map: String },
-    #[error("program `{program}`: {action} failed: {source}")]
+    #[error("program `{program}`: {action} failed")]
     Program {
         program: String,
         action: &'static str,
         #[source]
         source: ProgramError,
     },
-    #[error("map `{map}`: {source}")]
+    #[error("map `{map}`")]
     Map {
         map: String,
         #[source]

@@ -23,6 +23,7 @@ use crate::{
     config::Config,
     metadata::cgroups,
     probes::Probes,
+    util::error::Chain,
 };
 
 /// The name the block programs are attached under (for detaching them on failure).
@@ -33,8 +34,8 @@ pub fn plan(config: &Config) -> Result<BlockIoPlan, String> {
     if !config.block_io.enabled {
         return Err("block_io.enabled is false in the config file".into());
     }
-    let root = cgroups::v2_mount().map_err(|e| e.to_string())?;
-    block_io::plan(config, &root).map_err(|e| e.to_string())
+    let root = cgroups::v2_mount().map_err(|e| Chain(&e).to_string())?;
+    block_io::plan(config, &root).map_err(|e| Chain(&e).to_string())
 }
 
 /// The attached block probes and the maps the trace reads.

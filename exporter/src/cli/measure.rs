@@ -17,6 +17,7 @@ use super::{
 use crate::{
     config::Config,
     probes::{self, Probes},
+    util::error::Chain,
 };
 
 /// How often the syscall maps are read during a run (and exited processes reclaimed).
@@ -131,7 +132,7 @@ pub fn run(
         Some(plan) => match BlockStream::attach(&mut probes, config, plan) {
             Ok(b) => Some(b),
             Err(e) => {
-                block_off = Some(e.to_string());
+                block_off = Some(Chain(&e).to_string());
                 None
             }
         },

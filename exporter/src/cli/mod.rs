@@ -45,7 +45,7 @@ pub enum CliError {
     CommandNotFound(String),
     #[error("no such file: {0}")]
     NoSuchFile(String),
-    #[error("cannot run {command}: {source}")]
+    #[error("cannot run {command}")]
     Spawn {
         command: String,
         #[source]
@@ -55,13 +55,13 @@ pub enum CliError {
     NoSuchProcess(u32),
     #[error("cgroup {path} does not exist (give a path relative to the cgroup v2 root {root}, or an absolute path below it)")]
     NoSuchCgroup { path: String, root: String },
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         what: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("reading map {map}: {source}")]
+    #[error("reading map {map}")]
     Map {
         map: &'static str,
         #[source]

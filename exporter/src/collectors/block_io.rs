@@ -42,6 +42,7 @@ use crate::{
     probes::{block_latency_capacity as latency_capacity, ProbeError, Probes},
     series::{Budget, CgroupLabels, Workload, OTHER},
     util::clock::monotonic_ns,
+    util::error::Chain,
 };
 
 pub const NAME: &str = "block_io";
@@ -70,7 +71,7 @@ const COMPLETE_PROTOTYPE: &str = "block_rq_complete";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockIoError {
-    #[error("cannot find the kernel's block request layout: {0}")]
+    #[error("cannot find the kernel's block request layout")]
     Btf(#[from] BtfError),
     #[error(transparent)]
     Probe(#[from] ProbeError),
@@ -230,7 +231,7 @@ pub fn resolve_offsets(
                 c.bio_cgroup = 1;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "block I/O: cannot follow a bio to its cgroup; charging the issuing task's cgroup");
+                tracing::warn!(error = %Chain(&e), "block I/O: cannot follow a bio to its cgroup; charging the issuing task's cgroup");
             }
         }
     }
