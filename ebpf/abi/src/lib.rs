@@ -793,6 +793,10 @@ impl Default for TraceEvent {
 }
 
 #[cfg(feature = "user")]
+#[allow(
+    clippy::undocumented_unsafe_blocks,
+    reason = "one SAFETY note, at the top, covers every impl: they share the same argument"
+)]
 mod pod {
     use super::*;
     // SAFETY: every type below is #[repr(C)], made only of integers and integer arrays, with
