@@ -14,8 +14,10 @@ use prometheus_client::{
 use sysscope_abi::{counters, maps};
 
 use crate::{
+    build_info::{REVISION, VERSION},
     collectors::{Collector, Health},
     probes::Probes,
+    util::error::Chain,
 };
 
 /// Where each probe drop counter is reported: (index, metric, label value).
@@ -113,13 +115,6 @@ struct Slot {
     /// Failed at start: its collector, if any, only tells why (never refreshed, always down).
     failed: bool,
 }
-
-/// Version and revision baked in at build time.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-pub const REVISION: &str = match option_env!("SYSSCOPE_REVISION") {
-    Some(r) => r,
-    None => "unknown",
-};
 
 pub struct Agent {
     slots: Vec<Slot>,
@@ -231,7 +226,7 @@ impl Agent {
                     Ok(()) => slot.up = true,
                     Err(e) => {
                         if slot.up {
-                            tracing::warn!(collector = slot.name, error = %e, "collector refresh failed");
+                            tracing::warn!(collector = slot.name, error = %Chain(&e), "collector refresh failed");
                         }
                         slot.up = false;
                     }

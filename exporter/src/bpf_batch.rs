@@ -219,6 +219,7 @@ fn lookup<K: Pod, V: Pod>(
                 unsafe { std::ptr::read_unaligned(keys[i * key_size..].as_ptr() as *const K) };
             let base = i * stride * values_per_key;
             let per_cpu: Vec<V> = (0..values_per_key)
+                // SAFETY: as for the key: each CPU's value lies within the `n` values written.
                 .map(|cpu| unsafe {
                     std::ptr::read_unaligned(values[base + cpu * stride..].as_ptr() as *const V)
                 })
@@ -330,6 +331,7 @@ mod tests {
 
     #[test]
     fn reads_a_hash_with_values_smaller_than_8_bytes() {
+        // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("SKIPPED reads_a_hash_with_values_smaller_than_8_bytes: needs root");
             return;
@@ -350,6 +352,7 @@ mod tests {
 
     #[test]
     fn reads_exactly_the_requested_ranges_of_a_percpu_array() {
+        // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("SKIPPED reads_exactly_the_requested_ranges_of_a_percpu_array: needs root");
             return;

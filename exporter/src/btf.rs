@@ -12,7 +12,7 @@ pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {
-    #[error("cannot read kernel BTF {path}: {source}")]
+    #[error("cannot read kernel BTF {path}")]
     Read {
         path: String,
         #[source]

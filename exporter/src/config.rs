@@ -9,10 +9,11 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 use serde::{Deserialize, Serialize};
 
 use crate::syscall_table;
+use crate::util::duration as humantime_serde_compat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: String,
         #[source]
@@ -561,61 +562,6 @@ fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-/// Durations written as "250ms", "10s", "5m", "1h" (the Prometheus style).
-pub mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn parse(s: &str) -> Result<Duration, String> {
-        let s = s.trim();
-        let split = s
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("`{s}` has no unit (use ms, s, m or h)"))?;
-        let (num, unit) = s.split_at(split);
-        let value: f64 = num
-            .parse()
-            .map_err(|_| format!("`{s}` is not a duration like 250ms, 10s, 5m"))?;
-        let scale = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            other => {
-                return Err(format!(
-                    "`{other}` is not a duration unit (ns, us, ms, s, m, h)"
-                ))
-            }
-        };
-        let secs = value * scale;
-        if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
-            return Err(format!("`{s}` is out of range"));
-        }
-        Ok(Duration::from_secs_f64(secs))
-    }
-
-    pub fn format(d: &Duration) -> String {
-        if d.subsec_nanos() == 0 {
-            format!("{}s", d.as_secs())
-        } else if d.as_nanos().is_multiple_of(1_000_000) {
-            format!("{}ms", d.as_millis())
-        } else {
-            format!("{}ns", d.as_nanos())
-        }
-    }
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&format(d))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        parse(&s).map_err(serde::de::Error::custom)
-    }
-}
-
 /// The default configuration as TOML, every key with its default. The `[otlp]` keys have no
 /// default of their own (unset, they come from `OTEL_*` variables or the OTLP defaults), so
 /// they are listed commented out, with example values.
@@ -796,6 +742,19 @@ mod tests {
         assert_eq!(c.otlp.endpoint.as_deref(), Some("https://collector:4318"));
         assert_eq!(c.otlp.traces, Some(false));
         assert_eq!(c.otlp.resource_attributes["team"], "infra");
+    }
+
+    #[test]
+    fn a_missing_file_names_its_cause_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.toml");
+        let e = Config::load(&path).unwrap_err();
+        // As `main` prints it: the message, then the chain of causes.
+        let shown = format!("{:#}", anyhow::Error::new(e));
+        let cause = std::io::Error::from_raw_os_error(libc::ENOENT).to_string();
+        assert_eq!(shown.matches(&cause).count(), 1, "{shown}");
+        assert!(shown.starts_with("cannot read config file "), "{shown}");
+        assert!(shown.contains("absent.toml"), "{shown}");
     }
 
     #[test]

@@ -9,11 +9,15 @@
 pub mod agent;
 pub mod bpf_batch;
 pub mod btf;
+pub mod build_info;
 pub mod cli;
 pub mod collectors;
 pub mod config;
 pub mod exposition;
+pub mod hist;
 pub mod metadata;
+#[cfg(test)]
+mod object_contract;
 pub mod privileges;
 pub mod probe_stats;
 pub mod probes;
@@ -22,3 +26,4 @@ pub mod spans;
 pub mod startup;
 pub mod syscall_stats;
 pub mod syscall_table;
+pub mod util;

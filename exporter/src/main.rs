@@ -20,6 +20,7 @@ use sysscope::{
         web_config::WebConfig,
     },
     privileges, spans, startup,
+    util::error::Chain,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -165,7 +166,7 @@ fn main() -> ExitCode {
     match tool {
         (_, Ok(code)) => ExitCode::from(code),
         (name, Err(e)) => {
-            eprintln!("sysscope {name}: {e}");
+            eprintln!("sysscope {name}: {}", Chain(&e));
             ExitCode::from(e.exit_code())
         }
     }

@@ -401,6 +401,7 @@ pub fn drop_to(keep: u64) -> Result<DropReport, PrivilegeError> {
     let signal = libc::SIGRTMIN() + 7;
     // SAFETY: installing a handler that only makes raw syscalls and touches atomics.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: all-zero is a valid sigaction (no handler, empty mask).
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
     action.sa_sigaction = on_drop_signal as *const () as usize;
     action.sa_flags = libc::SA_RESTART;

@@ -18,13 +18,12 @@ use aya::{
 use sysscope_abi::{globals, maps, BlockProbeConfig, MAX_STAT_STRIPES};
 
 use crate::{
-    collectors::block_io,
     config::Config,
     probe_stats::{RunTimeStats, RunTotals},
 };
 
 /// The compiled probes, embedded at build time.
-static PROBES_OBJECT: &[u8] =
+pub(crate) static PROBES_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sysscope-probes"));
 
 #[derive(Debug, thiserror::Error)]
@@ -44,20 +43,20 @@ pub enum ProbeError {
     NoBtf,
     #[error("the embedded eBPF object is empty: this binary was built with AYA_BUILD_SKIP")]
     NotBuilt,
-    #[error("loading the eBPF object failed: {0}")]
+    #[error("loading the eBPF object failed")]
     Load(#[source] aya::EbpfError),
     #[error("program `{program}` is not in the eBPF object")]
     NoSuchProgram { program: String },
     #[error("map `{map}` is not in the eBPF object (or was already taken)")]
     NoSuchMap { map: String },
-    #[error("program `{program}`: {action} failed: {source}")]
+    #[error("program `{program}`: {action} failed")]
     Program {
         program: String,
         action: &'static str,
         #[source]
         source: ProgramError,
     },
-    #[error("map `{map}`: {source}")]
+    #[error("map `{map}`")]
     Map {
         map: String,
         #[source]
@@ -114,6 +113,19 @@ pub fn preflight() -> Result<(), ProbeError> {
         return Err(ProbeError::NoBtf);
     }
     Ok(())
+}
+
+/// `BLOCK_LATENCY` capacity when latency is kept per (device, op) only.
+const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
+
+/// Capacity of `BLOCK_LATENCY` for this config: the block I/O family's own sizing, which the
+/// loader applies and the collector reports as the map's capacity.
+pub fn block_latency_capacity(config: &Config) -> u32 {
+    if config.block_io.latency_by_cgroup {
+        config.block_io.max_entries
+    } else {
+        LATENCY_DEVICE_OP_ENTRIES
+    }
 }
 
 /// What the loader needs to know beyond the config.
@@ -262,7 +274,7 @@ impl Probes {
         loader
             .map_max_entries(maps::BLOCK_INFLIGHT, block.max_inflight)
             .map_max_entries(maps::BLOCK_STATS, block.max_entries)
-            .map_max_entries(maps::BLOCK_LATENCY, block_io::latency_capacity(config));
+            .map_max_entries(maps::BLOCK_LATENCY, block_latency_capacity(config));
         if let Some(block_config) = &options.block_io {
             loader.override_global(globals::BLOCK_CONFIG, block_config, true);
         }

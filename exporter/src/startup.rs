@@ -18,6 +18,7 @@ use crate::{
         Labeler, SharedLabeler,
     },
     probes::{self, LoadOptions, ProbeError, Probes},
+    util::error::Chain,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -76,8 +77,8 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
         }
         Ok(None) => {}
         Err(e) => {
-            tracing::error!(collector = pod_watch::NAME, error = %e, "collector failed to start");
-            report.failed.push((pod_watch::NAME, e.to_string()));
+            tracing::error!(collector = pod_watch::NAME, error = %Chain(&e), "collector failed to start");
+            report.failed.push((pod_watch::NAME, Chain(&e).to_string()));
             failed.push(pod_watch::NAME);
         }
     }
@@ -104,9 +105,9 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
         match SyscallCollector::start(&mut probes, config, labeler.clone()) {
             Ok(c) => started.push(Box::new(c)),
             Err(e) => {
-                tracing::error!(collector = syscalls::NAME, error = %e, "collector failed to start");
+                tracing::error!(collector = syscalls::NAME, error = %Chain(&e), "collector failed to start");
                 probes.detach_collector(syscalls::NAME);
-                report.failed.push((syscalls::NAME, e.to_string()));
+                report.failed.push((syscalls::NAME, Chain(&e).to_string()));
                 failed.push(syscalls::NAME);
             }
         }
@@ -118,8 +119,8 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
         {
             Ok(c) => started.push(Box::new(c)),
             Err(e) => {
-                tracing::error!(collector = block_io::NAME, error = %e, "collector failed to start");
-                report.failed.push((block_io::NAME, e.to_string()));
+                tracing::error!(collector = block_io::NAME, error = %Chain(&e), "collector failed to start");
+                report.failed.push((block_io::NAME, Chain(&e).to_string()));
                 probes.detach_collector(block_io::NAME);
                 failed.push(block_io::NAME);
             }
@@ -130,8 +131,8 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
         match CpuCollector::start(config, labeler.clone()) {
             Ok(c) => started.push(Box::new(c)),
             Err(e) => {
-                tracing::error!(collector = cpu::NAME, error = %e, "collector failed to start");
-                report.failed.push((cpu::NAME, e.to_string()));
+                tracing::error!(collector = cpu::NAME, error = %Chain(&e), "collector failed to start");
+                report.failed.push((cpu::NAME, Chain(&e).to_string()));
                 failed.push(cpu::NAME);
             }
         }
@@ -143,7 +144,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
             // No NVML: down for good (restart once the driver is installed). It still exports
             // how many NVIDIA GPUs the PCI bus has, so a node without any is not alerted on.
             Some(e @ GpuError::LibraryMissing { .. }) => {
-                let why = e.to_string();
+                let why = Chain(e).to_string();
                 if c.pci_devices() == 0 {
                     tracing::info!(collector = gpu::NAME, reason = %why, "GPU collector off: no NVIDIA GPU on the PCI bus and no NVML library");
                 } else {
@@ -161,7 +162,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
     if config.slow_calls.enabled && started.iter().any(|c| c.name() == syscalls::NAME) {
         match probes.take_map(sysscope_abi::maps::SLOW_EVENTS) {
             Ok(map) => report.slow_events = Some(map),
-            Err(e) => tracing::error!(error = %e, "slow-call spans unavailable"),
+            Err(e) => tracing::error!(error = %Chain(&e), "slow-call spans unavailable"),
         }
     }
 

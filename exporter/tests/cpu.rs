@@ -149,6 +149,7 @@ fn cgroup_cpu_time_matches_the_childs_rusage() {
     let mut status = 0;
     // SAFETY: a zeroed rusage is valid; wait4 fills it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own child; status and usage are valid to fill.
     let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     assert_eq!(r, pid, "wait4");
     assert!(

@@ -13,17 +13,18 @@ use prometheus_client::{
 };
 use proptest::prelude::*;
 use sysscope::{
-    collectors::syscalls::{exported_bounds, fold_buckets},
-    config::{humantime_serde_compat as durations, Config, HistogramResolution},
+    config::{Config, HistogramResolution},
     exposition::{
         format::{openmetrics_to_prometheus_text, Format},
         web_config::{parse_basic, WebConfig},
     },
+    hist::{exported_bounds, fold_buckets},
     metadata::{
         cgroups::{find_v2_mount, unescape_mountinfo},
         processes::{comm_from_bytes, sanitize},
     },
     series::{Budget, CgroupLabels, Workload},
+    util::duration as durations,
 };
 use sysscope_abi::hist::HIST_BUCKETS;
 

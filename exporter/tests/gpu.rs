@@ -26,6 +26,7 @@ use sysscope::{
     exposition::{format::Format, scrape::Scraper},
     metadata::{Labeler, SharedLabeler},
     startup,
+    util::error::Chain,
 };
 
 const GIB: u64 = 1 << 30;
@@ -440,7 +441,9 @@ fn nvml_that_does_not_initialise_at_start_is_retried() {
     });
     let labeler = labeler();
     let c = gpu_collector(&fake, &labeler);
-    assert!(c.connect_error().unwrap().to_string().contains("driver"));
+    // The cause (the driver) is in the error's chain, as every log line and reason shows it.
+    let why = Chain(c.connect_error().unwrap()).to_string();
+    assert!(why.contains("driver"), "{why}");
     let h = Harness::new(vec![Box::new(c)]);
     assert_eq!(up(&h.scrape(), "gpu"), 0.0);
     fake.with(|s| s.connect_failure = None);

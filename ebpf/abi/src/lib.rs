@@ -793,6 +793,10 @@ impl Default for TraceEvent {
 }
 
 #[cfg(feature = "user")]
+#[allow(
+    clippy::undocumented_unsafe_blocks,
+    reason = "one SAFETY note, at the top, covers every impl: they share the same argument"
+)]
 mod pod {
     use super::*;
     // SAFETY: every type below is #[repr(C)], made only of integers and integer arrays, with
@@ -953,3 +957,23 @@ mod tests {
         }
     }
 }
+
+// The sizes both sides agree on. The `Pod` impls above rely on these types having no implicit
+// padding; a field added or reordered changes the size and stops the build here rather than
+// misreading a map on the other side. (The syscall statistics types are checked by the
+// exporter's object-contract test.)
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<ProcessExit>() == 32);
+    assert!(size_of::<RateWindow>() == 16);
+    assert!(size_of::<SlowCallEvent>() == 112);
+    assert!(size_of::<BlockProbeConfig>() == 96);
+    assert!(size_of::<BlockInflight>() == 72);
+    assert!(size_of::<BlockKey>() == 40);
+    assert!(size_of::<BlockStats>() == 16);
+    assert!(size_of::<BlockLatencyKey>() == 16);
+    assert!(size_of::<BlockLatency>() == 216);
+    assert!(size_of::<BlockTraceEvent>() == 80);
+    assert!(size_of::<TraceThread>() == 64);
+    assert!(size_of::<TraceEvent>() == 240);
+};

@@ -843,10 +843,10 @@ fn hold_children(n: u64, k: u64) {
     let mut done = [0i32; 2];
     let mut release = [0i32; 2];
     // SAFETY: arrays of two descriptors, as pipe(2) wants.
-    assert!(
-        unsafe { libc::pipe(done.as_mut_ptr()) } == 0
-            && unsafe { libc::pipe(release.as_mut_ptr()) } == 0
-    );
+    let done_ok = unsafe { libc::pipe(done.as_mut_ptr()) } == 0;
+    // SAFETY: as above.
+    let release_ok = unsafe { libc::pipe(release.as_mut_ptr()) } == 0;
+    assert!(done_ok && release_ok);
     let mut pids = Vec::with_capacity(n as usize);
     for _ in 0..n {
         // SAFETY: the child makes raw syscalls only and _exits.

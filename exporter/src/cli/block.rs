@@ -9,33 +9,33 @@
 //! Optional by design: when the kernel lacks the tracepoints or the request layout, or the
 //! config turns block I/O off, the trace runs without these tracks and says why.
 
-use std::{collections::BTreeMap, os::fd::AsRawFd};
+use std::os::fd::AsRawFd;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
 use sysscope_abi::{maps, programs, BlockKey, BlockStats, BlockTraceEvent};
 
-use super::{events::EventSink, CliError};
+use super::{
+    sink::{BlockTotals, EventSink},
+    CliError,
+};
 use crate::{
     collectors::block_io::{self, BlockIoPlan, SUBMIT_TRACEPOINT},
     config::Config,
     metadata::cgroups,
     probes::Probes,
+    util::error::Chain,
 };
 
 /// The name the block programs are attached under (for detaching them on failure).
 const ATTACHED_AS: &str = "trace_block_io";
-
-/// Cumulative (bytes, requests) of the target per (kernel dev_t, op), since the probes
-/// attached.
-pub type BlockTotals = BTreeMap<(u32, u8), (u64, u64)>;
 
 /// What the kernel offers for block tracks, or why there are none (shown on stderr).
 pub fn plan(config: &Config) -> Result<BlockIoPlan, String> {
     if !config.block_io.enabled {
         return Err("block_io.enabled is false in the config file".into());
     }
-    let root = cgroups::v2_mount().map_err(|e| e.to_string())?;
-    block_io::plan(config, &root).map_err(|e| e.to_string())
+    let root = cgroups::v2_mount().map_err(|e| Chain(&e).to_string())?;
+    block_io::plan(config, &root).map_err(|e| Chain(&e).to_string())
 }
 
 /// The attached block probes and the maps the trace reads.

@@ -24,13 +24,13 @@ use serde_json::json;
 use sysscope_abi::{trace_flags, TraceEvent};
 
 use super::{
-    events::EventSink,
     format,
     measure::{self, CpuUsage, Measurement, Wants},
     open_output, parse_bytes,
     profile::Profile,
     progress::thousands,
     session::{Session, TargetArgs},
+    sink::EventSink,
     trace::check_buffer_size,
     CliError,
 };

@@ -7,31 +7,10 @@
 use std::{os::fd::AsRawFd, time::Duration};
 
 use aya::maps::{Array, CgroupArray, HashMap as BpfHashMap, MapData, RingBuf};
-use sysscope_abi::{maps, programs, BlockTraceEvent, TraceEvent};
+use sysscope_abi::{maps, programs, TraceEvent};
 
-use super::{block::BlockTotals, session::Session, CliError};
+use super::{session::Session, sink::EventSink, CliError};
 use crate::{probes::Probes, syscall_table};
-
-/// Receives trace records as they arrive.
-pub trait EventSink {
-    /// The measurement started at `start_ns` (CLOCK_MONOTONIC).
-    fn start(&mut self, _start_ns: u64) {}
-    fn event(&mut self, event: &TraceEvent);
-    /// Called every loop iteration (about ten times a second), e.g. to sample counters.
-    fn tick(&mut self, _now_ns: u64) {}
-    /// One completed block request of the target (`sysscope trace` with block tracks).
-    fn block_event(&mut self, _event: &BlockTraceEvent) {}
-    /// The target's cumulative block I/O so far, read before every [`EventSink::tick`].
-    fn block_totals(&mut self, _totals: &BlockTotals) {}
-}
-
-/// A sink that ignores everything (runs without a stream).
-#[derive(Debug, Default)]
-pub struct NoEvents;
-
-impl EventSink for NoEvents {
-    fn event(&mut self, _event: &TraceEvent) {}
-}
 
 /// Syscalls with a user-space path argument, and its index: what `TRACE_PATH_ARGS` lists.
 /// Names missing on an architecture (aarch64 has no `open`) are skipped.

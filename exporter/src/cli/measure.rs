@@ -7,15 +7,17 @@ use std::time::{Duration, Instant};
 
 use super::{
     block::{self, BlockStream},
-    events::{set_target_filter, EventSink, EventStream},
+    events::{set_target_filter, EventStream},
     profile::{DropCounters, ProbeDrops, Profile, ProfileReader},
     progress::{thousands, Progress},
     session::{Session, StopReason},
+    sink::EventSink,
     CliError,
 };
 use crate::{
     config::Config,
     probes::{self, Probes},
+    util::error::Chain,
 };
 
 /// How often the syscall maps are read during a run (and exited processes reclaimed).
@@ -130,7 +132,7 @@ pub fn run(
         Some(plan) => match BlockStream::attach(&mut probes, config, plan) {
             Ok(b) => Some(b),
             Err(e) => {
-                block_off = Some(e.to_string());
+                block_off = Some(Chain(&e).to_string());
                 None
             }
         },
@@ -148,7 +150,7 @@ pub fn run(
             "until the cgroup is removed"
         };
         let limit = match session.duration() {
-            Some(d) => format!("for {}", crate::config::humantime_serde_compat::format(&d)),
+            Some(d) => format!("for {}", crate::util::duration::format(&d)),
             None => until.to_string(),
         };
         eprintln!(

@@ -16,12 +16,13 @@ pub mod measure;
 pub mod profile;
 pub mod progress;
 pub mod session;
+pub mod sink;
 pub mod summary;
 pub mod tef;
 pub mod top;
 pub mod trace;
 
-use std::{path::PathBuf, time::Duration};
+use std::path::PathBuf;
 
 use crate::{metadata::cgroups::CgroupError, probes::ProbeError};
 
@@ -44,7 +45,7 @@ pub enum CliError {
     CommandNotFound(String),
     #[error("no such file: {0}")]
     NoSuchFile(String),
-    #[error("cannot run {command}: {source}")]
+    #[error("cannot run {command}")]
     Spawn {
         command: String,
         #[source]
@@ -54,13 +55,13 @@ pub enum CliError {
     NoSuchProcess(u32),
     #[error("cgroup {path} does not exist (give a path relative to the cgroup v2 root {root}, or an absolute path below it)")]
     NoSuchCgroup { path: String, root: String },
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         what: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("reading map {map}: {source}")]
+    #[error("reading map {map}")]
     Map {
         map: &'static str,
         #[source]
@@ -104,13 +105,7 @@ pub fn open_output(path: Option<&PathBuf>) -> Result<Box<dyn std::io::Write>, Cl
     }
 }
 
-/// Parses "250ms", "10s", "5m" (the config file's duration syntax); a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return crate::config::humantime_serde_compat::parse(&format!("{s}s"));
-    }
-    crate::config::humantime_serde_compat::parse(s)
-}
+pub use crate::util::duration::parse_arg as parse_duration;
 
 /// Parses a byte size: "16MiB", "4096", "1GiB", "512KiB" (also k/M/G as powers of 1024).
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -137,16 +132,7 @@ pub fn is_tty(fd: i32) -> bool {
     unsafe { libc::isatty(fd) == 1 }
 }
 
-/// CLOCK_MONOTONIC now, in ns: the clock `bpf_ktime_get_ns()` reads.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use crate::util::clock::monotonic_ns;
 
 /// SIGINT/SIGTERM received since [`signals::install`], counted so a second Ctrl-C can force.
 pub mod signals {
@@ -182,6 +168,8 @@ pub mod signals {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

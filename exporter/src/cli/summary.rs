@@ -7,11 +7,11 @@ use std::{io::Write, path::PathBuf};
 use serde_json::json;
 
 use super::{
-    events::NoEvents,
     measure::{self, Measurement, Wants},
     open_output,
     profile::{Profile, SyscallRow},
     session::{Session, TargetArgs},
+    sink::NoEvents,
     CliError,
 };
 use crate::config::Config;

@@ -20,7 +20,10 @@ use std::{
 
 use sysscope_abi::{block_op, trace_flags, BlockTraceEvent, TraceEvent};
 
-use super::{block::BlockTotals, events::EventSink, format};
+use super::{
+    format,
+    sink::{BlockTotals, EventSink},
+};
 use crate::{
     metadata::{
         cgroups::{self, CgroupResolver},
@@ -556,7 +559,7 @@ impl TraceWriter {
                 }
                 let mut data = serde_json::json!({
                     "tool": "sysscope trace",
-                    "version": crate::agent::VERSION,
+                    "version": crate::build_info::VERSION,
                     "clock": "CLOCK_MONOTONIC",
                     "start_monotonic_ns": self.base_ns,
                     "events_written": self.stats.written,

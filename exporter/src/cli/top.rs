@@ -378,6 +378,7 @@ impl Source for MetricsSource {
 fn terminal_width() -> usize {
     // SAFETY: TIOCGWINSZ fills a winsize; failure leaves it zeroed.
     let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: fd 1 and a valid winsize to fill; on failure nothing is read from it.
     let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
     if ok && ws.ws_col > 0 {
         ws.ws_col as usize

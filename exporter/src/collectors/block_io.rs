@@ -33,16 +33,16 @@ use sysscope_abi::{
     BlockProbeConfig, BlockStats,
 };
 
-use super::{
-    syscalls::{exported_bounds, fold_buckets},
-    Collector, CollectorError, Health, MapUsage,
-};
+use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     btf::{Btf, BtfError, MemberKind},
     config::Config,
+    hist::{exported_bounds, fold_buckets},
     metadata::{cgroups::UNRESOLVED, devices::DeviceResolver, SharedLabeler},
-    probes::{ProbeError, Probes},
+    probes::{block_latency_capacity as latency_capacity, ProbeError, Probes},
     series::{Budget, CgroupLabels, Workload, OTHER},
+    util::clock::monotonic_ns,
+    util::error::Chain,
 };
 
 pub const NAME: &str = "block_io";
@@ -63,9 +63,6 @@ const RECLAIM_INTERVAL: Duration = Duration::from_secs(5);
 /// I/O can miss the hierarchy walk of that cycle, and a series must not start unnamed.
 const UNRESOLVED_GRACE: Duration = Duration::from_secs(10);
 
-/// `BLOCK_LATENCY` capacity when latency is kept per (device, op) only.
-const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
-
 /// Tracepoint whose context is the task that submitted a request (6.5 and later).
 pub const SUBMIT_TRACEPOINT: &str = "block_io_start";
 /// The tracepoints whose prototypes the issue and completion programs are written for.
@@ -74,7 +71,7 @@ const COMPLETE_PROTOTYPE: &str = "block_rq_complete";
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockIoError {
-    #[error("cannot find the kernel's block request layout: {0}")]
+    #[error("cannot find the kernel's block request layout")]
     Btf(#[from] BtfError),
     #[error(transparent)]
     Probe(#[from] ProbeError),
@@ -94,15 +91,6 @@ pub struct BlockIoPlan {
     pub probe: BlockProbeConfig,
     /// Whether `block_io_start` exists: requests are then attributed at submission.
     pub attribute_at_submit: bool,
-}
-
-/// Capacity of `BLOCK_LATENCY` for this config.
-pub fn latency_capacity(config: &Config) -> u32 {
-    if config.block_io.latency_by_cgroup {
-        config.block_io.max_entries
-    } else {
-        LATENCY_DEVICE_OP_ENTRIES
-    }
 }
 
 /// Whether the `io` controller is bound to the cgroup v2 hierarchy mounted at `root`: only
@@ -243,7 +231,7 @@ pub fn resolve_offsets(
                 c.bio_cgroup = 1;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "block I/O: cannot follow a bio to its cgroup; charging the issuing task's cgroup");
+                tracing::warn!(error = %Chain(&e), "block I/O: cannot follow a bio to its cgroup; charging the issuing task's cgroup");
             }
         }
     }
@@ -363,17 +351,6 @@ pub fn comm_label(comm: &[u8; 16]) -> Arc<str> {
         }
     }
     name
-}
-
-/// Nanoseconds of CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns()`.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write to.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Whether a kernel map delete left the key absent (deleted now, or already gone).

@@ -41,7 +41,7 @@ pub const MODES: [&str; 8] = [
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: String,
         #[source]

@@ -36,13 +36,13 @@ pub struct Health {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CollectorError {
-    #[error("reading map {map}: {source}")]
+    #[error("reading map {map}")]
     Map {
         map: &'static str,
         #[source]
         source: aya::maps::MapError,
     },
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         what: String,
         #[source]

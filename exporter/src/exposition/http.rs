@@ -136,7 +136,7 @@ fn landing_page(state: &AppState) -> String {
          <h1>sysscope {}</h1><p>Always-on eBPF syscall, block-I/O, CPU and GPU metrics.</p>\
          <ul><li><a href=\"{}\">Metrics</a></li><li><a href=\"/-/healthy\">Health</a></li>\
          <li><a href=\"/-/ready\">Readiness</a></li>{}</ul></body></html>\n",
-        crate::agent::VERSION,
+        crate::build_info::VERSION,
         state.telemetry_path,
         extra
     )

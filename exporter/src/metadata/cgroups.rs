@@ -12,7 +12,7 @@ use std::{
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: String,
         #[source]

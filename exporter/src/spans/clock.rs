@@ -27,10 +27,7 @@ fn read_clock(clock: libc::clockid_t) -> i128 {
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
 
-/// CLOCK_MONOTONIC now, in nanoseconds (the clock of `bpf_ktime_get_ns`).
-pub fn monotonic_ns() -> u64 {
-    read_clock(libc::CLOCK_MONOTONIC) as u64
-}
+pub use crate::util::clock::monotonic_ns;
 
 /// Measures `CLOCK_REALTIME - CLOCK_MONOTONIC` in nanoseconds.
 pub fn measure_offset_ns() -> i128 {

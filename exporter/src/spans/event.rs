@@ -447,6 +447,7 @@ mod tests {
     #[test]
     fn decode_checks_length_and_reads_fields() {
         let ev = event("read", [3, 0, 64, 0, 0, 0], 1);
+        // SAFETY: a plain #[repr(C)] value viewed as its own bytes, while it lives.
         let bytes = unsafe {
             std::slice::from_raw_parts(
                 (&ev as *const SlowCallEvent).cast::<u8>(),

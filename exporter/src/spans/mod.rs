@@ -130,7 +130,7 @@ impl SlowCalls {
             otlp,
             stats: stats.clone(),
             scope: InstrumentationScope::builder("sysscope")
-                .with_version(crate::agent::VERSION)
+                .with_version(crate::build_info::VERSION)
                 .build(),
         });
         // A ring buffer that cannot be watched costs the spans, not the agent: log and go on.

@@ -26,12 +26,12 @@ pub fn spawn(
     sinks: Arc<Sinks>,
     stats: Arc<Stats>,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    // SAFETY: the RingBuf owns its map's file descriptor for as long as it lives, and the
-    // AsyncFd owns the RingBuf: the descriptor stays open and the same until both are dropped.
     let (resolve_paths, proc_root) = {
         let e = enricher.lock().expect("enricher lock");
         (e.resolve_paths(), e.proc_root().to_path_buf())
     };
+    // SAFETY: the RingBuf owns its map's file descriptor for as long as it lives, and the
+    // AsyncFd owns the RingBuf: the descriptor stays open and the same until both are dropped.
     let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(tokio::spawn(async move {

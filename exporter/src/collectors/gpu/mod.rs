@@ -40,6 +40,7 @@ use crate::{
     config::Config,
     metadata::{cgroups::UNRESOLVED, SharedLabeler},
     series::{CgroupLabels, Workload},
+    util::error::Chain,
 };
 
 pub const NAME: &str = "gpu";
@@ -55,19 +56,19 @@ const PCI_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("cannot load NVML from `{library}` (is the NVIDIA driver installed, and does gpu.nvml_library name its libnvidia-ml.so.1?): {source}")]
+    #[error("cannot load NVML from `{library}` (is the NVIDIA driver installed, and does gpu.nvml_library name its libnvidia-ml.so.1?)")]
     LibraryMissing {
         library: String,
         #[source]
         source: nvml_wrapper::error::NvmlError,
     },
-    #[error("NVML from `{library}` did not initialise: {source}")]
+    #[error("NVML from `{library}` did not initialise")]
     Init {
         library: String,
         #[source]
         source: nvml_wrapper::error::NvmlError,
     },
-    #[error("{call}: {source}")]
+    #[error("{call}")]
     Call {
         call: &'static str,
         #[source]
@@ -276,7 +277,7 @@ impl GpuCollector {
             }
         }
         Err(CollectorError::Other(match &self.connect_error {
-            Some(e) => e.to_string(),
+            Some(e) => Chain(e).to_string(),
             None => "NVML is not initialised".into(),
         }))
     }
@@ -307,7 +308,7 @@ impl GpuCollector {
             Err(e) => {
                 if let Some(d) = self.devices.get_mut(&uuid) {
                     d.index = index;
-                    Self::set_down(d, &uuid, &e.to_string());
+                    Self::set_down(d, &uuid, &Chain(&e).to_string());
                 }
                 return Err(e);
             }
@@ -423,7 +424,7 @@ impl Collector for GpuCollector {
                 // NVML itself stopped answering (driver unloaded or reset): initialise again.
                 self.nvml = None;
                 self.last_connect = Instant::now();
-                let why = e.to_string();
+                let why = Chain(&e).to_string();
                 self.connect_error = Some(e);
                 for (uuid, d) in &mut self.devices {
                     Self::set_down(d, uuid, &why);
@@ -439,7 +440,7 @@ impl Collector for GpuCollector {
                     seen.insert(uuid);
                 }
                 Err(e) => {
-                    let why = e.to_string();
+                    let why = Chain(&e).to_string();
                     let known = self
                         .devices
                         .iter_mut()

@@ -228,13 +228,13 @@ fn key_values(map: &BTreeMap<String, String>) -> String {
 }
 
 fn duration_key(key: &str, value: &str, min: Duration) -> Result<Duration, (String, String)> {
-    let d = crate::config::humantime_serde_compat::parse(value).map_err(|p| (key.into(), p))?;
+    let d = crate::util::duration::parse(value).map_err(|p| (key.into(), p))?;
     if d < min {
         return Err((
             key.into(),
             format!(
                 "`{value}` is too short (at least {})",
-                crate::config::humantime_serde_compat::format(&min)
+                crate::util::duration::format(&min)
             ),
         ));
     }
@@ -370,7 +370,7 @@ impl OtlpConfig {
     /// the variable's format). Call on a validated config.
     pub fn variables(&self) -> Vec<(&'static str, &'static str, String)> {
         let ms = |d: &String| {
-            crate::config::humantime_serde_compat::parse(d)
+            crate::util::duration::parse(d)
                 .map(|d| d.as_millis().max(1).to_string())
                 .unwrap_or_else(|_| d.clone())
         };
@@ -841,7 +841,7 @@ fn resource(
         Some(name) => set("service.name", name.value.trim().to_string(), true),
         None => set("service.name", "sysscope".into(), false),
     }
-    set("service.version", crate::agent::VERSION.into(), false);
+    set("service.version", crate::build_info::VERSION.into(), false);
     if !host_name.is_empty() {
         set("host.name", host_name.to_string(), false);
     }

@@ -146,7 +146,7 @@ impl Converter {
             },
             scope: InstrumentationScope {
                 name: "sysscope".into(),
-                version: crate::agent::VERSION.into(),
+                version: crate::build_info::VERSION.into(),
                 ..Default::default()
             },
             started_ns: unix_ns(started),

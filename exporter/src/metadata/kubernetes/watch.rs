@@ -59,9 +59,9 @@ pub enum WatchError {
     NoNodeName,
     #[error("no Kubernetes API configuration (in-cluster service account or kubeconfig): {0}")]
     Config(String),
-    #[error("building the Kubernetes API client: {0}")]
+    #[error("building the Kubernetes API client")]
     Client(#[source] kube::Error),
-    #[error("starting the pod watch: {0}")]
+    #[error("starting the pod watch")]
     Runtime(#[source] std::io::Error),
     #[error("the pod watch thread stopped before it started")]
     Stopped,

@@ -1,0 +1,6 @@
+//! Small utilities every layer may use: durations and the monotonic clock. The bottom layer:
+//! nothing here imports from the rest of the crate.
+
+pub mod clock;
+pub mod duration;
+pub mod error;
