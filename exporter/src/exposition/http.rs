@@ -343,7 +343,67 @@ async fn idle_deadline(activity: &Activity, epoch: Instant) {
 /// What `--web.config.file` asks of every request, shared by the connections.
 struct Security {
     web: Option<Arc<WebConfig>>,
-    password_checks: Semaphore,
+    password_checks: PasswordChecks,
+}
+
+/// Who runs bcrypt, and when. Checks are capped at [`MAX_CONCURRENT_PASSWORD_CHECKS`] and
+/// each peer address gets one lane: its requests are checked one after another, so however
+/// many guesses one peer sends, they hold one slot at most and a login from another address
+/// waits for at most one check in progress. A request that waited re-reads the cache of
+/// verified credentials first: the same peer's login checked meanwhile is not checked again.
+struct PasswordChecks {
+    slots: Semaphore,
+    lanes: Mutex<HashMap<IpAddr, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl PasswordChecks {
+    fn new() -> Self {
+        Self {
+            slots: Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS),
+            lanes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn allowed(
+        &self,
+        peer: IpAddr,
+        auth: &Arc<super::web_config::BasicAuth>,
+        header: Option<&[u8]>,
+    ) -> bool {
+        let lane = self
+            .lanes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(peer)
+            .or_default()
+            .clone();
+        let allowed = {
+            let _turn = lane.lock().await;
+            match auth.precheck(header) {
+                AuthPrecheck::Allowed => true,
+                AuthPrecheck::Denied => false,
+                AuthPrecheck::Verify { user, password } => match self.slots.acquire().await {
+                    Ok(_permit) => {
+                        let auth = auth.clone();
+                        tokio::task::spawn_blocking(move || auth.verify(&user, &password))
+                            .await
+                            .unwrap_or(false)
+                    }
+                    Err(_) => false,
+                },
+            }
+        };
+        let mut lanes = self
+            .lanes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(lane);
+        // Forget the lane when no other request of this peer holds it.
+        if lanes.get(&peer).is_some_and(|l| Arc::strong_count(l) == 1) {
+            lanes.remove(&peer);
+        }
+        allowed
+    }
 }
 
 fn unauthorized() -> Response<Full<Bytes>> {
@@ -363,6 +423,7 @@ fn unauthorized() -> Response<Full<Bytes>> {
 async fn handle_secured(
     state: Arc<AppState>,
     security: Arc<Security>,
+    peer: IpAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let Some(web) = security.web.clone() else {
@@ -375,21 +436,7 @@ async fn handle_secured(
                 .headers()
                 .get(header::AUTHORIZATION)
                 .map(|v| v.as_bytes());
-            match auth.precheck(header) {
-                AuthPrecheck::Allowed => true,
-                AuthPrecheck::Denied => false,
-                AuthPrecheck::Verify { user, password } => {
-                    let auth = auth.clone();
-                    match security.password_checks.acquire().await {
-                        Ok(_permit) => {
-                            tokio::task::spawn_blocking(move || auth.verify(&user, &password))
-                                .await
-                                .unwrap_or(false)
-                        }
-                        Err(_) => false,
-                    }
-                }
-            }
+            security.password_checks.allowed(peer, auth, header).await
         }
     };
     let mut resp = if allowed {
@@ -481,7 +528,7 @@ pub async fn serve_with(
         .map(tokio_rustls::TlsAcceptor::from);
     let security = Arc::new(Security {
         web,
-        password_checks: Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS),
+        password_checks: PasswordChecks::new(),
     });
     let connections = Arc::new(Mutex::new(Connections::new()));
     let epoch = connections.lock().expect("connection table lock").epoch;
@@ -519,7 +566,7 @@ pub async fn serve_with(
                         let in_flight = InFlight::start(serve_activity.clone(), epoch);
                         let (state, security) = (state.clone(), security.clone());
                         async move {
-                            let resp = handle_secured(state, security, req).await;
+                            let resp = handle_secured(state, security, peer.ip(), req).await;
                             drop(in_flight);
                             resp
                         }
