@@ -298,7 +298,10 @@ fn run_exporter(
         scraper.set_openmetrics_annotator(slow_calls.annotator());
         let mut routes = BTreeMap::new();
         let (slow_calls_path, slow_calls_route) = slow_calls.route();
-        routes.insert(slow_calls_path, slow_calls_route);
+        routes.insert(
+            slow_calls_path,
+            http::cached(slow_calls_route, Duration::from_secs(1)),
+        );
         let state = Arc::new(AppState {
             scraper: scraper.clone(),
             telemetry_path: cli.telemetry_path.clone(),
