@@ -123,12 +123,48 @@ fn load_config(path: Option<&PathBuf>) -> anyhow::Result<Config> {
     })
 }
 
+/// Set when SIGTERM or SIGINT arrives before the runtime's handlers are installed.
+static EARLY_SHUTDOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn note_early_shutdown(_signal: libc::c_int) {
+    EARLY_SHUTDOWN.store(true, Ordering::SeqCst);
+}
+
+/// Catches SIGTERM and SIGINT from the first instant: start-up (loading and attaching the
+/// probes) takes a while, and a pod deleted meanwhile must still stop cleanly, with status 0,
+/// instead of dying by the default action. The runtime's handlers take over later
+/// ([`shutdown_signal`]) and honour a signal noted here.
+fn catch_early_shutdown(install: bool) {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe); the sigaction
+        // struct is fully initialised.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = if install {
+                note_early_shutdown as extern "C" fn(libc::c_int) as libc::sighandler_t
+            } else {
+                libc::SIG_DFL
+            };
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(signal, &action, std::ptr::null_mut());
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    catch_early_shutdown(true);
     limit_malloc_arenas();
     if let Some(status) = sysscope::probe_stats::run_helper_if_asked() {
         return ExitCode::from(status as u8);
     }
     let cli = Cli::parse();
+    if cli.command.is_some() || cli.config_check || cli.print_default_config {
+        // The tools keep the default actions (Ctrl-C stops them), as a signal noted meanwhile.
+        catch_early_shutdown(false);
+        if EARLY_SHUTDOWN.load(Ordering::SeqCst) {
+            return ExitCode::from(130);
+        }
+    }
     if let Err(e) = init_logging(&cli.log_level, &cli.log_format) {
         eprintln!("sysscope: {e:#}");
         return ExitCode::from(2);
@@ -284,7 +320,10 @@ fn run_exporter(
         scraper.set_openmetrics_annotator(slow_calls.annotator());
         let mut routes = BTreeMap::new();
         let (slow_calls_path, slow_calls_route) = slow_calls.route();
-        routes.insert(slow_calls_path, slow_calls_route);
+        routes.insert(
+            slow_calls_path,
+            http::cached(slow_calls_route, Duration::from_secs(1)),
+        );
         let state = Arc::new(AppState {
             scraper: scraper.clone(),
             telemetry_path: cli.telemetry_path.clone(),
@@ -358,6 +397,11 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
     async move {
+        // Read after the handlers above replaced the early one: no signal falls in between.
+        if EARLY_SHUTDOWN.load(Ordering::SeqCst) {
+            tracing::info!("stop signal received during start-up, shutting down");
+            return;
+        }
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
             _ = int.recv() => tracing::info!("SIGINT received, shutting down"),

@@ -142,6 +142,42 @@ fn landing_page(state: &AppState) -> String {
     )
 }
 
+/// Renders of registered routes running at once (see [`handle`]).
+static ROUTE_RENDERS: Semaphore = Semaphore::const_new(1);
+
+/// A route whose body is rendered at most once per `ttl`; requests in between get the same
+/// body. JSON state pages are read by people and dashboards, a second old is fresh enough.
+pub fn cached(handler: Handler, ttl: Duration) -> Handler {
+    let last: Mutex<Option<(Instant, &'static str, Bytes)>> = Mutex::new(None);
+    Arc::new(move || {
+        let mut last = last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((at, content_type, body)) = &*last {
+            if at.elapsed() < ttl {
+                return (content_type, body.clone());
+            }
+        }
+        let (content_type, body) = handler();
+        *last = Some((Instant::now(), content_type, body.clone()));
+        (content_type, body)
+    })
+}
+
+/// `/-/healthy`: 503 once a panic poisoned the agent's state, since every scrape would fail
+/// from then on and only a restart (the liveness probe's job) brings metrics back.
+fn health(state: &AppState) -> Response<Full<Bytes>> {
+    if state.scraper.is_poisoned() {
+        response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain; charset=utf-8",
+            "Unhealthy: the agent's state was poisoned by a panic; restart the process\n",
+        )
+    } else {
+        response(StatusCode::OK, "text/plain; charset=utf-8", "Healthy\n")
+    }
+}
+
 /// Serves one request.
 pub async fn handle(
     state: Arc<AppState>,
@@ -185,7 +221,7 @@ pub async fn handle(
             landing_page(&state),
         )
     } else if path == "/-/healthy" {
-        response(StatusCode::OK, "text/plain; charset=utf-8", "Healthy\n")
+        health(&state)
     } else if path == "/-/ready" {
         if state.ready.load(Ordering::Relaxed) {
             response(StatusCode::OK, "text/plain; charset=utf-8", "Ready\n")
@@ -198,6 +234,9 @@ pub async fn handle(
         }
     } else if let Some(handler) = state.routes.get(path) {
         let handler = handler.clone();
+        // One render at a time, waiting here rather than on a blocking thread: a burst of
+        // these requests must not take the blocking threads `/metrics` scrapes run on.
+        let _turn = ROUTE_RENDERS.acquire().await;
         match tokio::task::spawn_blocking(move || handler()).await {
             Ok((content_type, body)) => response(StatusCode::OK, content_type, body),
             Err(_) => response(
@@ -343,7 +382,67 @@ async fn idle_deadline(activity: &Activity, epoch: Instant) {
 /// What `--web.config.file` asks of every request, shared by the connections.
 struct Security {
     web: Option<Arc<WebConfig>>,
-    password_checks: Semaphore,
+    password_checks: PasswordChecks,
+}
+
+/// Who runs bcrypt, and when. Checks are capped at [`MAX_CONCURRENT_PASSWORD_CHECKS`] and
+/// each peer address gets one lane: its requests are checked one after another, so however
+/// many guesses one peer sends, they hold one slot at most and a login from another address
+/// waits for at most one check in progress. A request that waited re-reads the cache of
+/// verified credentials first: the same peer's login checked meanwhile is not checked again.
+struct PasswordChecks {
+    slots: Semaphore,
+    lanes: Mutex<HashMap<IpAddr, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl PasswordChecks {
+    fn new() -> Self {
+        Self {
+            slots: Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS),
+            lanes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn allowed(
+        &self,
+        peer: IpAddr,
+        auth: &Arc<super::web_config::BasicAuth>,
+        header: Option<&[u8]>,
+    ) -> bool {
+        let lane = self
+            .lanes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(peer)
+            .or_default()
+            .clone();
+        let allowed = {
+            let _turn = lane.lock().await;
+            match auth.precheck(header) {
+                AuthPrecheck::Allowed => true,
+                AuthPrecheck::Denied => false,
+                AuthPrecheck::Verify { user, password } => match self.slots.acquire().await {
+                    Ok(_permit) => {
+                        let auth = auth.clone();
+                        tokio::task::spawn_blocking(move || auth.verify(&user, &password))
+                            .await
+                            .unwrap_or(false)
+                    }
+                    Err(_) => false,
+                },
+            }
+        };
+        let mut lanes = self
+            .lanes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(lane);
+        // Forget the lane when no other request of this peer holds it.
+        if lanes.get(&peer).is_some_and(|l| Arc::strong_count(l) == 1) {
+            lanes.remove(&peer);
+        }
+        allowed
+    }
 }
 
 fn unauthorized() -> Response<Full<Bytes>> {
@@ -363,6 +462,7 @@ fn unauthorized() -> Response<Full<Bytes>> {
 async fn handle_secured(
     state: Arc<AppState>,
     security: Arc<Security>,
+    peer: IpAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let Some(web) = security.web.clone() else {
@@ -375,21 +475,7 @@ async fn handle_secured(
                 .headers()
                 .get(header::AUTHORIZATION)
                 .map(|v| v.as_bytes());
-            match auth.precheck(header) {
-                AuthPrecheck::Allowed => true,
-                AuthPrecheck::Denied => false,
-                AuthPrecheck::Verify { user, password } => {
-                    let auth = auth.clone();
-                    match security.password_checks.acquire().await {
-                        Ok(_permit) => {
-                            tokio::task::spawn_blocking(move || auth.verify(&user, &password))
-                                .await
-                                .unwrap_or(false)
-                        }
-                        Err(_) => false,
-                    }
-                }
-            }
+            security.password_checks.allowed(peer, auth, header).await
         }
     };
     let mut resp = if allowed {
@@ -481,7 +567,7 @@ pub async fn serve_with(
         .map(tokio_rustls::TlsAcceptor::from);
     let security = Arc::new(Security {
         web,
-        password_checks: Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS),
+        password_checks: PasswordChecks::new(),
     });
     let connections = Arc::new(Mutex::new(Connections::new()));
     let epoch = connections.lock().expect("connection table lock").epoch;
@@ -519,7 +605,7 @@ pub async fn serve_with(
                         let in_flight = InFlight::start(serve_activity.clone(), epoch);
                         let (state, security) = (state.clone(), security.clone());
                         async move {
-                            let resp = handle_secured(state, security, req).await;
+                            let resp = handle_secured(state, security, peer.ip(), req).await;
                             drop(in_flight);
                             resp
                         }
@@ -578,5 +664,57 @@ pub async fn serve_with(
         .is_err()
     {
         tracing::warn!("connections still open after {:?}; closing them", grace);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_agent_is_unhealthy() {
+        let agent = Arc::new(Mutex::new(crate::agent::Agent::new(None)));
+        let state = AppState {
+            scraper: Arc::new(Scraper::new(agent.clone(), Duration::ZERO)),
+            telemetry_path: "/metrics".into(),
+            ready: true.into(),
+            routes: BTreeMap::new(),
+        };
+        assert_eq!(health(&state).status(), StatusCode::OK);
+        let poisoner = agent.clone();
+        let _ = std::thread::spawn(move || {
+            let _held = poisoner.lock().unwrap();
+            panic!("poison the agent lock (expected in this test)");
+        })
+        .join();
+        assert_eq!(health(&state).status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn cached_routes_render_once_per_ttl() {
+        let renders = Arc::new(AtomicUsize::new(0));
+        let counter = renders.clone();
+        let route = cached(
+            Arc::new(move || {
+                let n = counter.fetch_add(1, Ordering::SeqCst);
+                ("application/json", Bytes::from(n.to_string()))
+            }),
+            Duration::from_secs(3600),
+        );
+        assert_eq!(route().1, route().1);
+        assert_eq!(renders.load(Ordering::SeqCst), 1);
+        let uncached = cached(
+            Arc::new({
+                let renders = renders.clone();
+                move || {
+                    renders.fetch_add(1, Ordering::SeqCst);
+                    ("text/plain", Bytes::new())
+                }
+            }),
+            Duration::ZERO,
+        );
+        uncached();
+        uncached();
+        assert_eq!(renders.load(Ordering::SeqCst), 3);
     }
 }

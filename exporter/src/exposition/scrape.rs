@@ -73,6 +73,12 @@ impl Scraper {
         &self.agent
     }
 
+    /// Whether a panic left the agent or the scrape cache locked mid-update: every scrape then
+    /// fails, so the process is not healthy and must be restarted.
+    pub fn is_poisoned(&self) -> bool {
+        self.agent.is_poisoned() || self.cache.is_poisoned()
+    }
+
     /// The exposition in `format`. Blocking (reads kernel maps): call from a blocking thread.
     pub fn scrape(&self, format: Format) -> Bytes {
         let mut cache = self.cache.lock().expect("scrape cache lock");

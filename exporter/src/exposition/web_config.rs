@@ -269,6 +269,11 @@ impl std::fmt::Debug for BasicAuth {
     }
 }
 
+/// The highest bcrypt cost accepted. Each step doubles the work: 16 already takes seconds per
+/// check on a server core, and 31 (the format's maximum) days, which would hang start-up
+/// (the dummy hash for unknown users is computed at load) and every first login.
+pub const MAX_BCRYPT_COST: u32 = 16;
+
 /// Successful checks remembered at most (the cache is cleared when full).
 const AUTH_CACHE_MAX: usize = 1024;
 
@@ -291,6 +296,11 @@ impl BasicAuth {
             .map(|p| p.get_cost())
             .max()
             .unwrap_or(bcrypt::DEFAULT_COST);
+        // Costs are capped at load, but a high one still takes seconds: say why start-up waits.
+        tracing::info!(
+            cost,
+            "preparing basic auth: hashing a dummy password at the users' highest bcrypt cost"
+        );
         let dummy_hash = bcrypt::hash("sysscope-no-such-user", cost)
             .unwrap_or_else(|_| users.values().next().cloned().unwrap_or_default());
         Self {
@@ -465,12 +475,22 @@ impl WebConfig {
                             "a user name must be non-empty and contain no `:`".into(),
                         ));
                     }
-                    if hash.parse::<bcrypt::HashParts>().is_err() {
-                        return Err(invalid(
+                    let parts = hash.parse::<bcrypt::HashParts>().map_err(|_| {
+                        invalid(
                             &key,
                             "not a bcrypt hash (expected `$2y$<cost>$...`, e.g. from \
                              `htpasswd -nBC 10 \"\" | tr -d ':\\n'`)"
                                 .into(),
+                        )
+                    })?;
+                    if parts.get_cost() > MAX_BCRYPT_COST {
+                        return Err(invalid(
+                            &key,
+                            format!(
+                                "bcrypt cost {} of user `{user}` is above {MAX_BCRYPT_COST}: \
+                                 each check would take minutes to days (cost 10-12 is usual)",
+                                parts.get_cost()
+                            ),
                         ));
                     }
                 }
