@@ -63,8 +63,19 @@ fi
 if [ "$want_test_tools" -eq 1 ]; then
   apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux python3-yaml \
     e2fsprogs python3-pip openssl curl
-  # The VM checks (scripts/vm/): Debian kernels booted under qemu's software emulation.
-  apt_install qemu-system-x86 busybox-static cpio
+  # The VM matrix (scripts/vm/run.sh, scripts/checks/vm-matrix.sh): qemu (TCG), busybox and
+  # cpio for the guest, and the arm64 cross toolchain; arm64 kernel packages and busybox are
+  # downloaded by the runner once the arm64 architecture is known to apt.
+  if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+    log "dpkg --add-architecture arm64"
+    as_root dpkg --add-architecture arm64
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    apt_updated=1
+  fi
+  apt_install qemu-system-x86 qemu-system-arm busybox-static cpio gcc-aarch64-linux-gnu \
+    libc6-dev-arm64-cross binutils
+  rustup target list --installed | grep -qx aarch64-unknown-linux-gnu \
+    || rustup target add aarch64-unknown-linux-gnu
   # Python packages the tests use: the reference Prometheus parsers, the manifest validator,
   # and the OTLP protobuf definitions.
   for mod_pkg in prometheus_client:prometheus-client kubernetes_validate:kubernetes-validate; do
