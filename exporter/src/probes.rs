@@ -62,8 +62,10 @@ pub enum ProbeError {
         #[source]
         source: aya::maps::MapError,
     },
-    #[error(transparent)]
-    StatsTable(#[from] crate::syscall_stats::TableError),
+    /// The syscall statistics table refused its maps (its own error, from the kernel layer's
+    /// syscall family; boxed so the loader does not depend on that family).
+    #[error("the syscall statistics table")]
+    StatsTable(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Fault injection for tests and drills: programs named in this environment variable

@@ -54,7 +54,8 @@ impl SyscallMaps {
             epoch: probes.take_map(maps::SLOT_EPOCH)?,
             taken: probes.take_map(maps::CGROUP_TAKEN)?,
             returned: probes.take_map(maps::CGROUP_RETURNED)?,
-        })?;
+        })
+        .map_err(|e| ProbeError::StatsTable(Box::new(e)))?;
         let errors = BpfHashMap::try_from(probes.take_map(maps::SYSCALL_ERRORS)?)
             .map_err(map_err(maps::SYSCALL_ERRORS))?;
         let exits = BpfHashMap::try_from(probes.take_map(maps::PROCESS_EXITS)?)
