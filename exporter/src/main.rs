@@ -276,7 +276,7 @@ fn run_exporter(
         .thread_name("sysscope")
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    let outcome = runtime.block_on(async move {
         // Bind first: a busy port is the cheapest failure to report.
         let listener = http::bind(&cli.listen_address).await?;
         let otlp_settings =
@@ -373,14 +373,15 @@ fn run_exporter(
         );
         http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
         background.abort();
-        // Send what is queued (bounded), off the async threads: the exporters block.
-        let _ = tokio::task::spawn_blocking(move || {
+        // Send what is queued (bounded). The exporters block: on this worker, made a blocking
+        // thread for the time, not in the blocking pool, where it would queue behind scrapes
+        // still waiting for the agent.
+        tokio::task::block_in_place(move || {
             if let Some(push) = metric_push {
                 push.shutdown(Duration::from_secs(1));
             }
             slow_calls.shutdown(Duration::from_secs(2));
-        })
-        .await;
+        });
         // Dropping the agent detaches every program and closes every map.
         drop(scraper);
         if let Ok(agent) = Arc::try_unwrap(agent) {
@@ -388,7 +389,11 @@ fn run_exporter(
         }
         tracing::info!("stopped; all probes detached");
         Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
-    })
+    });
+    // Scrapes still queued for the agent when the server stopped are not waited for: their
+    // clients are gone, and a stop must not take as long as the queue.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    outcome
 }
 
 /// Installs the SIGTERM and SIGINT handlers now; the future resolves on either signal.
