@@ -145,3 +145,119 @@ fn an_early_sigterm_exits_cleanly() {
         );
     }
 }
+
+/// Parses one logfmt line strictly: `key=value` pairs separated by one space, each value bare
+/// (no space, quote, `=` or backslash) or quoted with `\"`, `\\`, `\n`, `\r`, `\t`, `\u{..}`
+/// escapes. `None` if the line is not logfmt.
+fn parse_logfmt(line: &str) -> Option<Vec<(String, String)>> {
+    let mut pairs = Vec::new();
+    let mut rest = line;
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        if key.is_empty() || key.contains([' ', '"']) {
+            return None;
+        }
+        let (value, after) = if let Some(quoted) = after.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let end = loop {
+                let (i, c) = chars.next()?;
+                match c {
+                    '"' => break i + 1,
+                    '\\' => match chars.next()?.1 {
+                        '"' => value.push('"'),
+                        '\\' => value.push('\\'),
+                        'n' => value.push('\n'),
+                        'r' => value.push('\r'),
+                        't' => value.push('\t'),
+                        'u' => {
+                            let hex: String = chars
+                                .by_ref()
+                                .map(|(_, c)| c)
+                                .skip(1)
+                                .take_while(|c| *c != '}')
+                                .collect();
+                            value.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                        }
+                        _ => return None,
+                    },
+                    c if c.is_control() => return None,
+                    c => value.push(c),
+                }
+            };
+            (value, &quoted[end..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            let value = &after[..end];
+            if value.is_empty() || value.contains(['"', '=', '\\']) {
+                return None;
+            }
+            (value.to_string(), &after[end..])
+        };
+        pairs.push((key.to_string(), value));
+        rest = match after.strip_prefix(' ') {
+            Some(r) if !r.is_empty() => r,
+            None if after.is_empty() => "",
+            _ => return None,
+        };
+    }
+    Some(pairs)
+}
+
+#[test]
+fn logs_of_a_real_run_are_logfmt_without_escape_codes() {
+    if !require_root("logs_of_a_real_run_are_logfmt_without_escape_codes") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sysscope.toml");
+    std::fs::write(&config, TEST_CONFIG).unwrap();
+    let port = free_port();
+    // stderr is a pipe here, as under kubectl logs, journald or a file.
+    let child = std::process::Command::new(sysscope_bin())
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!("--config.file={}", config.display()))
+        .arg("--log.format=logfmt")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = eventually(Duration::from_secs(30), || {
+        matches!(http_get(port, "/-/ready", None), Ok((200, _, _))).then_some(())
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(ready.is_some(), "sysscope did not become ready");
+    assert!(out.status.success(), "exit status {}", out.status);
+    let stderr = String::from_utf8(out.stderr).expect("logs are UTF-8");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "escape codes in logs written to a pipe:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() >= 3, "too few log lines:\n{stderr}");
+    let mut messages = Vec::new();
+    for line in &lines {
+        let pairs = parse_logfmt(line).unwrap_or_else(|| panic!("not logfmt: {line}"));
+        let keys: Vec<&str> = pairs.iter().take(4).map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["ts", "level", "target", "msg"], "{line}");
+        assert!(
+            ["error", "warn", "info", "debug", "trace"].contains(&pairs[1].1.as_str()),
+            "{line}"
+        );
+        messages.push(pairs[3].1.clone());
+        if pairs[3].1 == "serving metrics" {
+            let address = pairs.iter().find(|(k, _)| k == "address").unwrap();
+            assert_eq!(address.1, format!("127.0.0.1:{port}"), "{line}");
+        }
+    }
+    assert!(
+        messages.iter().any(|m| m == "serving metrics"),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m == "stopped; all probes detached"),
+        "{messages:?}"
+    );
+}
