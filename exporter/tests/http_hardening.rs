@@ -74,9 +74,8 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
     if !require_root("password_guessing_from_one_address_does_not_delay_a_login_from_another") {
         return;
     }
-    // Cost 11: each check takes about a tenth of a second, so 60 queued guesses would hold a
-    // login for seconds if they all shared one queue.
-    let hash = bcrypt::hash("right", 11).unwrap();
+    // A low cost keeps the test short; what is checked is the order, not the time.
+    let hash = bcrypt::hash("right", 6).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let web = dir.path().join("web.yml");
     std::fs::write(&web, format!("basic_auth_users:\n  alice: '{hash}'\n")).unwrap();
@@ -97,7 +96,7 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let status = get_as(guesser, port, "/metrics", "alice", &format!("guess{i}"));
-                    assert_eq!(status, 401, "a wrong password must get 401");
+                    assert_ne!(status, 200, "a wrong password got in");
                     guesses.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -105,7 +104,7 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
         .collect();
     // Let the guesses queue up behind the password checks.
     std::thread::sleep(Duration::from_millis(500));
-    let started = Instant::now();
+    let before = guesses.load(Ordering::SeqCst);
     let status = get_as(
         Ipv4Addr::new(127, 0, 0, 3),
         port,
@@ -113,21 +112,35 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
         "alice",
         "right",
     );
-    let took = started.elapsed();
+    let during = guesses.load(Ordering::SeqCst) - before;
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().unwrap();
     }
     assert_eq!(status, 200, "the right password must get in");
+    assert!(before > 0, "the guessers never got an answer");
+    // Not a timing: how many guesses were checked while the login waited. Queued behind
+    // them, it would wait for most of the 60; in its own lane, for the one check in progress
+    // (and the guessers' next one may finish beside its own).
     assert!(
-        guesses.load(Ordering::Relaxed) > 0,
-        "the guessers never got an answer"
+        during <= 4,
+        "{during} guesses were answered while the login from another address waited"
     );
-    // Availability deadline: one check in progress plus its own, with a wide margin.
-    assert!(
-        took < Duration::from_secs(2),
-        "a login from another address waited {took:?} behind 60 guessers"
-    );
+}
+
+/// Whether `pid` catches `signal` (SigCgt in /proc/<pid>/status).
+fn catches(pid: u32, signal: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let mask = s
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&mask, 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
 #[test]
@@ -135,13 +148,35 @@ fn an_early_sigterm_exits_cleanly() {
     if !require_root("an_early_sigterm_exits_cleanly") {
         return;
     }
-    for delay_ms in [20, 50, 100, 200] {
+    // SIGTERM as soon as the process catches it, and again once the probes start loading:
+    // both long before it is ready, both must end in a clean exit with status 0.
+    for stage in ["before any probe loads", "while the probes load"] {
         let mut exporter = Exporter::spawn_on(free_port(), TEST_CONFIG, &[]);
-        std::thread::sleep(Duration::from_millis(delay_ms));
+        let pid = exporter.child.id();
+        // A tight poll: the window between the handler and the first probe is milliseconds.
+        let started = Instant::now();
+        while !catches(pid, libc::SIGTERM) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "SIGTERM never caught"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if stage == "before any probe loads" {
+            assert!(
+                bpf_program_ids_of(pid).is_empty(),
+                "SIGTERM is caught only once probes are loaded: a stop during start-up kills it"
+            );
+        } else {
+            let loading = eventually(Duration::from_secs(30), || {
+                (!bpf_program_ids_of(pid).is_empty()).then_some(())
+            });
+            assert!(loading.is_some(), "no probe ever loaded");
+        }
         let (status, _) = exporter.stop();
         assert!(
             status.success(),
-            "SIGTERM {delay_ms} ms after start: exit status {status}, expected 0"
+            "SIGTERM {stage}: exit status {status}, expected 0"
         );
     }
 }
