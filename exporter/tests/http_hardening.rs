@@ -120,10 +120,10 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
     assert_eq!(status, 200, "the right password must get in");
     assert!(before > 0, "the guessers never got an answer");
     // Not a timing: how many guesses were checked while the login waited. Queued behind
-    // them, it would wait for most of the 60; in its own lane, for the one check in progress
-    // (and the guessers' next one may finish beside its own).
+    // them, it waits for all 60 (61 measured); in its own lane, for the one check in progress
+    // and the few the guessers' lane gets through beside its own on a busy machine.
     assert!(
-        during <= 4,
+        during <= 15,
         "{during} guesses were answered while the login from another address waited"
     );
 }
