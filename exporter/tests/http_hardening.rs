@@ -74,9 +74,8 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
     if !require_root("password_guessing_from_one_address_does_not_delay_a_login_from_another") {
         return;
     }
-    // Cost 11: each check takes about a tenth of a second, so 60 queued guesses would hold a
-    // login for seconds if they all shared one queue.
-    let hash = bcrypt::hash("right", 11).unwrap();
+    // A low cost keeps the test short; what is checked is the order, not the time.
+    let hash = bcrypt::hash("right", 6).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let web = dir.path().join("web.yml");
     std::fs::write(&web, format!("basic_auth_users:\n  alice: '{hash}'\n")).unwrap();
@@ -97,7 +96,7 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let status = get_as(guesser, port, "/metrics", "alice", &format!("guess{i}"));
-                    assert_eq!(status, 401, "a wrong password must get 401");
+                    assert_ne!(status, 200, "a wrong password got in");
                     guesses.fetch_add(1, Ordering::Relaxed);
                 }
             })
@@ -105,7 +104,7 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
         .collect();
     // Let the guesses queue up behind the password checks.
     std::thread::sleep(Duration::from_millis(500));
-    let started = Instant::now();
+    let before = guesses.load(Ordering::SeqCst);
     let status = get_as(
         Ipv4Addr::new(127, 0, 0, 3),
         port,
@@ -113,21 +112,35 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
         "alice",
         "right",
     );
-    let took = started.elapsed();
+    let during = guesses.load(Ordering::SeqCst) - before;
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().unwrap();
     }
     assert_eq!(status, 200, "the right password must get in");
+    assert!(before > 0, "the guessers never got an answer");
+    // Not a timing: how many guesses were checked while the login waited. Queued behind
+    // them, it waits for all 60 (61 measured); in its own lane, for the one check in progress
+    // and the few the guessers' lane gets through beside its own on a busy machine.
     assert!(
-        guesses.load(Ordering::Relaxed) > 0,
-        "the guessers never got an answer"
+        during <= 15,
+        "{during} guesses were answered while the login from another address waited"
     );
-    // Availability deadline: one check in progress plus its own, with a wide margin.
-    assert!(
-        took < Duration::from_secs(2),
-        "a login from another address waited {took:?} behind 60 guessers"
-    );
+}
+
+/// Whether `pid` catches `signal` (SigCgt in /proc/<pid>/status).
+fn catches(pid: u32, signal: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let mask = s
+                .lines()
+                .find_map(|l| l.strip_prefix("SigCgt:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&mask, 16).ok()
+        })
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
 #[test]
@@ -135,13 +148,151 @@ fn an_early_sigterm_exits_cleanly() {
     if !require_root("an_early_sigterm_exits_cleanly") {
         return;
     }
-    for delay_ms in [20, 50, 100, 200] {
+    // SIGTERM as soon as the process catches it, and again once the probes start loading:
+    // both long before it is ready, both must end in a clean exit with status 0.
+    for stage in ["before any probe loads", "while the probes load"] {
         let mut exporter = Exporter::spawn_on(free_port(), TEST_CONFIG, &[]);
-        std::thread::sleep(Duration::from_millis(delay_ms));
+        let pid = exporter.child.id();
+        // A tight poll: the window between the handler and the first probe is milliseconds.
+        let started = Instant::now();
+        while !catches(pid, libc::SIGTERM) {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "SIGTERM never caught"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if stage == "before any probe loads" {
+            assert!(
+                bpf_program_ids_of(pid).is_empty(),
+                "SIGTERM is caught only once probes are loaded: a stop during start-up kills it"
+            );
+        } else {
+            let loading = eventually(Duration::from_secs(30), || {
+                (!bpf_program_ids_of(pid).is_empty()).then_some(())
+            });
+            assert!(loading.is_some(), "no probe ever loaded");
+        }
         let (status, _) = exporter.stop();
         assert!(
             status.success(),
-            "SIGTERM {delay_ms} ms after start: exit status {status}, expected 0"
+            "SIGTERM {stage}: exit status {status}, expected 0"
         );
     }
+}
+
+/// Parses one logfmt line strictly: `key=value` pairs separated by one space, each value bare
+/// (no space, quote, `=` or backslash) or quoted with `\"`, `\\`, `\n`, `\r`, `\t`, `\u{..}`
+/// escapes. `None` if the line is not logfmt.
+fn parse_logfmt(line: &str) -> Option<Vec<(String, String)>> {
+    let mut pairs = Vec::new();
+    let mut rest = line;
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        if key.is_empty() || key.contains([' ', '"']) {
+            return None;
+        }
+        let (value, after) = if let Some(quoted) = after.strip_prefix('"') {
+            let mut value = String::new();
+            let mut chars = quoted.char_indices();
+            let end = loop {
+                let (i, c) = chars.next()?;
+                match c {
+                    '"' => break i + 1,
+                    '\\' => match chars.next()?.1 {
+                        '"' => value.push('"'),
+                        '\\' => value.push('\\'),
+                        'n' => value.push('\n'),
+                        'r' => value.push('\r'),
+                        't' => value.push('\t'),
+                        'u' => {
+                            let hex: String = chars
+                                .by_ref()
+                                .map(|(_, c)| c)
+                                .skip(1)
+                                .take_while(|c| *c != '}')
+                                .collect();
+                            value.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                        }
+                        _ => return None,
+                    },
+                    c if c.is_control() => return None,
+                    c => value.push(c),
+                }
+            };
+            (value, &quoted[end..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            let value = &after[..end];
+            if value.is_empty() || value.contains(['"', '=', '\\']) {
+                return None;
+            }
+            (value.to_string(), &after[end..])
+        };
+        pairs.push((key.to_string(), value));
+        rest = match after.strip_prefix(' ') {
+            Some(r) if !r.is_empty() => r,
+            None if after.is_empty() => "",
+            _ => return None,
+        };
+    }
+    Some(pairs)
+}
+
+#[test]
+fn logs_of_a_real_run_are_logfmt_without_escape_codes() {
+    if !require_root("logs_of_a_real_run_are_logfmt_without_escape_codes") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sysscope.toml");
+    std::fs::write(&config, TEST_CONFIG).unwrap();
+    let port = free_port();
+    // stderr is a pipe here, as under kubectl logs, journald or a file.
+    let child = std::process::Command::new(sysscope_bin())
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!("--config.file={}", config.display()))
+        .arg("--log.format=logfmt")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ready = eventually(Duration::from_secs(30), || {
+        matches!(http_get(port, "/-/ready", None), Ok((200, _, _))).then_some(())
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(ready.is_some(), "sysscope did not become ready");
+    assert!(out.status.success(), "exit status {}", out.status);
+    let stderr = String::from_utf8(out.stderr).expect("logs are UTF-8");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "escape codes in logs written to a pipe:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(lines.len() >= 3, "too few log lines:\n{stderr}");
+    let mut messages = Vec::new();
+    for line in &lines {
+        let pairs = parse_logfmt(line).unwrap_or_else(|| panic!("not logfmt: {line}"));
+        let keys: Vec<&str> = pairs.iter().take(4).map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["ts", "level", "target", "msg"], "{line}");
+        assert!(
+            ["error", "warn", "info", "debug", "trace"].contains(&pairs[1].1.as_str()),
+            "{line}"
+        );
+        messages.push(pairs[3].1.clone());
+        if pairs[3].1 == "serving metrics" {
+            let address = pairs.iter().find(|(k, _)| k == "address").unwrap();
+            assert_eq!(address.1, format!("127.0.0.1:{port}"), "{line}");
+        }
+    }
+    assert!(
+        messages.iter().any(|m| m == "serving metrics"),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m == "stopped; all probes detached"),
+        "{messages:?}"
+    );
 }
