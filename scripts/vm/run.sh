@@ -191,7 +191,8 @@ printf '%s\n' "$checks" | grep -v '^$' | sed 's/^/  /' >&2 || true
 failed=$(printf '%s\n' "$checks" | grep -c '^VMCHECK [^ ]* FAIL' || true)
 passed=$(printf '%s\n' "$checks" | grep -c '^VMCHECK [^ ]* PASS' || true)
 if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || ! grep -q '^VMCHECK_END' <(tr -d '\r' < "$console"); then
-  echo "vm: FAIL ($what): $passed passed, $failed failed, qemu exit $rc after ${took}s; console tail:" >&2
+  why="qemu exit $rc"; [ "$rc" -eq 124 ] && why="timed out (--timeout $timeout)"
+  echo "vm: FAIL ($what): $passed passed, $failed failed, $why after ${took}s; console tail:" >&2
   tr -d '\r' < "$console" | grep -v '^\s*$' | tail -n 40 >&2
   exit 1
 fi
