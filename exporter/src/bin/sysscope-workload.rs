@@ -724,13 +724,14 @@ fn epoll_idle(n: u64, ms: i32) {
     // SAFETY: an all-zero epoll_event is valid.
     let mut events: [libc::epoll_event; 4] = unsafe { std::mem::zeroed() };
     for _ in 0..n {
-        // SAFETY: valid epoll fd and buffer; nothing is registered, so it times out.
         // arm64 has no epoll_wait, only epoll_pwait (a null signal mask makes it the same call).
         #[cfg(not(target_arch = "aarch64"))]
+        // SAFETY: valid epoll fd and buffer; nothing is registered, so it times out.
         unsafe {
             libc::syscall(libc::SYS_epoll_wait, ep, events.as_mut_ptr(), 4, ms);
         }
         #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above; a null signal mask (its size is still checked) is allowed.
         unsafe {
             libc::syscall(
                 libc::SYS_epoll_pwait,
