@@ -65,6 +65,24 @@ mod tests {
         assert_eq!(number("exit"), Some(sysscope_abi::noreturn::EXIT));
     }
 
+    /// The arm64 numbers (the generic table) differ from x86_64's; checked on every host so an
+    /// x86_64 build cannot hide a wrong arm64 table. The exit numbers are the ones the probes
+    /// count at entry on arm64 (`sysscope_abi::noreturn`).
+    #[test]
+    fn aarch64_numbers() {
+        use syscalls::aarch64::Sysno as A;
+        let n = |s: &str| s.parse::<A>().ok().map(|s| s.id() as u32);
+        assert_eq!(n("read"), Some(63));
+        assert_eq!(n("getppid"), Some(173));
+        assert_eq!(n("openat"), Some(56));
+        assert_eq!(n("exit"), Some(93));
+        assert_eq!(n("exit_group"), Some(94));
+        // No open(2) on arm64: only openat.
+        assert_eq!(n("open"), None);
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(number("getppid"), Some(173));
+    }
+
     #[test]
     fn round_trip_every_name() {
         for nr in 0..sysscope_abi::MAX_SYSCALL_NR {

@@ -48,6 +48,7 @@ case "$arch" in
     ;;
   *) echo "vm: unknown arch $arch (amd64 or arm64)" >&2; exit 2 ;;
 esac
+bin_dir_opt=$bin_dir
 [ -n "$bin_dir" ] || bin_dir="$top/target${rust_target:+/$rust_target}/debug"
 [ -n "$timeout" ] || timeout=$default_timeout
 
@@ -109,8 +110,11 @@ if [ "$arch" = arm64 ]; then
   busybox="$bb/bin/busybox"
 fi
 
-# The binaries.
-if [ ! -x "$bin_dir/sysscope" ] || [ ! -x "$bin_dir/sysscope-workload" ]; then
+# The binaries. amd64 takes what `cargo test` built (built here only if missing); the arm64
+# cross build is always brought up to date (a no-op when it is), since nothing else builds it.
+bin_dir_given=$bin_dir_opt
+if [ ! -x "$bin_dir/sysscope" ] || [ ! -x "$bin_dir/sysscope-workload" ] \
+   || { [ -n "$rust_target" ] && [ -z "$bin_dir_given" ]; }; then
   if [ -z "$rust_target" ]; then
     log "building sysscope (debug)"
     (cd "$top" && cargo build --locked --bin sysscope --bin sysscope-workload)
@@ -187,7 +191,8 @@ printf '%s\n' "$checks" | grep -v '^$' | sed 's/^/  /' >&2 || true
 failed=$(printf '%s\n' "$checks" | grep -c '^VMCHECK [^ ]* FAIL' || true)
 passed=$(printf '%s\n' "$checks" | grep -c '^VMCHECK [^ ]* PASS' || true)
 if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || ! grep -q '^VMCHECK_END' <(tr -d '\r' < "$console"); then
-  echo "vm: FAIL ($what): $passed passed, $failed failed, qemu exit $rc after ${took}s; console tail:" >&2
+  why="qemu exit $rc"; [ "$rc" -eq 124 ] && why="timed out (--timeout $timeout)"
+  echo "vm: FAIL ($what): $passed passed, $failed failed, $why after ${took}s; console tail:" >&2
   tr -d '\r' < "$console" | grep -v '^\s*$' | tail -n 40 >&2
   exit 1
 fi

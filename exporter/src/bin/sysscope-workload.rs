@@ -23,7 +23,8 @@
 //!   stat PATH N               N newfstatat calls on PATH (a metadata storm)
 //!   open-close PATH N         N openat + close pairs on PATH (open/close churn)
 //!   mmap N KB                 N anonymous mmap + mprotect + munmap of KB KiB
-//!   epoll-wait N MS           N epoll_wait calls with an MS ms timeout on an empty epoll set
+//!   epoll-wait N MS           N epoll_wait calls (epoll_pwait on arm64, which lacks epoll_wait)
+//!                             with an MS ms timeout on an empty epoll set
 //!   futex-contention T N      T threads each take a shared mutex N times, holding it briefly
 //!                             while the others wait in futex
 //!   small-writes PATH N BS    N writes of BS bytes to PATH (one open, one close)
@@ -723,9 +724,24 @@ fn epoll_idle(n: u64, ms: i32) {
     // SAFETY: an all-zero epoll_event is valid.
     let mut events: [libc::epoll_event; 4] = unsafe { std::mem::zeroed() };
     for _ in 0..n {
+        // arm64 has no epoll_wait, only epoll_pwait (a null signal mask makes it the same call).
+        #[cfg(not(target_arch = "aarch64"))]
         // SAFETY: valid epoll fd and buffer; nothing is registered, so it times out.
         unsafe {
             libc::syscall(libc::SYS_epoll_wait, ep, events.as_mut_ptr(), 4, ms);
+        }
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above; a null signal mask (its size is still checked) is allowed.
+        unsafe {
+            libc::syscall(
+                libc::SYS_epoll_pwait,
+                ep,
+                events.as_mut_ptr(),
+                4,
+                ms,
+                std::ptr::null::<libc::sigset_t>(),
+                8,
+            );
         }
     }
     // SAFETY: closing our descriptor.
