@@ -92,6 +92,16 @@ struct Received {
     http_bodies: Arc<Mutex<Vec<(String, usize)>>>,
     /// TLS handshakes the receiver refused (e.g. no client certificate).
     tls_failures: Arc<std::sync::atomic::AtomicU64>,
+    /// Signals (`traces`, `metrics`) of requests that came gzip-compressed, one per request.
+    gzipped: Arc<Mutex<Vec<&'static str>>>,
+}
+
+/// Whether a gRPC request said its message is gzip-compressed.
+fn grpc_gzip<T>(request: &tonic::Request<T>) -> bool {
+    request
+        .metadata()
+        .get("grpc-encoding")
+        .is_some_and(|v| v == "gzip")
 }
 
 impl Received {
@@ -248,6 +258,9 @@ impl TraceService for Received {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        if grpc_gzip(&request) {
+            self.gzipped.lock().unwrap().push("traces");
+        }
         self.add_traces(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
@@ -259,6 +272,9 @@ impl MetricsService for Received {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        if grpc_gzip(&request) {
+            self.gzipped.lock().unwrap().push("metrics");
+        }
         self.metrics.lock().unwrap().push(request.into_inner());
         Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
     }
@@ -302,8 +318,14 @@ impl Receiver {
                 server = server.tls_config(tls).unwrap();
             }
             server
-                .add_service(TraceServiceServer::new(svc.clone()))
-                .add_service(MetricsServiceServer::new(svc))
+                .add_service(
+                    TraceServiceServer::new(svc.clone())
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
+                .add_service(
+                    MetricsServiceServer::new(svc)
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
                 .serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(listener),
                     async {
@@ -404,7 +426,24 @@ where
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
-            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let gzipped = req
+                .headers()
+                .get(hyper::header::CONTENT_ENCODING)
+                .is_some_and(|v| v == "gzip");
+            let mut body = req.into_body().collect().await.unwrap().to_bytes();
+            if gzipped {
+                use std::io::Read;
+                let mut plain = Vec::new();
+                flate2::read::GzDecoder::new(&body[..])
+                    .read_to_end(&mut plain)
+                    .expect("a gzip body");
+                body = bytes::Bytes::from(plain);
+                data.gzipped.lock().unwrap().push(if path == "/v1/traces" {
+                    "traces"
+                } else {
+                    "metrics"
+                });
+            }
             data.http_requests
                 .lock()
                 .unwrap()
@@ -1706,6 +1745,49 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
                     "round {round}: the last slow read neither has its path nor says why: {span}"
                 );
             }
+        }
+    }
+}
+
+/// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` (and its per-signal variants): both signals arrive
+/// compressed over gRPC and OTLP/HTTP, and the receiver decodes the exact spans and counts.
+#[test]
+fn gzip_compression_over_grpc_and_http() {
+    if !require_root("gzip_compression_over_grpc_and_http") {
+        return;
+    }
+    let _serial = serial();
+    for (protocol, env) in [
+        ("grpc", vec![("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]),
+        (
+            "http/protobuf",
+            vec![
+                ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+                ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "gzip"),
+            ],
+        ),
+    ] {
+        let receiver = if protocol == "grpc" {
+            Receiver::grpc(0)
+        } else {
+            Receiver::http()
+        };
+        let url = receiver.url();
+        let mut vars = vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+        ];
+        vars.extend(env);
+        let exporter = Exporter::start_with_env(SLOW_READS, &[], &vars);
+        exact_spans_and_metrics(&exporter, &receiver, "sysscope-test-spans-gzip", 3, 400);
+        let gzipped = receiver.data.gzipped.lock().unwrap().clone();
+        for signal in ["traces", "metrics"] {
+            assert!(
+                gzipped.contains(&signal),
+                "{protocol}: no gzip {signal} request: {gzipped:?}"
+            );
         }
     }
 }
