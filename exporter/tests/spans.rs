@@ -44,6 +44,8 @@ struct Span {
     trace_id: Vec<u8>,
     start_ns: u64,
     end_ns: u64,
+    /// Wall-clock time the receiver got it (ns since the epoch).
+    arrived_ns: u64,
     status_code: i32,
     attrs: HashMap<String, Value>,
     resource: HashMap<String, Value>,
@@ -119,6 +121,7 @@ impl Received {
                         trace_id: s.trace_id,
                         start_ns: s.start_time_unix_nano,
                         end_ns: s.end_time_unix_nano,
+                        arrived_ns: now_unix_ns(),
                         status_code: s.status.map(|st| st.code).unwrap_or(0),
                         attrs: attr_map(&s.attributes),
                         resource: resource.clone(),
@@ -558,6 +561,7 @@ fn json_spans(v: &serde_json::Value) -> Vec<Span> {
                     trace_id: hex_id(&s["traceId"], 16),
                     start_ns: json_u64(&s["startTimeUnixNano"], "startTimeUnixNano"),
                     end_ns: json_u64(&s["endTimeUnixNano"], "endTimeUnixNano"),
+                    arrived_ns: now_unix_ns(),
                     status_code: s
                         .get("status")
                         .and_then(|st| st.get("code"))
@@ -738,6 +742,13 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap()
+}
+
+fn now_unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 /// Checks a span of a `slow-pipe-read-timed` child in `cg` against the truth.
@@ -1787,6 +1798,66 @@ fn gzip_compression_over_grpc_and_http() {
             assert!(
                 gzipped.contains(&signal),
                 "{protocol}: no gzip {signal} request: {gzipped:?}"
+            );
+        }
+    }
+}
+
+/// Each span of a fresh process reaches the OTLP collector within the batch delay plus one
+/// read of the ring buffer (a generous deadline: an availability bound, not a measurement).
+#[test]
+fn spans_reach_the_collector_within_the_batch_delay() {
+    if !require_root("spans_reach_the_collector_within_the_batch_delay") {
+        return;
+    }
+    let _serial = serial();
+    let receiver = Receiver::grpc(0);
+    let url = receiver.url();
+    const DELAY_MS: u64 = 500;
+    let delay = DELAY_MS.to_string();
+    let _exporter = Exporter::start_with_env(
+        SLOW_READS,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", delay.as_str()),
+        ],
+    );
+    for round in 0..3 {
+        // The child stays alive and holds its pipe (the timed reads leave it open) long after
+        // its reads: every path can be read, and arrival times are the exporter's alone.
+        let mut child = Command::new(workload_bin())
+            .args(["slow-pipe-read-timed", "3", "40", "sleep", "1", "6000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn workload");
+        let pid = child.id();
+        let got = eventually(Duration::from_secs(15), || {
+            (receiver.data.spans_of(pid).len() >= 3).then_some(())
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            got.is_some(),
+            "spans of {pid}: {:?}",
+            receiver.data.spans_of(pid)
+        );
+        let spans = receiver.data.spans_of(pid);
+        assert_eq!(spans.len(), 3, "{spans:?}");
+        for (i, span) in spans.iter().enumerate() {
+            let path = span.str("file.path").unwrap_or("");
+            assert!(
+                path.starts_with("pipe:[") && path.ends_with(']'),
+                "round {round}, read {i}: file.path {path:?} in {span:?}"
+            );
+            // Call end to arrival: the batch delay, a read of the ring buffer, the export
+            // round trip; 3 s more than the delay leaves room for a loaded machine.
+            let late_ms = span.arrived_ns.saturating_sub(span.end_ns) / 1_000_000;
+            eprintln!("round {round} read {i}: arrived {late_ms} ms after the call ended");
+            assert!(
+                late_ms <= DELAY_MS + 3_000,
+                "span of read {i} arrived {late_ms} ms after the call (batch delay {DELAY_MS} ms)"
             );
         }
     }
