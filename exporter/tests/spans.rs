@@ -521,7 +521,12 @@ fn json_attrs(v: &serde_json::Value) -> Vec<KeyValue> {
             let value = if let Some(s) = value.get("stringValue") {
                 Value::StringValue(s.as_str().expect("stringValue").to_string())
             } else if let Some(i) = value.get("intValue") {
-                Value::IntValue(json_u64(i, &key) as i64)
+                // A signed 64-bit integer: a failed call's return value is negative.
+                Value::IntValue(
+                    i.as_str()
+                        .and_then(|t| t.parse::<i64>().ok())
+                        .unwrap_or_else(|| panic!("{key} is not a decimal string: {i}")),
+                )
             } else if let Some(b) = value.get("boolValue") {
                 Value::BoolValue(b.as_bool().expect("boolValue"))
             } else if let Some(d) = value.get("doubleValue") {
