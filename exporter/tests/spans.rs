@@ -44,6 +44,8 @@ struct Span {
     trace_id: Vec<u8>,
     start_ns: u64,
     end_ns: u64,
+    /// Wall-clock time the receiver got it (ns since the epoch).
+    arrived_ns: u64,
     status_code: i32,
     attrs: HashMap<String, Value>,
     resource: HashMap<String, Value>,
@@ -92,6 +94,16 @@ struct Received {
     http_bodies: Arc<Mutex<Vec<(String, usize)>>>,
     /// TLS handshakes the receiver refused (e.g. no client certificate).
     tls_failures: Arc<std::sync::atomic::AtomicU64>,
+    /// Signals (`traces`, `metrics`) of requests that came gzip-compressed, one per request.
+    gzipped: Arc<Mutex<Vec<&'static str>>>,
+}
+
+/// Whether a gRPC request said its message is gzip-compressed.
+fn grpc_gzip<T>(request: &tonic::Request<T>) -> bool {
+    request
+        .metadata()
+        .get("grpc-encoding")
+        .is_some_and(|v| v == "gzip")
 }
 
 impl Received {
@@ -109,6 +121,7 @@ impl Received {
                         trace_id: s.trace_id,
                         start_ns: s.start_time_unix_nano,
                         end_ns: s.end_time_unix_nano,
+                        arrived_ns: now_unix_ns(),
                         status_code: s.status.map(|st| st.code).unwrap_or(0),
                         attrs: attr_map(&s.attributes),
                         resource: resource.clone(),
@@ -248,6 +261,9 @@ impl TraceService for Received {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        if grpc_gzip(&request) {
+            self.gzipped.lock().unwrap().push("traces");
+        }
         self.add_traces(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
@@ -259,6 +275,9 @@ impl MetricsService for Received {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        if grpc_gzip(&request) {
+            self.gzipped.lock().unwrap().push("metrics");
+        }
         self.metrics.lock().unwrap().push(request.into_inner());
         Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
     }
@@ -302,8 +321,14 @@ impl Receiver {
                 server = server.tls_config(tls).unwrap();
             }
             server
-                .add_service(TraceServiceServer::new(svc.clone()))
-                .add_service(MetricsServiceServer::new(svc))
+                .add_service(
+                    TraceServiceServer::new(svc.clone())
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
+                .add_service(
+                    MetricsServiceServer::new(svc)
+                        .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+                )
                 .serve_with_incoming_shutdown(
                     tonic::transport::server::TcpIncoming::from(listener),
                     async {
@@ -404,7 +429,24 @@ where
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
-            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let gzipped = req
+                .headers()
+                .get(hyper::header::CONTENT_ENCODING)
+                .is_some_and(|v| v == "gzip");
+            let mut body = req.into_body().collect().await.unwrap().to_bytes();
+            if gzipped {
+                use std::io::Read;
+                let mut plain = Vec::new();
+                flate2::read::GzDecoder::new(&body[..])
+                    .read_to_end(&mut plain)
+                    .expect("a gzip body");
+                body = bytes::Bytes::from(plain);
+                data.gzipped.lock().unwrap().push(if path == "/v1/traces" {
+                    "traces"
+                } else {
+                    "metrics"
+                });
+            }
             data.http_requests
                 .lock()
                 .unwrap()
@@ -479,7 +521,12 @@ fn json_attrs(v: &serde_json::Value) -> Vec<KeyValue> {
             let value = if let Some(s) = value.get("stringValue") {
                 Value::StringValue(s.as_str().expect("stringValue").to_string())
             } else if let Some(i) = value.get("intValue") {
-                Value::IntValue(json_u64(i, &key) as i64)
+                // A signed 64-bit integer: a failed call's return value is negative.
+                Value::IntValue(
+                    i.as_str()
+                        .and_then(|t| t.parse::<i64>().ok())
+                        .unwrap_or_else(|| panic!("{key} is not a decimal string: {i}")),
+                )
             } else if let Some(b) = value.get("boolValue") {
                 Value::BoolValue(b.as_bool().expect("boolValue"))
             } else if let Some(d) = value.get("doubleValue") {
@@ -519,6 +566,7 @@ fn json_spans(v: &serde_json::Value) -> Vec<Span> {
                     trace_id: hex_id(&s["traceId"], 16),
                     start_ns: json_u64(&s["startTimeUnixNano"], "startTimeUnixNano"),
                     end_ns: json_u64(&s["endTimeUnixNano"], "endTimeUnixNano"),
+                    arrived_ns: now_unix_ns(),
                     status_code: s
                         .get("status")
                         .and_then(|st| st.get("code"))
@@ -699,6 +747,13 @@ fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap()
+}
+
+fn now_unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }
 
 /// Checks a span of a `slow-pipe-read-timed` child in `cg` against the truth.
@@ -1706,6 +1761,109 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
                     "round {round}: the last slow read neither has its path nor says why: {span}"
                 );
             }
+        }
+    }
+}
+
+/// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` (and its per-signal variants): both signals arrive
+/// compressed over gRPC and OTLP/HTTP, and the receiver decodes the exact spans and counts.
+#[test]
+fn gzip_compression_over_grpc_and_http() {
+    if !require_root("gzip_compression_over_grpc_and_http") {
+        return;
+    }
+    let _serial = serial();
+    for (protocol, env) in [
+        ("grpc", vec![("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")]),
+        (
+            "http/protobuf",
+            vec![
+                ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+                ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "gzip"),
+            ],
+        ),
+    ] {
+        let receiver = if protocol == "grpc" {
+            Receiver::grpc(0)
+        } else {
+            Receiver::http()
+        };
+        let url = receiver.url();
+        let mut vars = vec![
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+        ];
+        vars.extend(env);
+        let exporter = Exporter::start_with_env(SLOW_READS, &[], &vars);
+        exact_spans_and_metrics(&exporter, &receiver, "sysscope-test-spans-gzip", 3, 400);
+        let gzipped = receiver.data.gzipped.lock().unwrap().clone();
+        for signal in ["traces", "metrics"] {
+            assert!(
+                gzipped.contains(&signal),
+                "{protocol}: no gzip {signal} request: {gzipped:?}"
+            );
+        }
+    }
+}
+
+/// Each span of a fresh process reaches the OTLP collector within the batch delay plus one
+/// read of the ring buffer (a generous deadline: an availability bound, not a measurement).
+#[test]
+fn spans_reach_the_collector_within_the_batch_delay() {
+    if !require_root("spans_reach_the_collector_within_the_batch_delay") {
+        return;
+    }
+    let _serial = serial();
+    let receiver = Receiver::grpc(0);
+    let url = receiver.url();
+    const DELAY_MS: u64 = 500;
+    let delay = DELAY_MS.to_string();
+    let _exporter = Exporter::start_with_env(
+        SLOW_READS,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", delay.as_str()),
+        ],
+    );
+    for round in 0..3 {
+        // The child stays alive and holds its pipe (the timed reads leave it open) long after
+        // its reads: every path can be read, and arrival times are the exporter's alone.
+        let mut child = Command::new(workload_bin())
+            .args(["slow-pipe-read-timed", "3", "40", "sleep", "1", "6000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn workload");
+        let pid = child.id();
+        let got = eventually(Duration::from_secs(15), || {
+            (receiver.data.spans_of(pid).len() >= 3).then_some(())
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            got.is_some(),
+            "spans of {pid}: {:?}",
+            receiver.data.spans_of(pid)
+        );
+        let spans = receiver.data.spans_of(pid);
+        assert_eq!(spans.len(), 3, "{spans:?}");
+        for (i, span) in spans.iter().enumerate() {
+            let path = span.str("file.path").unwrap_or("");
+            assert!(
+                path.starts_with("pipe:[") && path.ends_with(']'),
+                "round {round}, read {i}: file.path {path:?} in {span:?}"
+            );
+            // Call end to arrival: the batch delay, a read of the ring buffer, the export
+            // round trip; 3 s more than the delay leaves room for a loaded machine.
+            let late_ms = span.arrived_ns.saturating_sub(span.end_ns) / 1_000_000;
+            eprintln!("round {round} read {i}: arrived {late_ms} ms after the call ended");
+            assert!(
+                late_ms <= DELAY_MS + 3_000,
+                "span of read {i} arrived {late_ms} ms after the call (batch delay {DELAY_MS} ms)"
+            );
         }
     }
 }

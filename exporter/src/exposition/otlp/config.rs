@@ -86,6 +86,8 @@ pub struct SignalSettings {
     pub timeout: Duration,
     /// Set for `https://` endpoints (and scheme-less gRPC ones that are not insecure).
     pub tls: Option<TlsSettings>,
+    /// Request bodies gzip-compressed (`OTEL_EXPORTER_OTLP_COMPRESSION=gzip`).
+    pub gzip: bool,
 }
 
 /// Everything the OTLP exporters need.
@@ -179,6 +181,8 @@ pub struct OtlpConfig {
     pub timeout: Option<String>,
     /// A scheme-less gRPC endpoint is plain text when true (`OTEL_EXPORTER_OTLP_INSECURE`).
     pub insecure: Option<bool>,
+    /// `gzip` or `none` (`OTEL_EXPORTER_OTLP_COMPRESSION`), default none.
+    pub compression: Option<String>,
     /// PEM file of the CA certificates that sign the collector's certificate, trusted instead
     /// of the system roots (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
     pub certificate: Option<String>,
@@ -304,6 +308,14 @@ impl OtlpConfig {
         if let Some(t) = &self.timeout {
             duration_key("otlp.timeout", t, Duration::from_millis(1))?;
         }
+        if let Some(c) = &self.compression {
+            if parse_compression(c).is_none() {
+                return Err((
+                    "otlp.compression".into(),
+                    format!("`{c}`: expected gzip or none"),
+                ));
+            }
+        }
         for (key, path) in [
             ("otlp.certificate", &self.certificate),
             ("otlp.client_certificate", &self.client_certificate),
@@ -409,6 +421,11 @@ impl OtlpConfig {
             "OTEL_EXPORTER_OTLP_TIMEOUT",
             "otlp.timeout",
             self.timeout.as_ref().map(ms),
+        );
+        put(
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+            "otlp.compression",
+            self.compression.clone(),
         );
         put(
             "OTEL_EXPORTER_OTLP_INSECURE",
@@ -550,11 +567,6 @@ impl Settings {
         } else {
             signal(get, METRICS)?
         };
-        if let Some(f) = get("OTEL_EXPORTER_OTLP_COMPRESSION") {
-            if f.value.trim() != "none" {
-                tracing::warn!(setting = %f.setting, value = %f.value, "OTLP compression is not supported; requests are sent uncompressed");
-            }
-        }
         let ms = |name: &str, default: u64, min: u64| -> Result<Duration, SettingsError> {
             match get(name) {
                 None => Ok(Duration::from_millis(default)),
@@ -728,6 +740,12 @@ fn signal(get: &Lookup<'_>, signal: Signal) -> Result<Option<SignalSettings>, Se
             _ => return Err(invalid(&f, "expected milliseconds, e.g. 10000")),
         },
     };
+    let gzip = match pick("COMPRESSION") {
+        None => false,
+        Some(f) => {
+            parse_compression(&f.value).ok_or_else(|| invalid(&f, "expected gzip or none"))?
+        }
+    };
     let certificate = pick("CERTIFICATE");
     let client_certificate = pick("CLIENT_CERTIFICATE");
     let client_key = pick("CLIENT_KEY");
@@ -775,7 +793,17 @@ fn signal(get: &Lookup<'_>, signal: Signal) -> Result<Option<SignalSettings>, Se
         headers,
         timeout,
         tls,
+        gzip,
     }))
+}
+
+/// `gzip` -> true, `none` (or empty) -> false, anything else is not supported.
+fn parse_compression(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "gzip" => Some(true),
+        "none" | "" => Some(false),
+        _ => None,
+    }
 }
 
 /// Parses the W3C-baggage-like lists of `OTEL_EXPORTER_OTLP_HEADERS` and
@@ -1045,6 +1073,32 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Settings::resolve(file, |k| map.get(k).cloned(), None, "node-1")
+    }
+
+    #[test]
+    fn compression_is_gzip_or_none_per_signal() {
+        let base = [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")];
+        let s = merged(&OtlpConfig::default(), &base).unwrap();
+        assert!(!s.traces.unwrap().gzip && !s.metrics.unwrap().gzip);
+        let s = merged(
+            &file("compression = \"gzip\""),
+            &[base[0], ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "none")],
+        )
+        .unwrap();
+        assert!(s.traces.unwrap().gzip, "the file's key");
+        assert!(!s.metrics.unwrap().gzip, "the per-signal variable wins");
+        let e = merged(
+            &OtlpConfig::default(),
+            &[base[0], ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_COMPRESSION") && e.contains("gzip"),
+            "{e}"
+        );
+        let c: OtlpConfig = toml::from_str("compression = \"brotli\"").unwrap();
+        assert_eq!(c.validate().unwrap_err().0, "otlp.compression");
     }
 
     /// A CA certificate, a client certificate and its key, as PEM files in a temporary dir.

@@ -383,7 +383,17 @@ enum Client {
         headers: reqwest::header::HeaderMap,
         /// OTLP/JSON bodies instead of protobuf.
         json: bool,
+        /// Bodies gzip-compressed (`Content-Encoding: gzip`).
+        gzip: bool,
     },
+}
+
+/// `body` gzip-compressed. Writing to a `Vec` cannot fail, so neither can this.
+fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let _ = enc.write_all(body);
+    enc.finish().unwrap_or_default()
 }
 
 /// The body and content type of an OTLP/HTTP request.
@@ -445,15 +455,20 @@ impl Client {
                 url,
                 headers,
                 json,
+                gzip: compress,
             } => {
                 let (body, content_type) = http_body(request, *json);
-                let result = client
+                let mut req = client
                     .post(url.as_str())
                     .headers(headers.clone())
-                    .header(reqwest::header::CONTENT_TYPE, content_type)
-                    .timeout(timeout)
-                    .body(body)
-                    .send();
+                    .header(reqwest::header::CONTENT_TYPE, content_type);
+                let body = if *compress {
+                    req = req.header(reqwest::header::CONTENT_ENCODING, "gzip");
+                    gzip(&body)
+                } else {
+                    body
+                };
+                let result = req.timeout(timeout).body(body).send();
                 match result {
                     Ok(resp) if resp.status().is_success() => Ok(()),
                     Ok(resp) => {
@@ -523,9 +538,13 @@ fn build_client(
                 })?;
                 metadata.insert(key, value);
             }
+            let mut client = MetricsServiceClient::new(channel);
+            if settings.gzip {
+                client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+            }
             Ok(Client::Grpc {
                 runtime,
-                client: MetricsServiceClient::new(channel),
+                client,
                 metadata,
             })
         }
@@ -556,6 +575,7 @@ fn build_client(
                 url: settings.endpoint.clone(),
                 headers,
                 json: settings.protocol == Protocol::HttpJson,
+                gzip: settings.gzip,
             })
         }
     }

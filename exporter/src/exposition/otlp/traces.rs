@@ -125,11 +125,14 @@ fn build_exporter(
                 })?;
                 metadata.insert(key, value);
             }
-            let builder = opentelemetry_otlp::SpanExporter::builder()
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
                 .with_timeout(settings.timeout)
                 .with_metadata(metadata);
+            if settings.gzip {
+                builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
+            }
             match &settings.tls {
                 Some(tls) => builder
                     .with_tls_config(super::tls::tonic_config(tls))
@@ -143,9 +146,15 @@ fn build_exporter(
                     endpoint: settings.endpoint.clone(),
                     source,
                 })?;
-            opentelemetry_otlp::SpanExporter::builder()
+            let builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
-                .with_http_client(super::tls::BlockingHttpClient(client))
+                .with_http_client(super::tls::BlockingHttpClient(client));
+            let builder = if settings.gzip {
+                builder.with_compression(opentelemetry_otlp::Compression::Gzip)
+            } else {
+                builder
+            };
+            builder
                 .with_endpoint(settings.endpoint.clone())
                 .with_protocol(if settings.protocol == Protocol::HttpJson {
                     opentelemetry_otlp::Protocol::HttpJson
