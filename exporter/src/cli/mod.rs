@@ -11,6 +11,7 @@
 pub mod block;
 pub mod diagnose;
 pub mod events;
+#[path = "render/strace.rs"]
 pub mod format;
 pub mod measure;
 pub mod profile;
@@ -18,6 +19,7 @@ pub mod progress;
 pub mod session;
 pub mod sink;
 pub mod summary;
+#[path = "render/perfetto.rs"]
 pub mod tef;
 pub mod top;
 pub mod trace;
