@@ -12,6 +12,7 @@ mod cpu;
 mod fuzz;
 mod gpu;
 mod hostile_names;
+mod http_hardening;
 mod kubernetes;
 mod performance;
 mod prometheus_e2e;
