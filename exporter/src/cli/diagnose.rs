@@ -24,11 +24,11 @@ use serde_json::json;
 use sysscope_abi::{trace_flags, TraceEvent};
 
 use super::{
-    format,
     measure::{self, CpuUsage, Measurement, Wants},
     open_output, parse_bytes,
     profile::Profile,
     progress::thousands,
+    render::{strace as format, units::secs},
     session::{Session, TargetArgs},
     sink::EventSink,
     trace::check_buffer_size,
@@ -385,19 +385,6 @@ impl Context<'_> {
                 s
             })
             .collect()
-    }
-}
-
-/// A duration in ns, readable: "850 ns", "12.3 µs", "4.56 ms", "1.23 s".
-pub fn secs(ns: f64) -> String {
-    if ns < 1e3 {
-        format!("{ns:.0} ns")
-    } else if ns < 1e6 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
     }
 }
 

@@ -11,14 +11,13 @@
 pub mod block;
 pub mod diagnose;
 pub mod events;
-pub mod format;
 pub mod measure;
 pub mod profile;
 pub mod progress;
+pub mod render;
 pub mod session;
 pub mod sink;
 pub mod summary;
-pub mod tef;
 pub mod top;
 pub mod trace;
 

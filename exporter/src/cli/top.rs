@@ -16,8 +16,8 @@ use std::{
 };
 
 use super::{
-    diagnose::secs, is_tty, parse_duration, profile::ProfileReader, progress::thousands, signals,
-    CliError,
+    is_tty, parse_duration, profile::ProfileReader, progress::thousands, render::units::secs,
+    signals, CliError,
 };
 use crate::{
     config::Config,

@@ -13,8 +13,8 @@ use super::{
     measure::{self, Wants},
     open_output, parse_bytes, parse_duration,
     progress::thousands,
+    render::perfetto::{Format, TraceWriter},
     session::{Session, TargetArgs},
-    tef::{Format, TraceWriter},
     CliError,
 };
 use crate::config::Config;

@@ -3,11 +3,9 @@
 //! with certificates made by the test, the capabilities left after start-up in every thread,
 //! the loaded programs' helpers (nothing reads user memory), and the loopback default.
 
-mod common;
-
 use std::{path::Path, process::Command, time::Duration};
 
-use common::*;
+use crate::common::*;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,

@@ -2,11 +2,9 @@
 //! a child in a fresh cgroup makes an exact number of calls and sysscope must report exactly
 //! that many, with the right errno and latency buckets.
 
-mod common;
-
 use std::{process::Command, time::Duration};
 
-use common::*;
+use crate::common::*;
 
 /// Config of the exact-count tests: every exporter sees every process on the machine, so the
 /// other tests running meanwhile (500 processes for the cardinality test) must not use up the

@@ -2,8 +2,6 @@
 //! address does not delay a login from another, an early SIGTERM still exits cleanly, and a
 //! flood of JSON route requests leaves `/metrics` answering.
 
-mod common;
-
 use std::{
     io::{Read, Write},
     net::{Ipv4Addr, TcpStream},
@@ -15,8 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::common::*;
 use base64::Engine;
-use common::*;
 
 /// A TCP connection to 127.0.0.1:`port` from the loopback address `source` (127.0.0.0/8 is all
 /// local), so one test can play several peers.

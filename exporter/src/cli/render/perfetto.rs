@@ -20,10 +20,8 @@ use std::{
 
 use sysscope_abi::{block_op, trace_flags, BlockTraceEvent, TraceEvent};
 
-use super::{
-    format,
-    sink::{BlockTotals, EventSink},
-};
+use super::strace as format;
+use crate::cli::sink::{BlockTotals, EventSink};
 use crate::{
     metadata::{
         cgroups::{self, CgroupResolver},
@@ -498,7 +496,7 @@ impl TraceWriter {
     pub fn finish(mut self, other: serde_json::Value) -> Result<WriterStats, std::io::Error> {
         if self.sample_every_ns > 0 {
             // One last sample, so even a run shorter than the period has its counters.
-            let now = super::monotonic_ns();
+            let now = crate::cli::monotonic_ns();
             self.sample_counters(now);
             if self.format == Format::TraceEventJson {
                 self.sample_block(now, true);

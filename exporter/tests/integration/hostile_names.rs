@@ -2,8 +2,6 @@
 //! break the exposition for the node: both formats parse with promtool and the reference
 //! parsers, and every name comes back intact (control characters shown as `?`).
 
-mod common;
-
 use std::{
     ffi::OsStr,
     os::unix::{ffi::OsStrExt, process::CommandExt},
@@ -11,7 +9,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use common::*;
+use crate::common::*;
 
 /// A cgroup directory with an arbitrary byte name, removed on drop.
 struct RawCgroup {

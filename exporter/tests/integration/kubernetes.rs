@@ -3,8 +3,6 @@
 //! cgroup, and `pod_uid`/`container_id` (and, with a pod watch against a fake API server,
 //! `namespace`/`pod`/`container`) on its syscall series from a running exporter.
 
-mod common;
-
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
@@ -12,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 
 const CALLS: u64 = 321;
 

@@ -3,8 +3,6 @@
 //! fresh cgroup. The "no NVML library" path runs for real: the exporter is pointed at a
 //! library that does not exist.
 
-mod common;
-
 use std::{
     io::Write,
     process::{Child, Command, Stdio},
@@ -12,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 use sysscope::{
     agent::Agent,
     collectors::{

@@ -3,8 +3,6 @@
 //! Format with exact slice counts, `diagnose` naming each scripted pattern first, `top`
 //! showing a workload's cgroup, and the privilege check.
 
-mod common;
-
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, Write},
@@ -12,7 +10,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use common::*;
+use crate::common::*;
 
 /// (calls, errors) per syscall from a `strace -c` style table (strace's or sysscope's).
 fn parse_c_table(text: &str) -> BTreeMap<String, (u64, u64)> {

@@ -3,8 +3,6 @@
 //! silence, and TLS handshakes followed by silence. `/metrics` and `/-/healthy` (the
 //! DaemonSet's liveness probe) must keep answering within a second all along.
 
-mod common;
-
 use std::{
     io::{Read, Write},
     net::TcpStream,
@@ -12,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use crate::common::*;
 
 /// Connections the exporter serves at once (`exposition::http::MAX_CONNECTIONS`).
 const CAP: usize = 512;

@@ -2,11 +2,9 @@
 //! fails to attach, SIGINT/SIGTERM leaving nothing behind (checked with bpftool), restarts
 //! and port conflicts, malformed HTTP from a raw socket, and malformed configuration.
 
-mod common;
-
 use std::{process::Command, time::Duration};
 
-use common::*;
+use crate::common::*;
 
 fn metric(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let s = select(samples, name, labels);

@@ -2,11 +2,9 @@
 //! must show as user time on that CPU, in agreement with /proc/stat deltas the test takes
 //! itself, and a busy child in a fresh cgroup must accrue the CPU time its own rusage says.
 
-mod common;
-
 use std::{collections::BTreeMap, os::unix::process::CommandExt, process::Command};
 
-use common::*;
+use crate::common::*;
 
 const MODES: [&str; 8] = [
     "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",

@@ -4,8 +4,6 @@
 //! another workload's calls uncounted, forge errors against real syscalls, or grow the
 //! exposition without bound; the flooding workload's own calls stay counted in full.
 
-mod common;
-
 use std::{
     collections::BTreeSet,
     io::{BufRead, BufReader, Write},
@@ -13,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 
 /// A workload started in `cg` that waits for a line on its standard input before it ends.
 struct Held {

@@ -5,14 +5,12 @@
 //! (Costs themselves are measured by bench/, never asserted here.) `TEST_CONFIG` ends inside
 //! its `[collection]` table, so collection keys are appended to it.
 
-mod common;
-
 use std::{
     process::{Command, Stdio},
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 
 /// More threads than CPUs make getppid in a loop: threads are preempted in the middle of calls
 /// and complete them on whichever CPU they resume, where their cached slot's copy may not be

@@ -4,8 +4,6 @@
 //! TLS with certificates made by the test): children make an exact number of slow and fast
 //! calls, and exactly those must arrive, with the right times and attributes.
 
-mod common;
-
 use std::{
     collections::HashMap,
     convert::Infallible,
@@ -16,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 use http_body_util::{BodyExt, Full};
 use opentelemetry_proto::tonic::{
     collector::{

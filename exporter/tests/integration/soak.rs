@@ -5,8 +5,6 @@
 //!
 //! The two run one after the other (they would skew each other's figures on two cores).
 
-mod common;
-
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     process::Command,
@@ -17,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::*;
+use crate::common::*;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

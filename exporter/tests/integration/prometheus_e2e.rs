@@ -4,8 +4,6 @@
 //! dashboard query and recording rule must return data, except those over families this
 //! machine cannot produce (GPUs: none here).
 
-mod common;
-
 use std::{
     collections::BTreeSet,
     path::PathBuf,
@@ -13,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use common::*;
+use crate::common::*;
 
 /// Metric families a GPU-less machine cannot produce; queries over them are skipped, by name.
 const ABSENT_HERE: &[&str] = &["sysscope_gpu_"];

@@ -4,11 +4,9 @@
 //! latency histogram; flushes and discards must show up as their own operations; and a
 //! broken block configuration must take down the block collector alone.
 
-mod common;
-
 use std::{process::Command, time::Duration};
 
-use common::*;
+use crate::common::*;
 
 const MIB: u64 = 1024 * 1024;
 

@@ -1,0 +1,24 @@
+//! The integration tests, linked once: each module is the tests of one area, and `common` holds
+//! what they share. Most load the real probes on the running kernel and need root: without it
+//! they skip with a message, and under `CI=true` they fail. Run one area or one test by name:
+//! `cargo test --test integration syscalls::` or `cargo test --test integration <name>`.
+
+mod common;
+
+mod block_io;
+mod cli;
+mod connections;
+mod cpu;
+mod fuzz;
+mod gpu;
+mod hostile_names;
+mod http_hardening;
+mod kubernetes;
+mod performance;
+mod prometheus_e2e;
+mod robustness;
+mod security;
+mod soak;
+mod spans;
+mod syscalls;
+mod tenants;
