@@ -13,6 +13,7 @@ pub mod build_info;
 pub mod cli;
 pub mod collectors;
 pub mod config;
+pub mod cumulative;
 pub mod exposition;
 pub mod hist;
 pub mod metadata;

@@ -24,6 +24,7 @@ use sysscope_abi::{
 
 use crate::{
     bpf_batch::{self, BatchError},
+    cumulative::{deleted, HashReader, Snapshot},
     probes::{ProbeError, Probes},
 };
 
@@ -31,10 +32,8 @@ use crate::{
 /// command-line tools (`sysscope summary`, `top`, ...) read with their own filters.
 pub struct SyscallMaps {
     pub stats: SyscallStatsTable,
-    errors: BpfHashMap<MapData, ErrnoKey, u64>,
+    pub errors: HashReader<ErrnoKey, u64>,
     pub exits: BpfHashMap<MapData, u32, ProcessExit>,
-    /// Whether the kernel supports batched lookups (cleared on the first refusal).
-    batch: bool,
 }
 
 impl SyscallMaps {
@@ -56,8 +55,10 @@ impl SyscallMaps {
             returned: probes.take_map(maps::CGROUP_RETURNED)?,
         })
         .map_err(|e| ProbeError::StatsTable(Box::new(e)))?;
-        let errors = BpfHashMap::try_from(probes.take_map(maps::SYSCALL_ERRORS)?)
-            .map_err(map_err(maps::SYSCALL_ERRORS))?;
+        let errors = HashReader::new(
+            BpfHashMap::try_from(probes.take_map(maps::SYSCALL_ERRORS)?)
+                .map_err(map_err(maps::SYSCALL_ERRORS))?,
+        );
         let exits = BpfHashMap::try_from(probes.take_map(maps::PROCESS_EXITS)?)
             .map_err(map_err(maps::PROCESS_EXITS))?;
         // Exit tracking first, so no process can exit unseen once syscalls are counted.
@@ -69,67 +70,8 @@ impl SyscallMaps {
             stats,
             errors,
             exits,
-            batch: true,
         })
     }
-
-    /// Every entry of `SYSCALL_ERRORS`: in batches where the kernel allows, entry by entry
-    /// otherwise.
-    pub fn snapshot_errors(&mut self) -> Vec<(ErrnoKey, u64)> {
-        if self.batch {
-            match bpf_batch::lookup_all::<ErrnoKey, u64>(self.errors.map().fd().as_fd()) {
-                Ok(all) => return all,
-                Err(BatchError::Unsupported) => self.batch = false,
-                Err(e) => {
-                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
-                }
-            }
-        }
-        self.errors.iter().filter_map(Result::ok).collect()
-    }
-
-    /// Deletes the error entries `keys` (whose final values the caller has read) and returns
-    /// those that are gone from the kernel; a key whose delete failed keeps its values there
-    /// and must be read again, not forgotten.
-    pub fn remove_errors(&mut self, keys: &[ErrnoKey]) -> Vec<ErrnoKey> {
-        keys.iter()
-            .filter(|key| deleted(self.errors.remove(key)))
-            .copied()
-            .collect()
-    }
-}
-
-/// Whether a delete left the entry gone (deleted now, or not there at all).
-fn deleted(result: Result<(), MapError>) -> bool {
-    match result {
-        Ok(()) => true,
-        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => true,
-        Err(MapError::KeyNotFound) => true,
-        Err(e) => {
-            tracing::debug!(error = %e, "could not delete a kernel entry; reading it again next time");
-            false
-        }
-    }
-}
-
-/// What changed between two reads of an entry. An entry that went backwards was deleted and
-/// re-created in between: everything it holds now is new.
-pub fn delta(prev: &SyscallStats, cur: &SyscallStats) -> SyscallStats {
-    let went_back = cur.sum_ns < prev.sum_ns
-        || cur
-            .buckets
-            .iter()
-            .zip(prev.buckets.iter())
-            .any(|(c, p)| c < p);
-    if went_back {
-        return *cur;
-    }
-    let mut d = SyscallStats::ZERO;
-    d.sum_ns = cur.sum_ns - prev.sum_ns;
-    for (i, b) in d.buckets.iter_mut().enumerate() {
-        *b = cur.buckets[i] - prev.buckets[i];
-    }
-    d
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -223,28 +165,36 @@ impl SyscallStatsTable {
         self.stripes
     }
 
-    /// Every key with its slot.
-    fn keys(&mut self) -> Vec<(SyscallKey, u32)> {
+    /// Every key with its slot, and whether the walk reached them all.
+    fn keys(&mut self) -> (Vec<(SyscallKey, u32)>, bool) {
         if self.batch {
             match bpf_batch::lookup_all::<SyscallKey, u32>(self.slots.map().fd().as_fd()) {
-                Ok(all) => return all,
+                Ok(all) => return (all, true),
                 Err(BatchError::Unsupported) => self.batch = false,
                 Err(e) => {
                     tracing::debug!(error = %e, "batched read failed; reading entry by entry")
                 }
             }
         }
-        self.slots.iter().filter_map(Result::ok).collect()
+        let mut keys = Vec::new();
+        for item in self.slots.iter() {
+            match item {
+                Ok(entry) => keys.push(entry),
+                Err(_) => return (keys, false),
+            }
+        }
+        (keys, true)
     }
 
     /// Every key's statistics, summed over the copies of its slot that name it. A key whose
-    /// slot holds nothing yet is left out.
+    /// slot holds nothing yet is left out, and so is a key whose copies could not all be read
+    /// (a partial sum would look like a re-created entry): the snapshot is then incomplete.
     ///
     /// The array is read only where slots are held, in ranges (slots a few apart share one),
     /// and summed as it is read: a read never buffers more than one batch. What a read costs
     /// depends on the keys held, never on the node's CPU count.
-    pub fn snapshot(&mut self) -> Vec<(SyscallKey, SyscallStats)> {
-        let mut keys = self.keys();
+    pub fn snapshot(&mut self) -> Snapshot<SyscallKey, SyscallStats> {
+        let (mut keys, mut complete) = self.keys();
         self.keys_held = keys.len();
         keys.sort_unstable_by_key(|(_, slot)| *slot);
         let stripes = self.stripes;
@@ -285,21 +235,31 @@ impl SyscallStatsTable {
                     *sum = (SyscallStats::ZERO, false);
                 }
             }
+            let mut read_all = true;
             for index in indices {
-                if let Ok(copy) = self.stats.get(&index, 0) {
-                    add_copy(
+                match self.stats.get(&index, 0) {
+                    Ok(copy) => add_copy(
                         &keys[held.clone()],
                         &mut sums[held.clone()],
                         index / stripes,
                         &copy,
-                    );
+                    ),
+                    Err(_) => read_all = false,
+                }
+            }
+            if !read_all {
+                complete = false;
+                for sum in &mut sums[held.clone()] {
+                    *sum = (SyscallStats::ZERO, false);
                 }
             }
         }
-        keys.into_iter()
+        let entries = keys
+            .into_iter()
             .zip(sums)
             .filter_map(|((key, _), (stats, owned))| owned.then_some((key, stats)))
-            .collect()
+            .collect();
+        Snapshot { entries, complete }
     }
 
     /// Keys holding a slot at the last [`snapshot`](Self::snapshot) (what fills the table).
@@ -585,7 +545,7 @@ mod tests {
             .stats
             .set(6 * stripes + 3, copy(key(1, 39), 1000), 0)
             .unwrap();
-        let mut read = table.snapshot();
+        let mut read = table.snapshot().entries;
         read.sort_unstable_by_key(|(k, _)| k.tgid);
         assert_eq!(table.keys_held(), 5);
         let want: Vec<(SyscallKey, SyscallStats)> = keys
@@ -616,7 +576,7 @@ mod tests {
         }
         assert_eq!(table.epoch.get(&0, 0).unwrap(), 1);
         assert_eq!(table.cgroup_slots(7), 3);
-        let mut read = table.snapshot();
+        let mut read = table.snapshot().entries;
         read.sort_unstable_by_key(|(k, _)| k.tgid);
         assert_eq!(
             read.iter().map(|(k, _)| k.tgid).collect::<Vec<_>>(),
@@ -627,7 +587,7 @@ mod tests {
         let newcomer = key(200, 0);
         table.write(&newcomer, &[stats(4)]).unwrap();
         assert_eq!(table.slots.get(&newcomer, 0).unwrap(), 300);
-        let read = table.snapshot();
+        let read = table.snapshot().entries;
         let (_, got) = read.iter().find(|(k, _)| *k == newcomer).unwrap();
         assert_eq!(*got, stats(4));
         assert_eq!(table.keys_held(), 4);

@@ -33,6 +33,7 @@ LAYERS = [
             "probes.rs",
             "probe_stats.rs",
             "bpf_batch.rs",
+            "cumulative.rs",
             "btf.rs",
             "syscall_stats.rs",
             "syscall_table.rs",

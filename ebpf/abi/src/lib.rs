@@ -318,17 +318,18 @@ pub struct SyscallKey {
     pub nr: u32,
 }
 
-/// Statistics of one (cgroup, process, syscall) on one CPU. The call count is the sum of the
-/// buckets.
+/// A latency histogram as the probes keep it: the sum of durations and a count per log2
+/// bucket ([`hist`]); the count of events is the sum of the buckets. One type for every
+/// histogram the probes keep (syscall durations, block request latency).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SyscallStats {
+pub struct LatencyHistogram {
     /// Sum of durations in nanoseconds.
     pub sum_ns: u64,
     pub buckets: [u64; hist::HIST_BUCKETS],
 }
 
-impl SyscallStats {
+impl LatencyHistogram {
     pub const ZERO: Self = Self {
         sum_ns: 0,
         buckets: [0; hist::HIST_BUCKETS],
@@ -341,11 +342,14 @@ impl SyscallStats {
     }
 }
 
-impl Default for SyscallStats {
+impl Default for LatencyHistogram {
     fn default() -> Self {
         Self::ZERO
     }
 }
+
+/// Statistics of one (cgroup, process, syscall): durations of its calls.
+pub type SyscallStats = LatencyHistogram;
 
 /// One copy of a slot of `SYSCALL_STATS`, an array (shared by all CPUs) of
 /// [`globals::SYSCALL_STAT_STRIPES`] copies per slot: the copy of slot `s` that CPU `c` adds to
@@ -672,33 +676,9 @@ pub struct BlockLatencyKey {
     pub _pad: [u8; 3],
 }
 
-/// Value of `BLOCK_LATENCY` (shared by all CPUs, atomic adds): issue-to-completion time.
-/// The request count is the sum of the buckets.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockLatency {
-    pub sum_ns: u64,
-    pub buckets: [u64; hist::HIST_BUCKETS],
-}
-
-impl BlockLatency {
-    pub const ZERO: Self = Self {
-        sum_ns: 0,
-        buckets: [0; hist::HIST_BUCKETS],
-    };
-
-    pub fn count(&self) -> u64 {
-        self.buckets
-            .iter()
-            .fold(0u64, |acc, b| acc.wrapping_add(*b))
-    }
-}
-
-impl Default for BlockLatency {
-    fn default() -> Self {
-        Self::ZERO
-    }
-}
+/// Value of `BLOCK_LATENCY` (shared by all CPUs, atomic adds): issue-to-completion time of
+/// block requests.
+pub type BlockLatency = LatencyHistogram;
 
 /// One completed block request of a traced target (`TRACE_BLOCK_EVENTS`), streamed only by
 /// `sysscope trace`.
@@ -803,7 +783,7 @@ mod pod {
     // explicit padding fields, so any bit pattern is a valid value.
     unsafe impl aya::Pod for ThreadState {}
     unsafe impl aya::Pod for SyscallKey {}
-    unsafe impl aya::Pod for SyscallStats {}
+    unsafe impl aya::Pod for LatencyHistogram {}
     unsafe impl aya::Pod for SlotStats {}
     unsafe impl aya::Pod for ErrnoKey {}
     unsafe impl aya::Pod for ProcessExit {}
@@ -812,7 +792,6 @@ mod pod {
     unsafe impl aya::Pod for BlockKey {}
     unsafe impl aya::Pod for BlockStats {}
     unsafe impl aya::Pod for BlockLatencyKey {}
-    unsafe impl aya::Pod for BlockLatency {}
     unsafe impl aya::Pod for BlockInflight {}
     unsafe impl aya::Pod for BlockProbeConfig {}
     unsafe impl aya::Pod for TraceEvent {}

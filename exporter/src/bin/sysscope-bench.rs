@@ -284,7 +284,7 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
             }
             "time-read" => {
                 let t = Instant::now();
-                let n = table.snapshot().len();
+                let n = table.snapshot().entries.len();
                 let read = t.elapsed();
                 println!(
                     "{{\"entries\":{n},\"read_ms\":{:.3}}}",

@@ -1,13 +1,14 @@
 //! The measured syscall profile of a target: calls, errors (by errno), time and latency
 //! buckets per syscall, read from the syscall probes' maps (`SYSCALL_STATS`,
-//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`], the collector's own reader.
+//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`] and [`crate::cumulative`], as
+//! the syscall collector reads them.
 //!
 //! The probes count every process of the node; [`ProfileReader::poll`] keeps what matches
 //! the target's filter and, like the exporter, reclaims the entries of exited processes once
 //! read (their values stay in the totals), so a long run over many short-lived processes
 //! never fills the kernel map. Drops the probes counted are read from `PROBE_COUNTERS`.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use aya::maps::{MapData, PerCpuArray};
 use serde::Serialize;
@@ -15,8 +16,9 @@ use sysscope_abi::{counters, hist, maps, ErrnoKey, SyscallKey, SyscallStats};
 
 use super::CliError;
 use crate::{
+    cumulative::{Counters, Tracker},
     probes::Probes,
-    syscall_stats::{delta, SyscallMaps},
+    syscall_stats::SyscallMaps,
     syscall_table,
 };
 
@@ -213,8 +215,8 @@ impl DropCounters {
 /// Incremental reader of the syscall maps.
 pub struct ProfileReader {
     maps: SyscallMaps,
-    last: HashMap<SyscallKey, SyscallStats>,
-    last_errors: HashMap<ErrnoKey, u64>,
+    stats: Tracker<SyscallKey, SyscallStats, ()>,
+    errors: Tracker<ErrnoKey, u64, ()>,
 }
 
 impl ProfileReader {
@@ -222,8 +224,8 @@ impl ProfileReader {
     pub fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
         Ok(Self {
             maps: SyscallMaps::attach(probes, tool)?,
-            last: HashMap::new(),
-            last_errors: HashMap::new(),
+            stats: Tracker::default(),
+            errors: Tracker::default(),
         })
     }
 
@@ -236,43 +238,43 @@ impl ProfileReader {
             out.exited.push((tgid, exit.comm));
         }
         let exited: HashSet<u32> = out.exited.iter().map(|(t, _)| *t).collect();
+        let snapshot = self.maps.stats.snapshot();
         let mut stale = Vec::new();
-        for (key, cur) in self.maps.stats.snapshot() {
-            let gone = exited.contains(&key.tgid);
+        self.stats.begin();
+        for (key, cur) in snapshot.entries {
             if keep(key.cgroup_id, key.tgid) {
-                let prev = self.last.get(&key).copied().unwrap_or(SyscallStats::ZERO);
-                let d = delta(&prev, &cur);
-                if d.count() > 0 || d.sum_ns > 0 {
+                let entry = self.stats.observe(key, || ());
+                let d = entry.change(&cur);
+                entry.settle(cur);
+                if !d.is_zero() {
                     out.stats.push((key, d));
                 }
-                // Forgotten only once the kernel's entry is gone (below).
-                self.last.insert(key, cur);
             }
-            if gone {
+            if exited.contains(&key.tgid) {
                 stale.push(key);
             }
         }
+        let snapshot_errors = self.maps.errors.read();
         let mut stale_errors = Vec::new();
-        for (key, cur) in self.maps.snapshot_errors() {
-            let gone = exited.contains(&key.tgid);
+        self.errors.begin();
+        for (key, cur) in snapshot_errors.entries {
             if keep(key.cgroup_id, key.tgid) {
-                let prev = self.last_errors.get(&key).copied().unwrap_or(0);
-                let d = if cur < prev { cur } else { cur - prev };
+                let entry = self.errors.observe(key, || ());
+                let d = entry.change(&cur);
+                entry.settle(cur);
                 if d > 0 {
                     out.errors.push((key, d));
                 }
-                self.last_errors.insert(key, cur);
             }
-            if gone {
+            if exited.contains(&key.tgid) {
                 stale_errors.push(key);
             }
         }
-        for key in self.maps.stats.remove(&stale) {
-            self.last.remove(&key);
-        }
-        for key in self.maps.remove_errors(&stale_errors) {
-            self.last_errors.remove(&key);
-        }
+        // Forgotten only once the kernel's entry is gone.
+        self.stats.forget(self.maps.stats.remove(&stale));
+        self.errors.forget(self.maps.errors.remove(&stale_errors));
+        self.stats.end(snapshot.complete);
+        self.errors.end(snapshot_errors.complete);
         for tgid in exited {
             let _ = self.maps.exits.remove(&tgid);
         }

@@ -9,7 +9,8 @@
 //! `sysscope_block_io_requests_total`, `sysscope_block_io_duration_seconds`.
 //!
 //! Like the syscall collector, each refresh adds what changed in every kernel entry to the
-//! entry's series, so series are monotonic sums over processes that come and go. Exited
+//! entry's series ([`crate::cumulative`]), so series are monotonic sums over processes that
+//! come and go. Exited
 //! processes are not reported to this collector (the syscall collector drains the exit
 //! queue), so entries are reclaimed when their tgid has been gone for two checks in a row,
 //! after their last values were read: I/O still in flight when a process exits completes
@@ -37,6 +38,7 @@ use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     btf::{Btf, BtfError, MemberKind},
     config::Config,
+    cumulative::{Counters, HashReader, Tracker},
     hist::{exported_bounds, fold_buckets},
     metadata::{cgroups::UNRESOLVED, devices::DeviceResolver, SharedLabeler},
     probes::{block_latency_capacity as latency_capacity, ProbeError, Probes},
@@ -57,11 +59,6 @@ pub const INFLIGHT_STALE_AFTER: Duration = Duration::from_secs(300);
 
 /// How often tgids and cgroups behind kernel entries are checked for having gone away.
 const RECLAIM_INTERVAL: Duration = Duration::from_secs(5);
-
-/// How long values of a cgroup id that cannot be named yet are held back (not exported)
-/// before they are exported as `(unresolved)`: a cgroup created an instant before its first
-/// I/O can miss the hierarchy walk of that cycle, and a series must not start unnamed.
-const UNRESOLVED_GRACE: Duration = Duration::from_secs(10);
 
 /// Tracepoint whose context is the task that submitted a request (6.5 and later).
 pub const SUBMIT_TRACEPOINT: &str = "block_io_start";
@@ -245,46 +242,21 @@ type IoKey = (Workload, Arc<str>, u8);
 /// (cgroup when latency is kept per cgroup, device, op) of the latency histogram.
 type LatKey = (Option<Arc<CgroupLabels>>, Arc<str>, u8);
 
-/// What was last read from one kernel entry, and where its values go (`None` until its
-/// cgroup could be named, see [`UNRESOLVED_GRACE`]).
+/// Where the values of one kernel entry go, and the path of its cgroup (to notice when the
+/// cgroup is gone).
 #[derive(Debug)]
-struct StatEntry {
-    last: BlockStats,
-    target: Option<IoKey>,
+struct Route<T> {
+    target: Option<T>,
     cgroup_path: Option<Arc<str>>,
-    first_seen: Instant,
-    seen: u64,
 }
 
-#[derive(Debug)]
-struct LatEntry {
-    last: BlockLatency,
-    target: Option<LatKey>,
-    cgroup_path: Option<Arc<str>>,
-    first_seen: Instant,
-    seen: u64,
-}
-
-/// The labels of cgroup `id`, walking the hierarchy again (once per refresh) when the shared
-/// labeler does not know it; `None` while the id is unknown and still within its grace.
-fn cgroup_labels(
-    labeler: &mut crate::metadata::Labeler,
-    id: u64,
-    rescanned: &mut bool,
-    first_seen: Instant,
-    now: Instant,
-) -> Option<Arc<CgroupLabels>> {
-    let mut labels = labeler.cgroup(id);
-    if &*labels.path == UNRESOLVED && !*rescanned {
-        // The labeler remembers ids it could not find for a while; a walk settles it.
-        labeler.cgroups.rescan();
-        *rescanned = true;
-        labels = labeler.cgroup(id);
+impl<T> Route<T> {
+    fn new() -> Self {
+        Self {
+            target: None,
+            cgroup_path: None,
+        }
     }
-    if &*labels.path == UNRESOLVED && now.duration_since(first_seen) < UNRESOLVED_GRACE {
-        return None;
-    }
-    Some(labels)
 }
 
 #[derive(Debug)]
@@ -307,36 +279,6 @@ impl LatTotals {
     }
 }
 
-/// What changed between two reads. An entry that went backwards was deleted and re-created
-/// in between: everything it holds now is new.
-fn stats_delta(prev: &BlockStats, cur: &BlockStats) -> BlockStats {
-    if cur.bytes < prev.bytes || cur.requests < prev.requests {
-        return *cur;
-    }
-    BlockStats {
-        bytes: cur.bytes - prev.bytes,
-        requests: cur.requests - prev.requests,
-    }
-}
-
-fn latency_delta(prev: &BlockLatency, cur: &BlockLatency) -> BlockLatency {
-    let went_back = cur.sum_ns < prev.sum_ns
-        || cur
-            .buckets
-            .iter()
-            .zip(prev.buckets.iter())
-            .any(|(c, p)| c < p);
-    if went_back {
-        return *cur;
-    }
-    let mut d = BlockLatency::ZERO;
-    d.sum_ns = cur.sum_ns - prev.sum_ns;
-    for (i, b) in d.buckets.iter_mut().enumerate() {
-        *b = cur.buckets[i] - prev.buckets[i];
-    }
-    d
-}
-
 /// The `comm` label of a kernel-recorded name. Kernel worker threads are named after their
 /// pool and CPU (`kworker/u8:3`, `swapper/1`): they fold into one name each so they do not
 /// multiply series.
@@ -353,29 +295,13 @@ pub fn comm_label(comm: &[u8; 16]) -> Arc<str> {
     name
 }
 
-/// Whether a kernel map delete left the key absent (deleted now, or already gone).
-fn deleted(result: Result<(), aya::maps::MapError>) -> bool {
-    match result {
-        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => true,
-        Err(aya::maps::MapError::SyscallError(e))
-            if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-        {
-            true
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "block I/O: deleting a kernel entry failed; retried later");
-            false
-        }
-    }
-}
-
 fn cgroup_gone(root: &Path, path: &str) -> bool {
     path == UNRESOLVED || !root.join(path.trim_start_matches('/')).exists()
 }
 
 pub struct BlockIoCollector {
-    stats: BpfHashMap<MapData, BlockKey, BlockStats>,
-    latency: BpfHashMap<MapData, BlockLatencyKey, BlockLatency>,
+    stats: HashReader<BlockKey, BlockStats>,
+    latency: HashReader<BlockLatencyKey, BlockLatency>,
     inflight: BpfHashMap<MapData, u64, BlockInflight>,
     /// Capacities of BLOCK_STATS, BLOCK_LATENCY, BLOCK_INFLIGHT.
     capacities: [u64; 3],
@@ -383,8 +309,8 @@ pub struct BlockIoCollector {
     entries_seen: [u64; 3],
     labeler: SharedLabeler,
     devices: DeviceResolver,
-    entries: HashMap<BlockKey, StatEntry>,
-    lat_entries: HashMap<BlockLatencyKey, LatEntry>,
+    entries: Tracker<BlockKey, BlockStats, Route<IoKey>>,
+    lat_entries: Tracker<BlockLatencyKey, BlockLatency, Route<LatKey>>,
     io_series: HashMap<IoKey, IoTotals>,
     lat_series: HashMap<LatKey, LatTotals>,
     budget: Budget<IoKey>,
@@ -392,15 +318,12 @@ pub struct BlockIoCollector {
     bounds: Vec<(usize, f64)>,
     by_cgroup: bool,
     retention: Duration,
-    generation: u64,
     /// tgids and cgroup ids found gone at the previous check: reclaimed if still gone.
     dead_tgids: HashSet<u32>,
     gone_cgroups: HashSet<u64>,
     last_reclaim_check: Instant,
     /// In-flight entries removed because their request never completed.
     expired_inflight: u64,
-    /// Whether this refresh walked every kernel entry.
-    walk_complete: bool,
 }
 
 impl std::fmt::Debug for BlockIoCollector {
@@ -433,10 +356,14 @@ impl BlockIoCollector {
                 source,
             }
         };
-        let stats = BpfHashMap::try_from(probes.take_map(maps::BLOCK_STATS)?)
-            .map_err(map_err(maps::BLOCK_STATS))?;
-        let latency = BpfHashMap::try_from(probes.take_map(maps::BLOCK_LATENCY)?)
-            .map_err(map_err(maps::BLOCK_LATENCY))?;
+        let stats = HashReader::new(
+            BpfHashMap::try_from(probes.take_map(maps::BLOCK_STATS)?)
+                .map_err(map_err(maps::BLOCK_STATS))?,
+        );
+        let latency = HashReader::new(
+            BpfHashMap::try_from(probes.take_map(maps::BLOCK_LATENCY)?)
+                .map_err(map_err(maps::BLOCK_LATENCY))?,
+        );
         let inflight = BpfHashMap::try_from(probes.take_map(maps::BLOCK_INFLIGHT)?)
             .map_err(map_err(maps::BLOCK_INFLIGHT))?;
         // Completion first: once requests are recorded, their completions are handled.
@@ -467,8 +394,8 @@ impl BlockIoCollector {
             entries_seen: [0; 3],
             labeler,
             devices: DeviceResolver::default(),
-            entries: HashMap::new(),
-            lat_entries: HashMap::new(),
+            entries: Tracker::default(),
+            lat_entries: Tracker::default(),
             io_series: HashMap::new(),
             lat_series: HashMap::new(),
             budget: Budget::new(max_series),
@@ -476,12 +403,10 @@ impl BlockIoCollector {
             bounds: exported_bounds(config.syscalls.histogram_resolution),
             by_cgroup: block.latency_by_cgroup,
             retention: config.collection.series_retention,
-            generation: 0,
             dead_tgids: HashSet::new(),
             gone_cgroups: HashSet::new(),
             last_reclaim_check: Instant::now(),
             expired_inflight: 0,
-            walk_complete: true,
         })
     }
 
@@ -516,13 +441,13 @@ impl BlockIoCollector {
             .filter(|t| *t != 0 && !labeler.comms.alive(*t))
             .collect();
         let mut paths: HashMap<u64, Arc<str>> = HashMap::new();
-        for (k, e) in &self.entries {
-            if let Some(p) = &e.cgroup_path {
+        for (k, r) in self.entries.iter() {
+            if let Some(p) = &r.cgroup_path {
                 paths.insert(k.cgroup_id, p.clone());
             }
         }
-        for (k, e) in &self.lat_entries {
-            if let Some(p) = &e.cgroup_path {
+        for (k, r) in self.lat_entries.iter() {
+            if let Some(p) = &r.cgroup_path {
                 paths.insert(k.cgroup_id, p.clone());
             }
         }
@@ -538,59 +463,39 @@ impl BlockIoCollector {
         (dead_confirmed, gone_confirmed)
     }
 
+    /// Adds what changed in every `BLOCK_STATS` entry to its series; returns the keys to
+    /// reclaim (their values are now read) and whether the read saw every entry.
     fn read_stats(
         &mut self,
         now: Instant,
         dead: &HashSet<u32>,
         gone: &HashSet<u64>,
-    ) -> Vec<BlockKey> {
-        let generation = self.generation;
+    ) -> (Vec<BlockKey>, bool) {
         let mut to_delete = Vec::new();
+        let seen_at = Instant::now();
+        let snapshot = self.stats.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        let mut rescanned = false;
-        let mut seen = 0u64;
-        for item in self.stats.iter() {
-            // Entries deleted between listing and lookup are skipped by the iterator; an error
-            // ends the walk, and entries not reached must not be taken for gone.
-            let Ok((key, cur)) = item else {
-                self.walk_complete = false;
-                break;
-            };
-            seen += 1;
-            let entry = self.entries.entry(key).or_insert_with(|| StatEntry {
-                last: BlockStats::default(),
-                target: None,
-                cgroup_path: None,
-                first_seen: now,
-                seen: generation,
-            });
-            entry.seen = generation;
-            let target = match &entry.target {
+        self.entries_seen[0] = snapshot.entries.len() as u64;
+        self.entries.begin();
+        for (key, cur) in snapshot.entries {
+            let entry = self.entries.observe(key, Route::new);
+            let target = match &entry.state.target {
                 Some(t) => t.clone(),
                 None => {
-                    let Some(cgroup) = cgroup_labels(
-                        &mut labeler,
-                        key.cgroup_id,
-                        &mut rescanned,
-                        entry.first_seen,
-                        now,
-                    ) else {
-                        // Held back: `last` stays, so nothing is lost when it resolves.
-                        continue;
-                    };
-                    entry.cgroup_path = Some(cgroup.path.clone());
+                    let cgroup = labeler.cgroup_seen(key.cgroup_id, seen_at);
+                    entry.state.cgroup_path = Some(cgroup.path.clone());
                     let workload =
                         labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm));
                     let device = self.devices.resolve(key.dev);
                     let target = self
                         .budget
                         .route(&(workload, device, key.op), 2, Self::io_fold);
-                    entry.target = Some(target.clone());
+                    entry.state.target = Some(target.clone());
                     target
                 }
             };
-            let d = stats_delta(&entry.last, &cur);
-            entry.last = cur;
+            let d = entry.change(&cur);
+            entry.settle(cur);
             let totals = self.io_series.entry(target).or_insert_with(|| IoTotals {
                 bytes: 0,
                 requests: 0,
@@ -605,58 +510,39 @@ impl BlockIoCollector {
                 to_delete.push(key);
             }
         }
-        self.entries_seen[0] = seen;
-        to_delete
+        (to_delete, snapshot.complete)
     }
 
-    fn read_latency(&mut self, now: Instant, gone: &HashSet<u64>) -> Vec<BlockLatencyKey> {
-        let generation = self.generation;
+    /// Adds what changed in every `BLOCK_LATENCY` entry to its series; as [`Self::read_stats`].
+    fn read_latency(&mut self, now: Instant, gone: &HashSet<u64>) -> (Vec<BlockLatencyKey>, bool) {
         let cost = self.lat_cost();
         let mut to_delete = Vec::new();
+        let seen_at = Instant::now();
+        let snapshot = self.latency.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        let mut rescanned = false;
-        let mut seen = 0u64;
         let by_cgroup = self.by_cgroup;
-        for item in self.latency.iter() {
-            let Ok((key, cur)) = item else {
-                self.walk_complete = false;
-                break;
-            };
-            seen += 1;
-            let entry = self.lat_entries.entry(key).or_insert_with(|| LatEntry {
-                last: BlockLatency::ZERO,
-                target: None,
-                cgroup_path: None,
-                first_seen: now,
-                seen: generation,
-            });
-            entry.seen = generation;
-            let target = match &entry.target {
+        self.entries_seen[1] = snapshot.entries.len() as u64;
+        self.lat_entries.begin();
+        for (key, cur) in snapshot.entries {
+            let entry = self.lat_entries.observe(key, Route::new);
+            let target = match &entry.state.target {
                 Some(t) => t.clone(),
                 None => {
                     let device = self.devices.resolve(key.dev);
                     let target = if by_cgroup {
-                        let Some(cgroup) = cgroup_labels(
-                            &mut labeler,
-                            key.cgroup_id,
-                            &mut rescanned,
-                            entry.first_seen,
-                            now,
-                        ) else {
-                            continue;
-                        };
-                        entry.cgroup_path = Some(cgroup.path.clone());
+                        let cgroup = labeler.cgroup_seen(key.cgroup_id, seen_at);
+                        entry.state.cgroup_path = Some(cgroup.path.clone());
                         self.lat_budget
                             .route(&(Some(cgroup), device, key.op), cost, Self::lat_fold)
                     } else {
                         (None, device, key.op)
                     };
-                    entry.target = Some(target.clone());
+                    entry.state.target = Some(target.clone());
                     target
                 }
             };
-            let d = latency_delta(&entry.last, &cur);
-            entry.last = cur;
+            let d = entry.change(&cur);
+            entry.settle(cur);
             let totals = self.lat_series.entry(target).or_insert_with(|| LatTotals {
                 sum_ns: 0,
                 buckets: [0; hist::HIST_BUCKETS],
@@ -666,15 +552,14 @@ impl BlockIoCollector {
             for (t, b) in totals.buckets.iter_mut().zip(d.buckets.iter()) {
                 *t = t.wrapping_add(*b);
             }
-            if d.count() > 0 {
+            if !d.is_zero() {
                 totals.last_change = now;
             }
             if by_cgroup && key.cgroup_id != 0 && gone.contains(&key.cgroup_id) {
                 to_delete.push(key);
             }
         }
-        self.entries_seen[1] = seen;
-        to_delete
+        (to_delete, snapshot.complete)
     }
 
     /// Counts the requests in flight and removes those that will never complete.
@@ -707,8 +592,8 @@ impl BlockIoCollector {
         let retention = self.retention;
         let live: HashSet<&IoKey> = self
             .entries
-            .values()
-            .filter_map(|e| e.target.as_ref())
+            .states()
+            .filter_map(|r| r.target.as_ref())
             .collect();
         let before = self.io_series.len();
         self.io_series
@@ -719,8 +604,8 @@ impl BlockIoCollector {
         }
         let live: HashSet<&LatKey> = self
             .lat_entries
-            .values()
-            .filter_map(|e| e.target.as_ref())
+            .states()
+            .filter_map(|r| r.target.as_ref())
             .collect();
         let before = self.lat_series.len();
         self.lat_series
@@ -739,34 +624,17 @@ impl Collector for BlockIoCollector {
 
     fn refresh(&mut self) -> Result<(), CollectorError> {
         let now = Instant::now();
-        self.generation += 1;
         self.labeler.lock().expect("labeler lock").new_cycle();
         let (dead, gone) = self.reclaimable();
-        self.walk_complete = true;
-        let stale_stats = self.read_stats(now, &dead, &gone);
-        let stale_latency = self.read_latency(now, &gone);
-        // Reclaim: the values of these entries were just added to their series.
-        // Our record of an entry goes only with the entry itself: were the kernel entry to
-        // survive a failed delete, a forgotten record would count its values twice.
-        for key in stale_stats {
-            if deleted(self.stats.remove(&key)) {
-                self.entries.remove(&key);
-            }
-        }
-        for key in stale_latency {
-            if deleted(self.latency.remove(&key)) {
-                self.lat_entries.remove(&key);
-            }
-        }
-        // Entries deleted behind our back (none expected) no longer exist; after an incomplete
-        // walk that cannot be told, and forgetting a live entry would count it twice.
-        let generation = self.generation;
-        if self.walk_complete {
-            self.entries.retain(|_, e| e.seen == generation);
-            self.lat_entries.retain(|_, e| e.seen == generation);
-        } else {
-            tracing::debug!("block I/O: a map walk ended early; keeping unseen entries");
-        }
+        let (stale_stats, stats_complete) = self.read_stats(now, &dead, &gone);
+        let (stale_latency, latency_complete) = self.read_latency(now, &gone);
+        // Reclaim: the values of these entries were just added to their series; each is
+        // forgotten only once its kernel entry is gone.
+        self.entries.forget(self.stats.remove(&stale_stats));
+        self.lat_entries.forget(self.latency.remove(&stale_latency));
+        // Entries deleted behind our back (none expected) no longer exist.
+        self.entries.end(stats_complete);
+        self.lat_entries.end(latency_complete);
         self.sweep_inflight();
         self.retire_idle_series(now);
         Ok(())
@@ -888,43 +756,6 @@ mod tests {
         assert_eq!(&*comm_label(&comm("dd")), "dd");
         assert_eq!(&*comm_label(&comm("jbd2/vda-8")), "jbd2/vda-8");
         assert_eq!(&*comm_label(&comm("kworkers")), "kworkers");
-    }
-
-    #[test]
-    fn deltas_survive_recreated_entries() {
-        let a = BlockStats {
-            bytes: 4096,
-            requests: 1,
-        };
-        let b = BlockStats {
-            bytes: 12288,
-            requests: 3,
-        };
-        assert_eq!(
-            stats_delta(&a, &b),
-            BlockStats {
-                bytes: 8192,
-                requests: 2
-            }
-        );
-        let c = BlockStats {
-            bytes: 512,
-            requests: 1,
-        };
-        assert_eq!(stats_delta(&b, &c), c);
-
-        let mut x = BlockLatency::ZERO;
-        x.sum_ns = 100;
-        x.buckets[4] = 2;
-        let mut y = x;
-        y.sum_ns = 160;
-        y.buckets[5] = 1;
-        let d = latency_delta(&x, &y);
-        assert_eq!(
-            (d.sum_ns, d.buckets[4], d.buckets[5], d.count()),
-            (60, 0, 1, 1)
-        );
-        assert_eq!(latency_delta(&y, &x), x);
     }
 
     #[test]

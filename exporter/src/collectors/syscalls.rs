@@ -8,10 +8,10 @@
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
 //!
-//! Each refresh reads every kernel entry (in batches, see [`crate::bpf_batch`]), adds what
-//! changed since the previous read to the entry's series, and reclaims the entries of
-//! processes that have exited (after their last values were read), so series are monotonic
-//! sums over processes that come and go.
+//! Each refresh reads every kernel entry and adds what changed since the previous read to the
+//! entry's series ([`crate::cumulative`]), and reclaims the entries of processes that have
+//! exited (after their last values were read), so series are monotonic sums over processes
+//! that come and go.
 
 use std::{
     borrow::Cow,
@@ -30,11 +30,12 @@ use sysscope_abi::{hist, maps, ErrnoKey, SyscallKey, SyscallStats, FOLDED_TGID};
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
+    cumulative::{Counters, Tracker},
     hist::{exported_bounds, fold_buckets},
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
     series::{Budget, Workload, OTHER},
-    syscall_stats::{delta, SyscallMaps},
+    syscall_stats::SyscallMaps,
     syscall_table,
 };
 
@@ -66,22 +67,21 @@ impl Totals {
     }
 }
 
-/// What was last read from one kernel entry, and where its values went.
+/// Where the values of one kernel entry go: the label set it resolved to (its route in the
+/// budget) and the series the budget gave it; `None` until it could be named.
 #[derive(Debug)]
-struct Entry {
-    last: SyscallStats,
-    /// The label set this entry resolved to (its route in the budget).
+struct Route<T> {
     source: Option<SeriesKey>,
-    target: Option<SeriesKey>,
-    seen: u64,
+    target: Option<T>,
 }
 
-#[derive(Debug)]
-struct ErrorEntry {
-    last: u64,
-    source: Option<SeriesKey>,
-    target: Option<(Workload, u32, u16)>,
-    seen: u64,
+impl<T> Route<T> {
+    fn new() -> Self {
+        Self {
+            source: None,
+            target: None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -94,15 +94,14 @@ pub struct SyscallCollector {
     maps: SyscallMaps,
     capacities: [u64; 3],
     labeler: SharedLabeler,
-    entries: HashMap<SyscallKey, Entry>,
-    error_entries: HashMap<ErrnoKey, ErrorEntry>,
+    entries: Tracker<SyscallKey, SyscallStats, Route<SeriesKey>>,
+    error_entries: Tracker<ErrnoKey, u64, Route<(Workload, u32, u16)>>,
     series: HashMap<SeriesKey, Totals>,
     error_series: HashMap<(Workload, u32, u16), ErrorTotals>,
     budget: Budget<SeriesKey>,
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
     bounds: Vec<(usize, f64)>,
     retention: Duration,
-    generation: u64,
     last_orphan_scan: Instant,
     entries_seen: [u64; 3],
 }
@@ -152,14 +151,13 @@ impl SyscallCollector {
                 limits.max_exited_processes as u64,
             ],
             labeler,
-            entries: HashMap::new(),
-            error_entries: HashMap::new(),
+            entries: Tracker::default(),
+            error_entries: Tracker::default(),
             series: HashMap::new(),
             error_series: HashMap::new(),
             budget: Budget::new(limits.max_series),
             bounds: exported_bounds(config.syscalls.histogram_resolution),
             retention: config.collection.series_retention,
-            generation: 0,
             last_orphan_scan: Instant::now(),
             entries_seen: [0; 3],
         })
@@ -211,24 +209,20 @@ impl SyscallCollector {
             .collect()
     }
 
-    fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<SyscallKey> {
+    /// Adds what changed in every statistics entry to its series; returns the keys to
+    /// reclaim (their values are now read) and whether the read saw every entry.
+    fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<SyscallKey>, bool) {
         let cost = self.series_cost();
-        let generation = self.generation;
         let mut to_delete = Vec::new();
         let seen_at = Instant::now();
         let snapshot = self.maps.stats.snapshot();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        for (key, cur) in snapshot {
-            let entry = self.entries.entry(key).or_insert_with(|| Entry {
-                last: SyscallStats::ZERO,
-                source: None,
-                target: None,
-                seen: generation,
-            });
-            entry.seen = generation;
-            let d = delta(&entry.last, &cur);
-            let changed = d.count() > 0 || d.sum_ns > 0;
-            if changed || entry.target.is_none() {
+        self.entries.begin();
+        for (key, cur) in snapshot.entries {
+            let entry = self.entries.observe(key, Route::new);
+            let d = entry.change(&cur);
+            let changed = !d.is_zero();
+            if changed || entry.state.target.is_none() {
                 // Not nameable yet (a process that exited since the snapshot): keep the
                 // values for the next cycle (and the entry in the kernel) rather than
                 // attribute them to a placeholder.
@@ -238,10 +232,8 @@ impl SyscallCollector {
                 else {
                     continue;
                 };
-                entry.last = cur;
                 let source = (workload, key.nr);
                 let target = self.budget.route(&source, cost, Self::fold);
-                entry.source = Some(source);
                 let totals = self
                     .series
                     .entry(target.clone())
@@ -253,10 +245,12 @@ impl SyscallCollector {
                 if d.count() > 0 {
                     totals.last_change = now;
                 }
-                entry.target = Some(target);
-            } else {
-                entry.last = cur;
+                entry.state = Route {
+                    source: Some(source),
+                    target: Some(target),
+                };
             }
+            entry.settle(cur);
             // A cgroup's shared key is freed once a read finds it idle: its values are read,
             // and the slot serves whichever key needs one next.
             if reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && !changed) {
@@ -266,42 +260,30 @@ impl SyscallCollector {
         // What fills the table: keys holding a slot (a key whose copies are not written yet
         // holds one too).
         self.entries_seen[0] = self.maps.stats.keys_held() as u64;
-        to_delete
+        (to_delete, snapshot.complete)
     }
 
-    fn read_errors(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Vec<ErrnoKey> {
+    /// Adds what changed in every error entry to its series; as [`Self::read_stats`].
+    fn read_errors(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<ErrnoKey>, bool) {
         let cost = self.series_cost();
-        let generation = self.generation;
         let mut to_delete = Vec::new();
         let seen_at = Instant::now();
-        let snapshot = self.maps.snapshot_errors();
+        let snapshot = self.maps.errors.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        let mut seen = 0u64;
-        for (key, cur) in snapshot {
-            seen += 1;
-            let entry = self.error_entries.entry(key).or_insert_with(|| ErrorEntry {
-                last: 0,
-                source: None,
-                target: None,
-                seen: generation,
-            });
-            entry.seen = generation;
-            let d = if cur < entry.last {
-                cur
-            } else {
-                cur - entry.last
-            };
-            if d > 0 || entry.target.is_none() {
+        self.entries_seen[1] = snapshot.entries.len() as u64;
+        self.error_entries.begin();
+        for (key, cur) in snapshot.entries {
+            let entry = self.error_entries.observe(key, Route::new);
+            let d = entry.change(&cur);
+            if d > 0 || entry.state.target.is_none() {
                 let last_chance = reclaim.contains(&key.tgid);
                 let Some(workload) =
                     workload_of(&mut labeler, key.cgroup_id, key.tgid, seen_at, last_chance)
                 else {
                     continue;
                 };
-                entry.last = cur;
                 let source = (workload, key.nr as u32);
                 let (w, nr) = self.budget.route(&source, cost, Self::fold);
-                entry.source = Some(source);
                 let target = (w, nr, key.errno);
                 let totals = self
                     .error_series
@@ -314,29 +296,30 @@ impl SyscallCollector {
                 if d > 0 {
                     totals.last_change = now;
                 }
-                entry.target = Some(target);
-            } else {
-                entry.last = cur;
+                entry.state = Route {
+                    source: Some(source),
+                    target: Some(target),
+                };
             }
+            entry.settle(cur);
             if reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && d == 0) {
                 to_delete.push(key);
             }
         }
-        self.entries_seen[1] = seen;
-        to_delete
+        (to_delete, snapshot.complete)
     }
 
     /// Drops series no kernel entry feeds that have been idle for the retention period.
     fn retire_idle_series(&mut self, now: Instant) {
         let live: HashSet<&SeriesKey> = self
             .entries
-            .values()
-            .filter_map(|e| e.target.as_ref())
+            .states()
+            .filter_map(|r| r.target.as_ref())
             .collect();
         let live_errors: HashSet<&(Workload, u32, u16)> = self
             .error_entries
-            .values()
-            .filter_map(|e| e.target.as_ref())
+            .states()
+            .filter_map(|r| r.target.as_ref())
             .collect();
         let retention = self.retention;
         let before = self.series.len();
@@ -381,22 +364,21 @@ impl Collector for SyscallCollector {
 
     fn refresh(&mut self) -> Result<(), CollectorError> {
         let now = Instant::now();
-        self.generation += 1;
         self.labeler.lock().expect("labeler lock").new_cycle();
         let exited = self.read_exits();
         let mut reclaim = self.orphans(&exited);
         reclaim.extend(exited.iter().copied());
-        let stale_stats = self.read_stats(now, &reclaim);
-        let stale_errors = self.read_errors(now, &reclaim);
+        let (stale_stats, stats_complete) = self.read_stats(now, &reclaim);
+        let (stale_errors, errors_complete) = self.read_errors(now, &reclaim);
 
         // Reclaim: the values of these entries were just added to their series. An entry is
         // forgotten only once the kernel's is gone; otherwise it is read again next time.
-        for key in self.maps.stats.remove(&stale_stats) {
-            self.entries.remove(&key);
-        }
-        for key in self.maps.remove_errors(&stale_errors) {
-            self.error_entries.remove(&key);
-        }
+        self.entries.forget(self.maps.stats.remove(&stale_stats));
+        self.error_entries
+            .forget(self.maps.errors.remove(&stale_errors));
+        // Entries deleted behind our back (none expected) no longer exist.
+        self.entries.end(stats_complete);
+        self.error_entries.end(errors_complete);
         self.maps.stats.forget_idle_cgroups();
         {
             // Entries deferred this cycle still need the exit-time name.
@@ -420,21 +402,17 @@ impl Collector for SyscallCollector {
                 }
             }
         }
-        // Entries deleted behind our back (none expected) no longer exist.
-        let generation = self.generation;
-        self.entries.retain(|_, e| e.seen == generation);
-        self.error_entries.retain(|_, e| e.seen == generation);
         if !reclaim.is_empty() {
             // Routing state follows the live label sets, not every label set ever seen:
             // under process churn with unique names the budget would otherwise grow forever.
             let live: HashSet<&SeriesKey> = self
                 .entries
-                .values()
-                .filter_map(|e| e.source.as_ref())
+                .states()
+                .filter_map(|r| r.source.as_ref())
                 .chain(
                     self.error_entries
-                        .values()
-                        .filter_map(|e| e.source.as_ref()),
+                        .states()
+                        .filter_map(|r| r.source.as_ref()),
                 )
                 .collect();
             self.budget.retain_routes(|k| live.contains(k));
@@ -525,26 +503,5 @@ impl Collector for SyscallCollector {
             folded_series: vec![("syscalls", self.budget.folded())],
             ..Health::default()
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn delta_handles_recreated_entries() {
-        let mut a = SyscallStats::ZERO;
-        a.sum_ns = 100;
-        a.buckets[3] = 5;
-        let mut b = a;
-        b.sum_ns = 150;
-        b.buckets[3] = 7;
-        let d = delta(&a, &b);
-        assert_eq!((d.sum_ns, d.buckets[3]), (50, 2));
-        let mut c = SyscallStats::ZERO;
-        c.sum_ns = 10;
-        c.buckets[0] = 1;
-        assert_eq!(delta(&b, &c), c);
     }
 }

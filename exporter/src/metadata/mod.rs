@@ -142,6 +142,22 @@ impl Labeler {
         labels
     }
 
+    /// The labels of cgroup `id`, which keyed a kernel entry of a map snapshot taken at
+    /// `seen_at`: the one policy for cgroup ids of every family. A walk of the hierarchy
+    /// started after the snapshot finds every cgroup that still exists, so the id is either
+    /// named now or was removed, and is then `(unresolved)`; nothing waits on a timer.
+    pub fn cgroup_seen(&mut self, id: u64, seen_at: Instant) -> Arc<CgroupLabels> {
+        self.settle_cgroup(id, seen_at);
+        self.cgroup(id)
+    }
+
+    /// Resolves (or finds gone) cgroup `id` seen at `seen_at`, so `cgroup()` walks no further.
+    fn settle_cgroup(&mut self, id: u64, seen_at: Instant) {
+        if !self.labels.contains_key(&id) {
+            let _ = self.cgroups.lookup_seen(id, seen_at);
+        }
+    }
+
     /// The workload of a kernel (cgroup id, tgid) pair from a map snapshot taken at `seen_at`,
     /// or `None` while it cannot be named yet: its process exited between the snapshot and now
     /// (its exit record, read next cycle, carries the name). The caller keeps the values and
@@ -155,10 +171,7 @@ impl Labeler {
         seen_at: Instant,
         last_chance: bool,
     ) -> Option<Workload> {
-        if !self.labels.contains_key(&cgroup_id) {
-            // Resolved (or found gone) now, so that `cgroup()` below walks no further.
-            let _ = self.cgroups.lookup_seen(cgroup_id, seen_at);
-        }
+        self.settle_cgroup(cgroup_id, seen_at);
         let comm = match self.comms.lookup(tgid) {
             Some(comm) => comm,
             // Alive but unreadable: waiting would not help.

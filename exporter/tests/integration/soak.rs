@@ -317,7 +317,8 @@ fn twenty_thousand_processes_in_two_hundred_cgroups_default_maps() {
     if !require_root("twenty_thousand_processes_in_two_hundred_cgroups_default_maps") {
         return;
     }
-    let _serial = serial();
+    // Thousands of processes and cgroups: the other tests' series would fold.
+    let _alone = alone();
     churn("", 2);
 }
 
@@ -327,7 +328,8 @@ fn twenty_thousand_processes_in_two_hundred_cgroups_sized_maps() {
     if !require_root("twenty_thousand_processes_in_two_hundred_cgroups_sized_maps") {
         return;
     }
-    let _serial = serial();
+    // Thousands of processes and cgroups: the other tests' series would fold.
+    let _alone = alone();
     churn(
         "max_syscall_entries = 65536\nmax_exited_processes = 32768\n",
         1,

@@ -64,6 +64,8 @@ fn invalid_syscall_numbers_from_an_unprivileged_tenant_blind_nobody() {
     if !require_root("invalid_syscall_numbers_from_an_unprivileged_tenant_blind_nobody") {
         return;
     }
+    // Thousands of syscall keys: they would fill the tables of tests running beside it.
+    let _alone = alone();
     // The default series budget and map sizes: the flood must fit in them.
     let exporter = Exporter::start(TEST_CONFIG, &[]);
     let flood_cg = TestCgroup::new("sysscope-test-nrflood");
@@ -177,6 +179,8 @@ fn a_cgroup_over_its_slot_quota_folds_and_the_others_stay_exact() {
     if !require_root("a_cgroup_over_its_slot_quota_folds_and_the_others_stay_exact") {
         return;
     }
+    // Thousands of syscall keys: they would fill the tables of tests running beside it.
+    let _alone = alone();
     const QUOTA: usize = 64;
     let exporter = Exporter::start(
         &format!(

@@ -32,11 +32,81 @@ pub fn cgroup_root() -> PathBuf {
     sysscope::metadata::cgroups::find_v2_mount(&text).expect("cgroup v2 mounted")
 }
 
+/// Every exporter a test starts sees every process of the node. Tests that flood the node
+/// (thousands of processes, cgroups or syscall keys) would push the series of tests running
+/// beside them over those exporters' budgets, so they run alone ([`alone`]); every other test
+/// shares the node while it holds a [`TestCgroup`].
+static NODE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+thread_local! {
+    /// This thread's hold on [`NODE`]: alone, or shared by this many cgroups (one read lock
+    /// per thread, so a writer waiting between two reads of one thread cannot deadlock it).
+    static NODE_HOLD: std::cell::RefCell<NodeHold> = const { std::cell::RefCell::new(NodeHold::None) };
+}
+
+enum NodeHold {
+    None,
+    Shared(std::sync::RwLockReadGuard<'static, ()>, usize),
+    Alone,
+}
+
+/// Runs the calling test alone on the node until the guard is dropped.
+pub fn alone() -> AloneGuard {
+    let guard = NODE.write().unwrap_or_else(|e| e.into_inner());
+    NODE_HOLD.with(|h| *h.borrow_mut() = NodeHold::Alone);
+    AloneGuard { _guard: guard }
+}
+
+pub struct AloneGuard {
+    _guard: std::sync::RwLockWriteGuard<'static, ()>,
+}
+
+impl Drop for AloneGuard {
+    fn drop(&mut self) {
+        NODE_HOLD.with(|h| *h.borrow_mut() = NodeHold::None);
+    }
+}
+
+/// A share of the node, held by each [`TestCgroup`].
+struct NodeShare;
+
+impl NodeShare {
+    fn take() -> Self {
+        NODE_HOLD.with(|h| {
+            let mut hold = h.borrow_mut();
+            match &mut *hold {
+                NodeHold::Alone => {}
+                NodeHold::Shared(_, n) => *n += 1,
+                NodeHold::None => {
+                    let guard = NODE.read().unwrap_or_else(|e| e.into_inner());
+                    *hold = NodeHold::Shared(guard, 1);
+                }
+            }
+        });
+        NodeShare
+    }
+}
+
+impl Drop for NodeShare {
+    fn drop(&mut self) {
+        NODE_HOLD.with(|h| {
+            let mut hold = h.borrow_mut();
+            if let NodeHold::Shared(_, n) = &mut *hold {
+                *n -= 1;
+                if *n == 0 {
+                    *hold = NodeHold::None;
+                }
+            }
+        });
+    }
+}
+
 /// A fresh cgroup v2 directory, removed on drop.
 pub struct TestCgroup {
     pub dir: PathBuf,
     /// Path relative to the v2 root, as sysscope labels it.
     pub rel: String,
+    _node: NodeShare,
 }
 
 impl TestCgroup {
@@ -56,6 +126,7 @@ impl TestCgroup {
         Self {
             dir,
             rel: format!("/{rel}"),
+            _node: NodeShare::take(),
         }
     }
 
@@ -98,10 +169,24 @@ impl Drop for TestCgroup {
                     let _ = std::fs::write(&root_procs, pid);
                 }
             }
+            // Child cgroups a test made inside go first, deepest first.
+            remove_child_dirs(&self.dir);
             if std::fs::remove_dir(&self.dir).is_ok() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn remove_child_dirs(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_child_dirs(&entry.path());
+            let _ = std::fs::remove_dir(entry.path());
         }
     }
 }
