@@ -10,6 +10,7 @@ use crate::{
         cpu::{self, CpuCollector},
         gpu::{self, GpuCollector, GpuError},
         syscalls::{self, SyscallCollector},
+        Collector,
     },
     config::Config,
     metadata::{
@@ -59,28 +60,60 @@ pub fn labeler_with_pods(
     Ok(Arc::new(Mutex::new(labeler)))
 }
 
+/// The collectors as they start, each started or down in the same way.
+#[derive(Default)]
+struct Lineup {
+    started: Vec<Box<dyn Collector>>,
+    /// Down from the start; some still export what they know about why.
+    down: Vec<(&'static str, Option<Box<dyn Collector>>)>,
+    report: StartReport,
+}
+
+impl Lineup {
+    /// Records one collector's start: running, or down with its reason logged once and
+    /// reported, and its programs detached, so a half-attached collector leaves nothing
+    /// running. Returns whether it runs.
+    fn admit<C: Collector + 'static, E: std::error::Error + 'static>(
+        &mut self,
+        name: &'static str,
+        probes: Option<&mut Probes>,
+        result: Result<C, E>,
+    ) -> bool {
+        match result {
+            Ok(c) => {
+                self.started.push(Box::new(c));
+                true
+            }
+            Err(e) => {
+                tracing::error!(collector = name, error = %Chain(&e), "collector failed to start");
+                if let Some(probes) = probes {
+                    probes.detach_collector(name);
+                }
+                self.report.failed.push((name, Chain(&e).to_string()));
+                self.down.push((name, None));
+                false
+            }
+        }
+    }
+
+    fn running(&self, name: &str) -> bool {
+        self.started.iter().any(|c| c.name() == name)
+    }
+}
+
 /// Loads the probes and starts every enabled collector. Fails only when nothing can run
 /// (no privileges, no BTF, no cgroup v2); a collector that cannot start is reported down.
 pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), StartError> {
     probes::preflight()?;
-    let mut report = StartReport::default();
-    let mut started: Vec<Box<dyn crate::collectors::Collector>> = Vec::new();
-    let mut failed: Vec<&'static str> = Vec::new();
-    let mut failed_with: Vec<Box<dyn crate::collectors::Collector>> = Vec::new();
+    let mut lineup = Lineup::default();
 
     // The pod watch feeds the labeler, so it starts first; it never waits for the API.
     let mut pods = None;
-    match pod_watch::start(&config.kubernetes) {
-        Ok(Some(c)) => {
+    if let Some(watch) = pod_watch::start(&config.kubernetes).transpose() {
+        if let Ok(c) = &watch {
             pods = Some(c.store());
-            started.push(Box::new(c));
         }
-        Ok(None) => {}
-        Err(e) => {
-            tracing::error!(collector = pod_watch::NAME, error = %Chain(&e), "collector failed to start");
-            report.failed.push((pod_watch::NAME, Chain(&e).to_string()));
-            failed.push(pod_watch::NAME);
-        }
+        lineup.admit(pod_watch::NAME, None, watch);
     }
     let labeler = labeler_with_pods(config, pods)?;
     // The block probes read kernel structs at offsets found in BTF, set before the load.
@@ -102,42 +135,21 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
     let mut probes = Probes::load(config, &options)?;
 
     if config.syscalls.enabled {
-        match SyscallCollector::start(&mut probes, config, labeler.clone()) {
-            Ok(c) => started.push(Box::new(c)),
-            Err(e) => {
-                tracing::error!(collector = syscalls::NAME, error = %Chain(&e), "collector failed to start");
-                probes.detach_collector(syscalls::NAME);
-                report.failed.push((syscalls::NAME, Chain(&e).to_string()));
-                failed.push(syscalls::NAME);
-            }
-        }
+        let started = SyscallCollector::start(&mut probes, config, labeler.clone());
+        lineup.admit(syscalls::NAME, Some(&mut probes), started);
     }
-
-    if let Some(resolved) = block_plan {
-        match resolved
-            .and_then(|plan| BlockIoCollector::start(&mut probes, config, labeler.clone(), &plan))
-        {
-            Ok(c) => started.push(Box::new(c)),
-            Err(e) => {
-                tracing::error!(collector = block_io::NAME, error = %Chain(&e), "collector failed to start");
-                report.failed.push((block_io::NAME, Chain(&e).to_string()));
-                probes.detach_collector(block_io::NAME);
-                failed.push(block_io::NAME);
-            }
-        }
+    if let Some(plan) = block_plan {
+        let started = plan
+            .and_then(|plan| BlockIoCollector::start(&mut probes, config, labeler.clone(), &plan));
+        lineup.admit(block_io::NAME, Some(&mut probes), started);
     }
-
     if config.cpu.enabled {
-        match CpuCollector::start(config, labeler.clone()) {
-            Ok(c) => started.push(Box::new(c)),
-            Err(e) => {
-                tracing::error!(collector = cpu::NAME, error = %Chain(&e), "collector failed to start");
-                report.failed.push((cpu::NAME, Chain(&e).to_string()));
-                failed.push(cpu::NAME);
-            }
-        }
+        lineup.admit(
+            cpu::NAME,
+            None,
+            CpuCollector::start(config, labeler.clone()),
+        );
     }
-
     if config.gpu.enabled {
         let c = GpuCollector::start(config, labeler.clone());
         match c.connect_error() {
@@ -149,19 +161,19 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
                     tracing::info!(collector = gpu::NAME, reason = %why, "GPU collector off: no NVIDIA GPU on the PCI bus and no NVML library");
                 } else {
                     tracing::error!(collector = gpu::NAME, gpus = c.pci_devices(), reason = %why, "GPU collector off: NVIDIA GPUs on the PCI bus but no NVML library");
-                    report.failed.push((gpu::NAME, why));
+                    lineup.report.failed.push((gpu::NAME, why));
                 }
-                failed_with.push(Box::new(c));
+                lineup.down.push((gpu::NAME, Some(Box::new(c))));
             }
             // NVML loads but does not answer yet (e.g. the driver is still loading): it retries.
-            _ => started.push(Box::new(c)),
+            _ => lineup.started.push(Box::new(c)),
         }
     }
 
     // Slow calls are only sampled when the syscall probes run (they set the thresholds).
-    if config.slow_calls.enabled && started.iter().any(|c| c.name() == syscalls::NAME) {
+    if config.slow_calls.enabled && lineup.running(syscalls::NAME) {
         match probes.take_map(sysscope_abi::maps::SLOW_EVENTS) {
-            Ok(map) => report.slow_events = Some(map),
+            Ok(map) => lineup.report.slow_events = Some(map),
             Err(e) => tracing::error!(error = %Chain(&e), "slow-call spans unavailable"),
         }
     }
@@ -169,14 +181,14 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
     // Learn the maps' names while map ids can still be looked up (see probes::map_memory).
     let _ = crate::probes::map_memory();
     let mut agent = Agent::new(Some(probes));
-    for c in started {
+    for c in lineup.started {
         agent.add(c);
     }
-    for name in failed {
-        agent.add_failed(name);
+    for (name, collector) in lineup.down {
+        match collector {
+            Some(c) => agent.add_failed_with(c),
+            None => agent.add_failed(name),
+        }
     }
-    for c in failed_with {
-        agent.add_failed_with(c);
-    }
-    Ok((agent, labeler, report))
+    Ok((agent, labeler, lineup.report))
 }
