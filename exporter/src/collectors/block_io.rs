@@ -30,7 +30,7 @@ use prometheus_client::{
     metrics::MetricType,
 };
 use sysscope_abi::{
-    block_op, hist, maps, programs, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
+    block_op, maps, programs, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
     BlockProbeConfig, BlockStats,
 };
 
@@ -38,8 +38,8 @@ use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     btf::{Btf, BtfError, MemberKind},
     config::Config,
-    cumulative::{Counters, HashReader, Tracker},
-    hist::{exported_bounds, fold_buckets},
+    cumulative::{HashReader, Tracker},
+    hist::{exported_bounds, HistogramTotals},
     metadata::{cgroups::UNRESOLVED, devices::DeviceResolver, SharedLabeler},
     probes::{block_latency_capacity as latency_capacity, ProbeError, Probes},
     series::{Budget, CgroupLabels, Workload, OTHER},
@@ -259,24 +259,14 @@ impl<T> Route<T> {
     }
 }
 
+/// Name, help and value of one counter family over the bytes-and-requests series.
+type IoCounterFamily = (&'static str, &'static str, fn(&IoTotals) -> u64);
+
 #[derive(Debug)]
 struct IoTotals {
     bytes: u64,
     requests: u64,
     last_change: Instant,
-}
-
-#[derive(Debug)]
-struct LatTotals {
-    sum_ns: u64,
-    buckets: [u64; hist::HIST_BUCKETS],
-    last_change: Instant,
-}
-
-impl LatTotals {
-    fn count(&self) -> u64 {
-        self.buckets.iter().sum()
-    }
 }
 
 /// The `comm` label of a kernel-recorded name. Kernel worker threads are named after their
@@ -312,7 +302,7 @@ pub struct BlockIoCollector {
     entries: Tracker<BlockKey, BlockStats, Route<IoKey>>,
     lat_entries: Tracker<BlockLatencyKey, BlockLatency, Route<LatKey>>,
     io_series: HashMap<IoKey, IoTotals>,
-    lat_series: HashMap<LatKey, LatTotals>,
+    lat_series: HashMap<LatKey, HistogramTotals>,
     budget: Budget<IoKey>,
     lat_budget: Budget<LatKey>,
     bounds: Vec<(usize, f64)>,
@@ -543,18 +533,10 @@ impl BlockIoCollector {
             };
             let d = entry.change(&cur);
             entry.settle(cur);
-            let totals = self.lat_series.entry(target).or_insert_with(|| LatTotals {
-                sum_ns: 0,
-                buckets: [0; hist::HIST_BUCKETS],
-                last_change: now,
-            });
-            totals.sum_ns = totals.sum_ns.wrapping_add(d.sum_ns);
-            for (t, b) in totals.buckets.iter_mut().zip(d.buckets.iter()) {
-                *t = t.wrapping_add(*b);
-            }
-            if !d.is_zero() {
-                totals.last_change = now;
-            }
+            self.lat_series
+                .entry(target)
+                .or_insert_with(|| HistogramTotals::new(now))
+                .add(&d, now);
             if by_cgroup && key.cgroup_id != 0 && gone.contains(&key.cgroup_id) {
                 to_delete.push(key);
             }
@@ -643,30 +625,20 @@ impl Collector for BlockIoCollector {
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let mut labels: Vec<(&'static str, Cow<'_, str>)> = Vec::with_capacity(8);
         let op_name = |op: u8| block_op::name(op).unwrap_or(OTHER);
-        {
-            let mut family = encoder.encode_descriptor(
+        let counters: [IoCounterFamily; 2] = [
+            (
                 "sysscope_block_io_bytes",
                 "Bytes of completed block requests, per cgroup, process name, device and operation (discard: bytes discarded; flush: 0).",
-                None,
-                MetricType::Counter,
-            )?;
-            for ((workload, device, op), totals) in &self.io_series {
-                labels.clear();
-                workload.push_labels(&mut labels);
-                labels.push(("device", Cow::Borrowed(device)));
-                labels.push(("op", Cow::Borrowed(op_name(*op))));
-                family
-                    .encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(&totals.bytes, None)?;
-            }
-        }
-        {
-            let mut family = encoder.encode_descriptor(
+                |t| t.bytes,
+            ),
+            (
                 "sysscope_block_io_requests",
                 "Completed block requests, per cgroup, process name, device and operation.",
-                None,
-                MetricType::Counter,
-            )?;
+                |t| t.requests,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for ((workload, device, op), totals) in &self.io_series {
                 labels.clear();
                 workload.push_labels(&mut labels);
@@ -674,7 +646,7 @@ impl Collector for BlockIoCollector {
                 labels.push(("op", Cow::Borrowed(op_name(*op))));
                 family
                     .encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(&totals.requests, None)?;
+                    .encode_counter::<NoLabelSet, _, u64>(&value(totals), None)?;
             }
         }
         {
@@ -694,15 +666,7 @@ impl Collector for BlockIoCollector {
                 }
                 labels.push(("device", Cow::Borrowed(device)));
                 labels.push(("op", Cow::Borrowed(op_name(*op))));
-                let buckets = fold_buckets(&totals.buckets, &self.bounds);
-                family
-                    .encode_family(&labels)?
-                    .encode_histogram::<NoLabelSet>(
-                        totals.sum_ns as f64 / 1e9,
-                        totals.count(),
-                        &buckets,
-                        None,
-                    )?;
+                totals.encode(family.encode_family(&labels)?, &self.bounds)?;
             }
         }
         Ok(())
@@ -714,23 +678,11 @@ impl Collector for BlockIoCollector {
             folded_series.push((LATENCY_FAMILY, self.lat_budget.folded()));
         }
         Health {
-            maps: vec![
-                MapUsage {
-                    map: maps::BLOCK_STATS,
-                    entries: self.entries_seen[0],
-                    capacity: self.capacities[0],
-                },
-                MapUsage {
-                    map: maps::BLOCK_LATENCY,
-                    entries: self.entries_seen[1],
-                    capacity: self.capacities[1],
-                },
-                MapUsage {
-                    map: maps::BLOCK_INFLIGHT,
-                    entries: self.entries_seen[2],
-                    capacity: self.capacities[2],
-                },
-            ],
+            maps: MapUsage::of(
+                [maps::BLOCK_STATS, maps::BLOCK_LATENCY, maps::BLOCK_INFLIGHT],
+                self.entries_seen,
+                self.capacities,
+            ),
             folded_series,
             missed_events: vec![("block_issue_without_complete", self.expired_inflight)],
             ..Health::default()

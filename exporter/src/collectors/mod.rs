@@ -20,6 +20,23 @@ pub struct MapUsage {
     pub capacity: u64,
 }
 
+impl MapUsage {
+    /// The occupancy of each map of `maps`: entries seen at the last read, and capacity.
+    pub fn of<const N: usize>(
+        maps: [&'static str; N],
+        entries: [u64; N],
+        capacities: [u64; N],
+    ) -> Vec<Self> {
+        (0..N)
+            .map(|i| Self {
+                map: maps[i],
+                entries: entries[i],
+                capacity: capacities[i],
+            })
+            .collect()
+    }
+}
+
 /// What every collector reports about itself beside its own metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Health {

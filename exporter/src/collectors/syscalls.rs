@@ -25,13 +25,13 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
 };
-use sysscope_abi::{hist, maps, ErrnoKey, SyscallKey, SyscallStats, FOLDED_TGID};
+use sysscope_abi::{maps, ErrnoKey, SyscallKey, SyscallStats, FOLDED_TGID};
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
     cumulative::{Counters, Tracker},
-    hist::{exported_bounds, fold_buckets},
+    hist::{exported_bounds, HistogramTotals},
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
     series::{Budget, Workload, OTHER},
@@ -45,27 +45,6 @@ pub const NAME: &str = "syscalls";
 const ORPHAN_SCAN_INTERVAL: Duration = Duration::from_secs(30);
 
 type SeriesKey = (Workload, u32);
-
-#[derive(Debug, Clone)]
-struct Totals {
-    sum_ns: u64,
-    buckets: [u64; hist::HIST_BUCKETS],
-    last_change: Instant,
-}
-
-impl Totals {
-    fn new(now: Instant) -> Self {
-        Self {
-            sum_ns: 0,
-            buckets: [0; hist::HIST_BUCKETS],
-            last_change: now,
-        }
-    }
-
-    fn count(&self) -> u64 {
-        self.buckets.iter().sum()
-    }
-}
 
 /// Where the values of one kernel entry go: the label set it resolved to (its route in the
 /// budget) and the series the budget gave it; `None` until it could be named.
@@ -96,7 +75,7 @@ pub struct SyscallCollector {
     labeler: SharedLabeler,
     entries: Tracker<SyscallKey, SyscallStats, Route<SeriesKey>>,
     error_entries: Tracker<ErrnoKey, u64, Route<(Workload, u32, u16)>>,
-    series: HashMap<SeriesKey, Totals>,
+    series: HashMap<SeriesKey, HistogramTotals>,
     error_series: HashMap<(Workload, u32, u16), ErrorTotals>,
     budget: Budget<SeriesKey>,
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
@@ -234,17 +213,10 @@ impl SyscallCollector {
                 };
                 let source = (workload, key.nr);
                 let target = self.budget.route(&source, cost, Self::fold);
-                let totals = self
-                    .series
+                self.series
                     .entry(target.clone())
-                    .or_insert_with(|| Totals::new(now));
-                totals.sum_ns = totals.sum_ns.wrapping_add(d.sum_ns);
-                for (t, b) in totals.buckets.iter_mut().zip(d.buckets.iter()) {
-                    *t += *b;
-                }
-                if d.count() > 0 {
-                    totals.last_change = now;
-                }
+                    .or_insert_with(|| HistogramTotals::new(now))
+                    .add(&d, now);
                 entry.state = Route {
                     source: Some(source),
                     target: Some(target),
@@ -467,15 +439,7 @@ impl Collector for SyscallCollector {
                 labels.clear();
                 workload.push_labels(&mut labels);
                 labels.push(("syscall", syscall_table::label(*nr)));
-                let buckets = fold_buckets(&totals.buckets, &self.bounds);
-                family
-                    .encode_family(&labels)?
-                    .encode_histogram::<NoLabelSet>(
-                        totals.sum_ns as f64 / 1e9,
-                        totals.count(),
-                        &buckets,
-                        None,
-                    )?;
+                totals.encode(family.encode_family(&labels)?, &self.bounds)?;
             }
         }
         Ok(())
@@ -483,23 +447,15 @@ impl Collector for SyscallCollector {
 
     fn health(&self) -> Health {
         Health {
-            maps: vec![
-                MapUsage {
-                    map: maps::SYSCALL_STATS,
-                    entries: self.entries_seen[0],
-                    capacity: self.capacities[0],
-                },
-                MapUsage {
-                    map: maps::SYSCALL_ERRORS,
-                    entries: self.entries_seen[1],
-                    capacity: self.capacities[1],
-                },
-                MapUsage {
-                    map: maps::PROCESS_EXITS,
-                    entries: self.entries_seen[2],
-                    capacity: self.capacities[2],
-                },
-            ],
+            maps: MapUsage::of(
+                [
+                    maps::SYSCALL_STATS,
+                    maps::SYSCALL_ERRORS,
+                    maps::PROCESS_EXITS,
+                ],
+                self.entries_seen,
+                self.capacities,
+            ),
             folded_series: vec![("syscalls", self.budget.folded())],
             ..Health::default()
         }
