@@ -184,18 +184,8 @@ fn enable() -> Option<OwnedFd> {
 /// capability (enumerating programs by id would need CAP_SYS_ADMIN, which is given up).
 fn snapshot() -> HashMap<u32, (u64, u64)> {
     let mut out = HashMap::new();
-    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
-        return out;
-    };
-    for fd in fds.flatten() {
-        let Ok(text) = std::fs::read_to_string(fd.path()) else {
-            continue;
-        };
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
+    for info in crate::util::fdinfo::own() {
+        let field = |name: &str| info.field(name);
         if let (Some(id), Some(run_time), Some(runs)) =
             (field("prog_id:"), field("run_time_ns:"), field("run_cnt:"))
         {

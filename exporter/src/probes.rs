@@ -441,18 +441,8 @@ static MAP_NAMES: std::sync::Mutex<std::collections::BTreeMap<u64, String>> =
 pub fn map_memory() -> Vec<(String, u64)> {
     let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
     let mut seen = std::collections::HashSet::new();
-    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
-        return Vec::new();
-    };
-    for fd in fds.flatten() {
-        let Ok(text) = std::fs::read_to_string(fd.path()) else {
-            continue;
-        };
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
+    for info in crate::util::fdinfo::own() {
+        let field = |name: &str| info.field(name);
         let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:")) else {
             continue;
         };

@@ -4,3 +4,4 @@
 pub mod clock;
 pub mod duration;
 pub mod error;
+pub mod fdinfo;
