@@ -15,6 +15,7 @@ pub mod collectors;
 pub mod config;
 pub mod cumulative;
 pub mod exposition;
+pub mod fd_class;
 pub mod hist;
 pub mod metadata;
 #[cfg(test)]

@@ -11,7 +11,8 @@ use std::mem::size_of;
 use object::{Object as _, ObjectSymbol as _};
 use sysscope_abi::{
     globals, maps, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey, BlockProbeConfig,
-    BlockStats, ErrnoKey, ProcessExit, RateWindow, SlotStats, SyscallKey, ThreadState, TraceThread,
+    BlockStats, ErrnoKey, FdProbeConfig, ProcessExit, RateWindow, SlotStats, SyscallKey,
+    ThreadState, TraceThread,
 };
 
 use crate::probes::PROBES_OBJECT;
@@ -110,6 +111,7 @@ const GLOBAL_TYPES: &[(&str, usize)] = &[
     (globals::BLOCK_TRACE, size_of::<u32>()),
     (globals::SYSCALL_STAT_STRIPES, size_of::<u32>()),
     (globals::SYSCALL_CGROUP_QUOTA, size_of::<u32>()),
+    (globals::FD_CONFIG, size_of::<FdProbeConfig>()),
 ];
 
 /// The string constants of `pub mod <module> { ... }` in the ABI source.

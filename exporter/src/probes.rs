@@ -15,11 +15,14 @@ use aya::{
     programs::{ProgramError, RawTracePoint},
     Ebpf, EbpfLoader,
 };
-use sysscope_abi::{globals, maps, BlockProbeConfig, MAX_STAT_STRIPES};
+use sysscope_abi::{globals, maps, BlockProbeConfig, FdProbeConfig, MAX_STAT_STRIPES};
 
 use crate::{
+    btf::Btf,
     config::Config,
+    fd_class,
     probe_stats::{RunTimeStats, RunTotals},
+    util::error::Chain,
 };
 
 /// The compiled probes, embedded at build time.
@@ -289,6 +292,15 @@ impl Probes {
                 options.block_trace_ring_buffer_bytes,
             );
         }
+        // Reads and writes are split by what their descriptor is, with offsets from the
+        // kernel's BTF; without them every call is counted unsplit.
+        let fd_config = Btf::from_kernel()
+            .and_then(|btf| fd_class::resolve_offsets(&btf))
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %Chain(&e), "reads and writes are not split by descriptor kind");
+                FdProbeConfig::UNSET
+            });
+        loader.override_global(globals::FD_CONFIG, &fd_config, false);
         let mut ebpf = loader.load(object).map_err(ProbeError::Load)?;
         fill_free_slots(&mut ebpf, limits.max_syscall_entries)?;
         let stats = RunTimeStats::start(config.collection.probe_stats);

@@ -448,6 +448,7 @@ mod tests {
             cgroup_id: 7,
             tgid,
             nr,
+            fd: sysscope_abi::FdClass::NONE,
         }
     }
 
@@ -499,7 +500,12 @@ mod tests {
 
     fn table(capacity: u32, stripes: u32) -> SyscallStatsTable {
         SyscallStatsTable::new(TableMaps {
-            slots: create(1 /* HASH */, 16, 4, capacity),
+            slots: create(
+                1, /* HASH */
+                std::mem::size_of::<SyscallKey>() as u32,
+                4,
+                capacity,
+            ),
             stats: create(
                 2, /* ARRAY */
                 4,

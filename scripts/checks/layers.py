@@ -34,6 +34,7 @@ LAYERS = [
             "probe_stats.rs",
             "bpf_batch.rs",
             "cumulative.rs",
+            "fd_class.rs",
             "btf.rs",
             "syscall_stats.rs",
             "syscall_table.rs",

@@ -138,6 +138,8 @@ pub mod globals {
     /// `u32`: slots one cgroup's keys may hold before its new keys fold into the cgroup's
     /// shared key ([`crate::FOLDED_TGID`]); 0: no quota.
     pub const SYSCALL_CGROUP_QUOTA: &str = "SYSCALL_CGROUP_QUOTA";
+    /// [`crate::FdProbeConfig`]: where the descriptor classification finds what it reads.
+    pub const FD_CONFIG: &str = "FD_CONFIG";
 }
 
 /// Indices into `PROBE_COUNTERS`, a per-CPU array of `u64`: what the probes could not record.
@@ -236,6 +238,153 @@ pub mod noreturn {
     pub const EXIT_GROUP: u32 = u32::MAX;
 }
 
+/// What the descriptor of a read or write was at the call's entry: its kind, and for files the
+/// filesystem (the superblock's magic, `statfs(2)`'s `f_type`). Classified in the kernel from
+/// the task's file table, for the syscalls [`fd_class::classified`] names only; all zero for
+/// every other syscall.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FdClass {
+    /// Filesystem magic of a [`fd_class::FILE`] (0 for the other kinds).
+    pub fs_magic: u32,
+    /// One of the [`fd_class`] kinds.
+    pub kind: u8,
+    pub _pad: [u8; 3],
+}
+
+impl FdClass {
+    /// Not classified (a syscall without a descriptor to classify).
+    pub const NONE: Self = Self {
+        fs_magic: 0,
+        kind: fd_class::NONE,
+        _pad: [0; 3],
+    };
+
+    pub const fn of(kind: u8, fs_magic: u32) -> Self {
+        Self {
+            fs_magic,
+            kind,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Descriptor kinds ([`FdClass::kind`]) and the syscalls whose descriptor is classified.
+pub mod fd_class {
+    /// Not classified.
+    pub const NONE: u8 = 0;
+    /// A regular file, directory or symlink on a filesystem ([`super::FdClass::fs_magic`]).
+    pub const FILE: u8 = 1;
+    pub const SOCKET: u8 = 2;
+    /// A pipe or FIFO.
+    pub const PIPE: u8 = 3;
+    /// A character device (ttys, `/dev/null`, `/dev/nvidia*`, ...).
+    pub const CHAR: u8 = 4;
+    /// An anonymous inode (eventfd, timerfd, signalfd, epoll, io_uring, ...).
+    pub const ANON: u8 = 5;
+    /// Anything else: a block device, a descriptor not open at entry, one that could not be read.
+    pub const OTHER: u8 = 6;
+
+    /// The `fd_kind` label of each kind, by index (`NONE` has none).
+    pub const NAMES: [&str; 7] = ["", "file", "socket", "pipe", "char", "anon", "other"];
+
+    /// The `fd_kind` label of `kind`, `None` when it is not classified.
+    pub fn name(kind: u8) -> Option<&'static str> {
+        match kind {
+            NONE => None,
+            k => Some(NAMES.get(k as usize).copied().unwrap_or("other")),
+        }
+    }
+
+    /// `S_IFMT` and the file types of `i_mode` (the same on every architecture).
+    pub const S_IFMT: u16 = 0o170000;
+    pub const S_IFSOCK: u16 = 0o140000;
+    pub const S_IFLNK: u16 = 0o120000;
+    pub const S_IFREG: u16 = 0o100000;
+    pub const S_IFBLK: u16 = 0o060000;
+    pub const S_IFDIR: u16 = 0o040000;
+    pub const S_IFCHR: u16 = 0o020000;
+    pub const S_IFIFO: u16 = 0o010000;
+
+    /// Superblock magic of the anonymous-inode filesystem (`ANON_INODE_FS_MAGIC`): its inodes
+    /// are typeless on older kernels and regular files on newer ones, so the magic decides.
+    pub const ANON_INODE_FS_MAGIC: u32 = 0x0904_1934;
+
+    /// The kind of an inode of mode `mode` on a filesystem of magic `magic`.
+    pub fn kind_of(mode: u16, magic: u32) -> u8 {
+        if magic == ANON_INODE_FS_MAGIC {
+            return ANON;
+        }
+        match mode & S_IFMT {
+            S_IFREG | S_IFDIR | S_IFLNK => FILE,
+            S_IFSOCK => SOCKET,
+            S_IFIFO => PIPE,
+            S_IFCHR => CHAR,
+            0 => ANON,
+            _ => OTHER,
+        }
+    }
+
+    /// Whether syscall `nr`'s first argument is a descriptor read or written (the read and
+    /// write families and the socket calls): only these are classified.
+    #[cfg(any(target_arch = "x86_64", bpf_target_arch = "x86_64"))]
+    pub fn classified(nr: u32) -> bool {
+        // read write pread64 pwrite64 readv writev sendto recvfrom sendmsg recvmsg preadv
+        // pwritev preadv2 pwritev2
+        matches!(
+            nr,
+            0 | 1 | 17 | 18 | 19 | 20 | 44 | 45 | 46 | 47 | 295 | 296 | 327 | 328
+        )
+    }
+    #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
+    pub fn classified(nr: u32) -> bool {
+        // read write readv writev pread64 pwrite64 preadv pwritev sendto recvfrom sendmsg
+        // recvmsg preadv2 pwritev2
+        matches!(nr, 63..=70 | 206 | 207 | 211 | 212 | 286 | 287)
+    }
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        bpf_target_arch = "x86_64",
+        target_arch = "aarch64",
+        bpf_target_arch = "aarch64"
+    )))]
+    pub fn classified(_nr: u32) -> bool {
+        false
+    }
+}
+
+/// Kernel struct offsets the descriptor classification reads (global `FD_CONFIG`), looked up in
+/// the kernel's BTF before loading; `ready == 0` leaves every call unclassified.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdProbeConfig {
+    pub ready: u32,
+    /// `task_struct.files`, `files_struct.fdt`, `fdtable.max_fds`, `fdtable.fd`.
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdt_max_fds: u32,
+    pub fdt_fd: u32,
+    /// `file.f_inode`, `inode.i_mode`, `inode.i_sb`, `super_block.s_magic`.
+    pub file_inode: u32,
+    pub inode_mode: u32,
+    pub inode_sb: u32,
+    pub sb_magic: u32,
+}
+
+impl FdProbeConfig {
+    pub const UNSET: Self = Self {
+        ready: 0,
+        task_files: NO_FIELD,
+        files_fdt: NO_FIELD,
+        fdt_max_fds: NO_FIELD,
+        fdt_fd: NO_FIELD,
+        file_inode: NO_FIELD,
+        inode_mode: NO_FIELD,
+        inode_sb: NO_FIELD,
+        sb_magic: NO_FIELD,
+    };
+}
+
 /// Per-thread state kept between `sys_enter` and `sys_exit` in `SYSCALL_THREADS`, a task-local
 /// storage map (one value per thread, found from the task itself and freed with it).
 ///
@@ -256,6 +405,8 @@ pub struct ThreadState {
     pub tgid: u32,
     /// Syscall number at entry.
     pub nr: u32,
+    /// The descriptor of the call in flight, classified at entry.
+    pub fd: FdClass,
     /// The thread's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
     pub slots: [u64; slot_cache::ENTRIES],
 }
@@ -287,11 +438,17 @@ pub mod slot_cache {
         (nr as usize & (SETS - 1)) * WAYS
     }
 
-    /// The tag of syscall `nr` cached under `epoch`. Bit 15 is always set, so a zeroed entry is
-    /// empty. (Numbers above 32,767, which no architecture uses, share tags: harmless, as above.)
+    /// The tag of syscall `nr` on a descriptor of class `fd` cached under `epoch`. Bit 15 is
+    /// always set, so a zeroed entry is empty. The syscall number takes the low 9 bits and the
+    /// descriptor's kind and filesystem a few more: classes that share a tag only miss.
     #[inline(always)]
-    pub fn tag(epoch: u64, nr: u32) -> u32 {
-        ((epoch as u32) << 16) | 0x8000 | (nr & 0x7fff)
+    pub fn tag(epoch: u64, nr: u32, fd: &super::FdClass) -> u32 {
+        // Six bits of a multiplicative hash of the class: the kinds and the usual filesystems
+        // (ext4, xfs, btrfs, tmpfs, NFS, FUSE, overlay, Ceph, Lustre, GPFS) all differ.
+        let class = ((fd.kind as u32).wrapping_mul(0x27D4_EB2F)
+            ^ fd.fs_magic.wrapping_mul(0x1656_67B1))
+            >> 26;
+        ((epoch as u32) << 16) | 0x8000 | ((nr ^ (class << 9)) & 0x7fff)
     }
 
     /// An entry: the tag in the high half, the slot in the low half.
@@ -316,6 +473,8 @@ pub struct SyscallKey {
     pub cgroup_id: u64,
     pub tgid: u32,
     pub nr: u32,
+    /// What the call read or wrote ([`FdClass::NONE`] for calls not classified).
+    pub fd: FdClass,
 }
 
 /// A latency histogram as the probes keep it: the sum of durations and a count per log2
@@ -369,14 +528,15 @@ pub struct SlotStats {
     pub key: SyscallKey,
     pub stats: SyscallStats,
     /// Pads a copy to four cache lines, so neighbouring copies share none.
-    pub _pad: [u64; 3],
+    pub _pad: [u64; 2],
 }
 
 // The layouts both sides compile: a change here is a change of the kernel/user contract.
-const _: () = assert!(core::mem::size_of::<SyscallKey>() == 16);
+const _: () = assert!(core::mem::size_of::<SyscallKey>() == 24);
 const _: () = assert!(core::mem::size_of::<SyscallStats>() == 8 + 8 * hist::HIST_BUCKETS);
 const _: () = assert!(core::mem::size_of::<SlotStats>() == 256);
-const _: () = assert!(core::mem::size_of::<ErrnoKey>() == 16);
+const _: () = assert!(core::mem::size_of::<ErrnoKey>() == 24);
+const _: () = assert!(core::mem::size_of::<FdClass>() == 8);
 const _: () = assert!(MAX_STAT_STRIPES.is_power_of_two());
 const _: () = assert!(INVALID_NR < MAX_SYSCALL_NR);
 
@@ -390,6 +550,7 @@ pub struct ErrnoKey {
     pub nr: u16,
     /// Positive errno (e.g. 2 for ENOENT).
     pub errno: u16,
+    pub fd: FdClass,
 }
 
 /// Value of `PROCESS_EXITS` (key: tgid): what user space needs to label and reclaim the
@@ -422,6 +583,8 @@ pub struct SlowCallEvent {
     pub tid: u32,
     pub nr: u32,
     pub _pad: u32,
+    /// The descriptor's class at entry ([`FdClass::NONE`] for calls not classified).
+    pub fd: FdClass,
     /// Return value (negative errno on failure).
     pub ret: i64,
     /// The six syscall arguments as passed in registers.
@@ -794,6 +957,8 @@ mod pod {
     unsafe impl aya::Pod for BlockLatencyKey {}
     unsafe impl aya::Pod for BlockInflight {}
     unsafe impl aya::Pod for BlockProbeConfig {}
+    unsafe impl aya::Pod for FdProbeConfig {}
+    unsafe impl aya::Pod for FdClass {}
     unsafe impl aya::Pod for TraceEvent {}
     unsafe impl aya::Pod for TraceThread {}
     unsafe impl aya::Pod for BlockTraceEvent {}
@@ -857,16 +1022,34 @@ mod slot_cache_tests {
     use super::slot_cache::*;
 
     #[test]
-    fn entries_hit_only_their_syscall_and_epoch() {
-        let e = entry(tag(7, 0), 1234);
-        assert_eq!(hit(e, tag(7, 0)), Some(1234));
+    fn entries_hit_only_their_syscall_class_and_epoch() {
+        use super::{fd_class, FdClass};
+        let none = FdClass::NONE;
+        let e = entry(tag(7, 0, &none), 1234);
+        assert_eq!(hit(e, tag(7, 0, &none)), Some(1234));
         // Another syscall, or any later epoch, misses.
-        assert_eq!(hit(e, tag(7, 8)), None);
-        assert_eq!(hit(e, tag(8, 0)), None);
-        // A zeroed entry never hits, whatever the epoch and number (bit 15 of every tag is set).
+        assert_eq!(hit(e, tag(7, 8, &none)), None);
+        assert_eq!(hit(e, tag(8, 0, &none)), None);
+        // The same syscall on another kind of descriptor or another filesystem misses.
+        let ext4 = FdClass::of(fd_class::FILE, 0xEF53);
+        let tmpfs = FdClass::of(fd_class::FILE, 0x0102_1994);
+        let pipe = FdClass::of(fd_class::PIPE, 0);
+        let f = entry(tag(7, 0, &ext4), 99);
+        assert_eq!(hit(f, tag(7, 0, &ext4)), Some(99));
+        for other in [none, tmpfs, pipe] {
+            assert_eq!(hit(f, tag(7, 0, &other)), None, "{other:?}");
+        }
+        // A zeroed entry never hits, whatever the epoch, number and class (bit 15 of every tag
+        // is set).
         for epoch in [0, 1, u64::from(u16::MAX)] {
             for nr in [0, 1, 0x7fff, 0x8000, u32::MAX] {
-                assert_eq!(hit(0, tag(epoch, nr)), None, "epoch {epoch}, nr {nr}");
+                for class in [none, ext4, pipe] {
+                    assert_eq!(
+                        hit(0, tag(epoch, nr, &class)),
+                        None,
+                        "epoch {epoch}, nr {nr}"
+                    );
+                }
             }
         }
     }
@@ -945,7 +1128,8 @@ const _: () = {
     use core::mem::size_of;
     assert!(size_of::<ProcessExit>() == 32);
     assert!(size_of::<RateWindow>() == 16);
-    assert!(size_of::<SlowCallEvent>() == 112);
+    assert!(size_of::<SlowCallEvent>() == 120);
+    assert!(size_of::<FdProbeConfig>() == 36);
     assert!(size_of::<BlockProbeConfig>() == 96);
     assert!(size_of::<BlockInflight>() == 72);
     assert!(size_of::<BlockKey>() == 40);

@@ -29,6 +29,20 @@ const ARG_REG_OFFSETS: [usize; 6] = [34 * 8, 8, 2 * 8, 3 * 8, 4 * 8, 5 * 8];
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
 const ARG_REG_OFFSETS: [usize; 6] = [0; 6];
 
+/// Reads the first syscall argument (a descriptor, for the calls that take one) from the
+/// `pt_regs` the raw syscall tracepoints receive.
+#[inline(always)]
+pub fn read_syscall_arg0(regs: *const u8) -> u64 {
+    if cfg!(not(any(
+        bpf_target_arch = "x86_64",
+        bpf_target_arch = "aarch64"
+    ))) {
+        return u64::MAX;
+    }
+    let p = unsafe { regs.add(ARG_REG_OFFSETS[0]) } as *const u64;
+    unsafe { bpf_probe_read_kernel(p) }.unwrap_or(u64::MAX)
+}
+
 /// Reads the six syscall arguments from the `pt_regs` the raw syscall tracepoints receive.
 /// At `sys_exit` the argument registers still hold what user space passed in.
 #[inline(always)]

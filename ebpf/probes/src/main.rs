@@ -16,6 +16,8 @@ mod common;
 #[cfg(target_arch = "bpf")]
 mod empty;
 #[cfg(target_arch = "bpf")]
+mod fd_class;
+#[cfg(target_arch = "bpf")]
 mod syscalls;
 #[cfg(target_arch = "bpf")]
 mod trace;

@@ -49,12 +49,12 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    bounded_nr, counters, hist, noreturn, slot_cache, ErrnoKey, ProcessExit, RateWindow, SlotStats,
-    SlowCallEvent, SyscallKey, ThreadState, FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES,
-    MAX_SYSCALL_NR,
+    bounded_nr, counters, fd_class, hist, noreturn, slot_cache, ErrnoKey, FdClass, ProcessExit,
+    RateWindow, SlotStats, SlowCallEvent, SyscallKey, ThreadState, FOLDED_TGID, INVALID_NR,
+    MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
-use crate::common::{count_drop, read_syscall_args, EEXIST};
+use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
 
 /// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
 /// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
@@ -211,9 +211,10 @@ impl Counter {
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 const MAX_ERRNO: i64 = 4095;
 
-/// The (cgroup, process) part of the thread's stats key, from its cached state.
+/// The thread's stats key for syscall `nr` on a descriptor of class `fd`: the (cgroup,
+/// process) part from its cached state.
 #[inline(always)]
-fn key_of(state: &mut ThreadState, nr: u32) -> SyscallKey {
+fn key_of(state: &mut ThreadState, nr: u32, fd: FdClass) -> SyscallKey {
     // Read the count before the id: a migration moves the task first and counts afterwards,
     // so an id read after a count that is already stale is re-read on the next call.
     let generation = CGROUP_GENERATION.get();
@@ -233,6 +234,7 @@ fn key_of(state: &mut ThreadState, nr: u32) -> SyscallKey {
         cgroup_id: state.cgroup_id,
         tgid: state.tgid,
         nr,
+        fd,
     }
 }
 
@@ -260,11 +262,19 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     }
     if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
         // No sys_exit will follow: count the call now, with no duration.
-        let key = key_of(state, nr);
+        let key = key_of(state, nr, FdClass::NONE);
         record_duration(state, &key, 0);
         return 0;
     }
     state.nr = nr;
+    state.fd = if fd_class::classified(nr) {
+        // TP_PROTO(struct pt_regs *regs, long id): the descriptor is the first argument.
+        crate::fd_class::unpack(crate::fd_class::classify(read_syscall_arg0(
+            ctx.arg::<*const u8>(0),
+        )))
+    } else {
+        FdClass::NONE
+    };
     state.start_ns = unsafe { bpf_ktime_get_ns() };
     0
 }
@@ -289,7 +299,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     }
     state.start_ns = 0;
     let duration = now.saturating_sub(start_ns);
-    let key = key_of(state, state.nr);
+    let key = key_of(state, state.nr, state.fd);
     record_duration(state, &key, duration);
 
     // TP_PROTO(struct pt_regs *regs, long ret)
@@ -344,7 +354,7 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
 fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
     let bucket = hist::bucket_index(duration);
     let epoch = SLOT_EPOCH.get(0).copied().unwrap_or(0);
-    let tag = slot_cache::tag(epoch, key.nr);
+    let tag = slot_cache::tag(epoch, key.nr, &key.fd);
     let set = slot_cache::set_of(key.nr);
     let (Some(&first), Some(&second)) = (state.slots.get(set), state.slots.get(set + 1)) else {
         return;
@@ -397,6 +407,7 @@ fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
 fn counts_for(owner: &SyscallKey, key: &SyscallKey) -> bool {
     owner.cgroup_id == key.cgroup_id
         && owner.nr == key.nr
+        && owner.fd == key.fd
         && (owner.tgid == key.tgid || owner.tgid == FOLDED_TGID)
 }
 
@@ -544,6 +555,7 @@ fn record_error(key: &SyscallKey, errno: u16) {
         // A bounded number: below MAX_SYSCALL_NR, so it fits.
         nr: key.nr as u16,
         errno,
+        fd: key.fd,
     };
     if add_error(&ekey) {
         return;
@@ -628,6 +640,7 @@ fn sample_slow_call(
     event.tid = tid;
     event.nr = key.nr;
     event._pad = 0;
+    event.fd = key.fd;
     event.ret = ret;
     let regs = ctx.arg::<*const u8>(0);
     read_syscall_args(regs, &mut event.args);

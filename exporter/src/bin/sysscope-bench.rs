@@ -255,6 +255,7 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
             cgroup_id: cgroups.ids[i / nrs.len()],
             tgid,
             nr: nrs[i % nrs.len()],
+            fd: sysscope_abi::FdClass::NONE,
         })
         .collect();
     let mut calls = 1u64;

@@ -58,7 +58,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K | set-name NAME"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         fd-kinds PATH NFILE NPIPE NSOCKET |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K | set-name NAME"
     );
     std::process::exit(2)
 }
@@ -78,6 +78,46 @@ fn secs(arg: Option<&String>) -> Duration {
 fn getppid() {
     // SAFETY: getppid takes no arguments and cannot fail.
     unsafe { libc::syscall(libc::SYS_getppid) };
+}
+
+/// One-byte reads of a regular file (`nfile`, the file must hold that many bytes), and
+/// one-byte writes then reads of a pipe (`npipe`) and of a UNIX socket pair (`nsocket`): each
+/// a `read` or `write` on a descriptor of a known kind.
+fn fd_kinds(path: &str, [nfile, npipe, nsocket]: [u64; 3]) {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    let mut byte = [0u8; 1];
+    let read_one = |fd: i32, byte: &mut [u8; 1]| {
+        // SAFETY: a one-byte buffer we own, and a descriptor this function holds open.
+        let r = unsafe { libc::read(fd, byte.as_mut_ptr().cast(), 1) };
+        assert_eq!(r, 1, "read: {}", std::io::Error::last_os_error());
+    };
+    let write_one = |fd: i32, byte: &[u8; 1]| {
+        // SAFETY: as for the read.
+        let r = unsafe { libc::write(fd, byte.as_ptr().cast(), 1) };
+        assert_eq!(r, 1, "write: {}", std::io::Error::last_os_error());
+    };
+    for _ in 0..nfile {
+        read_one(file.as_raw_fd(), &mut byte);
+    }
+    let mut pipe = [0i32; 2];
+    // SAFETY: a two-descriptor array, as pipe(2) wants.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    let mut socket = [0i32; 2];
+    // SAFETY: as for the pipe.
+    let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, socket.as_mut_ptr()) };
+    assert_eq!(r, 0, "socketpair: {}", std::io::Error::last_os_error());
+    for ([reader, writer], n) in [(pipe, npipe), ([socket[0], socket[1]], nsocket)] {
+        for _ in 0..n {
+            write_one(writer, &byte);
+            read_one(reader, &mut byte);
+        }
+        // SAFETY: descriptors this function opened and no longer uses.
+        unsafe {
+            libc::close(reader);
+            libc::close(writer);
+        }
+    }
 }
 
 fn main() {
@@ -155,6 +195,16 @@ fn main() {
                 let ms = num(args.get(i + 2));
                 slow_pipe_burst(n, ms);
                 i += 3;
+            }
+            "fd-kinds" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
+                let counts = [
+                    num(args.get(i + 2)),
+                    num(args.get(i + 3)),
+                    num(args.get(i + 4)),
+                ];
+                fd_kinds(&path, counts);
+                i += 5;
             }
             "read-file" => {
                 let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();

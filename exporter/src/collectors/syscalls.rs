@@ -25,12 +25,13 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
 };
-use sysscope_abi::{maps, ErrnoKey, SyscallKey, SyscallStats, FOLDED_TGID};
+use sysscope_abi::{maps, ErrnoKey, FdClass, SyscallKey, SyscallStats, FOLDED_TGID};
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
     cumulative::{Counters, Tracker},
+    fd_class,
     hist::{exported_bounds, HistogramTotals},
     metadata::SharedLabeler,
     probes::{ProbeError, Probes},
@@ -44,7 +45,10 @@ pub const NAME: &str = "syscalls";
 /// How often entries of processes that vanished without an exit record are looked for.
 const ORPHAN_SCAN_INTERVAL: Duration = Duration::from_secs(30);
 
-type SeriesKey = (Workload, u32);
+/// (workload, syscall, descriptor class) of the call series.
+type SeriesKey = (Workload, u32, FdClass);
+/// (workload, syscall, descriptor class, errno) of the error series.
+type ErrorSeriesKey = (Workload, u32, FdClass, u16);
 
 /// Where the values of one kernel entry go: the label set it resolved to (its route in the
 /// budget) and the series the budget gave it; `None` until it could be named.
@@ -74,9 +78,9 @@ pub struct SyscallCollector {
     capacities: [u64; 3],
     labeler: SharedLabeler,
     entries: Tracker<SyscallKey, SyscallStats, Route<SeriesKey>>,
-    error_entries: Tracker<ErrnoKey, u64, Route<(Workload, u32, u16)>>,
+    error_entries: Tracker<ErrnoKey, u64, Route<ErrorSeriesKey>>,
     series: HashMap<SeriesKey, HistogramTotals>,
-    error_series: HashMap<(Workload, u32, u16), ErrorTotals>,
+    error_series: HashMap<ErrorSeriesKey, ErrorTotals>,
     budget: Budget<SeriesKey>,
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
     bounds: Vec<(usize, f64)>,
@@ -148,7 +152,10 @@ impl SyscallCollector {
     }
 
     fn fold(key: &SeriesKey) -> Vec<SeriesKey> {
-        vec![(key.0.fold_comm(), key.1), (Workload::fold_all(), key.1)]
+        vec![
+            (key.0.fold_comm(), key.1, key.2),
+            (Workload::fold_all(), key.1, key.2),
+        ]
     }
 
     /// Reads the exit queue: tgids whose entries can be reclaimed once read.
@@ -211,7 +218,7 @@ impl SyscallCollector {
                 else {
                     continue;
                 };
-                let source = (workload, key.nr);
+                let source = (workload, key.nr, key.fd);
                 let target = self.budget.route(&source, cost, Self::fold);
                 self.series
                     .entry(target.clone())
@@ -254,9 +261,9 @@ impl SyscallCollector {
                 else {
                     continue;
                 };
-                let source = (workload, key.nr as u32);
-                let (w, nr) = self.budget.route(&source, cost, Self::fold);
-                let target = (w, nr, key.errno);
+                let source = (workload, key.nr as u32, key.fd);
+                let (w, nr, fd) = self.budget.route(&source, cost, Self::fold);
+                let target = (w, nr, fd, key.errno);
                 let totals = self
                     .error_series
                     .entry(target.clone())
@@ -288,7 +295,7 @@ impl SyscallCollector {
             .states()
             .filter_map(|r| r.target.as_ref())
             .collect();
-        let live_errors: HashSet<&(Workload, u32, u16)> = self
+        let live_errors: HashSet<&ErrorSeriesKey> = self
             .error_entries
             .states()
             .filter_map(|r| r.target.as_ref())
@@ -402,10 +409,11 @@ impl Collector for SyscallCollector {
                 None,
                 MetricType::Counter,
             )?;
-            for ((workload, nr), totals) in &self.series {
+            for ((workload, nr, fd), totals) in &self.series {
                 labels.clear();
                 workload.push_labels(&mut labels);
                 labels.push(("syscall", syscall_table::label(*nr)));
+                fd_class::push_labels(fd, &mut labels);
                 family
                     .encode_family(&labels)?
                     .encode_counter::<NoLabelSet, _, u64>(&totals.count(), None)?;
@@ -418,10 +426,11 @@ impl Collector for SyscallCollector {
                 None,
                 MetricType::Counter,
             )?;
-            for ((workload, nr, errno), totals) in &self.error_series {
+            for ((workload, nr, fd, errno), totals) in &self.error_series {
                 labels.clear();
                 workload.push_labels(&mut labels);
                 labels.push(("syscall", syscall_table::label(*nr)));
+                fd_class::push_labels(fd, &mut labels);
                 labels.push(("errno", syscall_table::errno_label(*errno)));
                 family
                     .encode_family(&labels)?
@@ -435,10 +444,11 @@ impl Collector for SyscallCollector {
                 None,
                 MetricType::Histogram,
             )?;
-            for ((workload, nr), totals) in &self.series {
+            for ((workload, nr, fd), totals) in &self.series {
                 labels.clear();
                 workload.push_labels(&mut labels);
                 labels.push(("syscall", syscall_table::label(*nr)));
+                fd_class::push_labels(fd, &mut labels);
                 totals.encode(family.encode_family(&labels)?, &self.bounds)?;
             }
         }

@@ -342,6 +342,17 @@ impl Enricher {
         if let Some(why) = ctx.fd_path_error {
             attrs.push(("sysscope.file.path_unavailable", AttrValue::from(why)));
         }
+        // What the descriptor was at entry, as the kernel classified it (the series' labels).
+        let mut fd_labels = Vec::with_capacity(2);
+        crate::fd_class::push_labels(&ev.fd, &mut fd_labels);
+        for (label, value) in &fd_labels {
+            let key = if *label == "fs" {
+                "sysscope.fd.fs"
+            } else {
+                "sysscope.fd.kind"
+            };
+            attrs.push((key, AttrValue::from(value.as_ref())));
+        }
         if spec.ret_bytes && !failed && ev.ret >= 0 {
             attrs.push(("sysscope.syscall.bytes", ev.ret.into()));
         }
@@ -367,6 +378,7 @@ impl Enricher {
             series_labels.extend(labels.into_iter().map(|(k, v)| (k, v.into_owned())));
         }
         series_labels.push(("syscall", name.to_string()));
+        series_labels.extend(fd_labels.into_iter().map(|(k, v)| (k, v.into_owned())));
 
         let mut rng = rand::rng();
         let call = SlowCall {
@@ -438,6 +450,7 @@ mod tests {
             tid: std::process::id(),
             nr: syscall_table::number(nr).unwrap(),
             _pad: 0,
+            fd: sysscope_abi::FdClass::NONE,
             ret,
             args,
             comm,

@@ -1746,6 +1746,12 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
         // descriptor is certainly still open when their records are read. The last one's is
         // closed right after it; its span has the path, or says why not.
         for (i, span) in spans.iter().enumerate() {
+            // What the descriptor was, classified in the kernel at entry: always known.
+            assert_eq!(
+                span["attributes"]["sysscope.fd.kind"], "pipe",
+                "round {round}: slow read {i}: {span}"
+            );
+            assert!(span["attributes"]["sysscope.fd.fs"].is_null(), "{span}");
             let path = span["attributes"]["file.path"].as_str().unwrap_or("");
             let why = span["attributes"]["sysscope.file.path_unavailable"].as_str();
             if i < 2 {

@@ -504,3 +504,104 @@ fn pid_label_is_opt_in() {
     assert_eq!(s[0].labels.get("pid"), Some(&pid));
     assert_eq!(s[0].value, 42.0);
 }
+
+/// The `fs` label sysscope gives the filesystem holding `path`, from statfs(2)'s `f_type`.
+fn fs_label_of(path: &std::path::Path) -> String {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a zeroed statfs buffer and a NUL-terminated path, as statfs(2) wants.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
+    sysscope::fd_class::fs_name(st.f_type as u32).into_owned()
+}
+
+/// Reads and writes split by what their descriptor is: a child reads a file on the disk's
+/// filesystem and one on tmpfs, and writes then reads a pipe and a socket pair, a known number
+/// of times each; every (syscall, fd_kind, fs) series holds exactly that, and the series of a
+/// syscall sum to its calls.
+#[test]
+fn reads_and_writes_are_split_by_descriptor_kind_and_filesystem() {
+    if !require_root("reads_and_writes_are_split_by_descriptor_kind_and_filesystem") {
+        return;
+    }
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-fdkinds");
+    let disk = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(disk.path(), vec![b'x'; 4096]).unwrap();
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    std::fs::write(shm.path(), vec![b'y'; 4096]).unwrap();
+    let (disk_fs, shm_fs) = (fs_label_of(disk.path()), fs_label_of(shm.path()));
+    assert_eq!(shm_fs, "tmpfs");
+    assert_ne!(
+        disk_fs, shm_fs,
+        "the temporary directory must not be on tmpfs"
+    );
+    let disk_path = disk.path().to_str().unwrap();
+    let shm_path = shm.path().to_str().unwrap();
+    // Disk file 100 reads; tmpfs file 70 reads, pipe 200, socket pair 300 (each a write then
+    // a read).
+    run_workload_joined(
+        &cg,
+        &[
+            "fd-kinds", disk_path, "100", "0", "0", "fd-kinds", shm_path, "70", "200", "300",
+        ],
+    );
+
+    let samples = parse_samples(&exporter.scrape());
+    let series = |syscall: &'static str, labels: &[(&'static str, &str)]| {
+        let mut want = vec![
+            ("cgroup", cg.rel.as_str()),
+            ("comm", WORKLOAD_COMM),
+            ("syscall", syscall),
+        ];
+        want.extend_from_slice(labels);
+        sum(&samples, "sysscope_syscalls_total", &want)
+    };
+    let context: String = select(&samples, "sysscope_syscalls_total", &[("cgroup", &cg.rel)])
+        .iter()
+        .map(|s| format!("{:?} {}\n", s.labels, s.value))
+        .collect();
+    fn file_on(fs: &str) -> [(&'static str, &str); 2] {
+        [("fd_kind", "file"), ("fs", fs)]
+    }
+    assert_eq!(
+        series("read", &file_on(&disk_fs)),
+        100.0,
+        "reads of a file on {disk_fs}:\n{context}"
+    );
+    assert_eq!(series("read", &file_on("tmpfs")), 70.0, "{context}");
+    assert_eq!(series("read", &[("fd_kind", "pipe")]), 200.0, "{context}");
+    assert_eq!(series("read", &[("fd_kind", "socket")]), 300.0, "{context}");
+    assert_eq!(series("write", &[("fd_kind", "pipe")]), 200.0, "{context}");
+    assert_eq!(
+        series("write", &[("fd_kind", "socket")]),
+        300.0,
+        "{context}"
+    );
+    // Joining the cgroup is one write, to cgroup.procs on the cgroup filesystem.
+    assert_eq!(series("write", &file_on("cgroup2")), 1.0, "{context}");
+    // The split loses nothing: the series of read sum to every read made (100 + 70 + 200 +
+    // 300), and the histogram counts agree.
+    assert_eq!(series("read", &[]), 670.0, "{context}");
+    assert_eq!(
+        sum(
+            &samples,
+            "sysscope_syscall_duration_seconds_count",
+            &[
+                ("cgroup", cg.rel.as_str()),
+                ("syscall", "read"),
+                ("fd_kind", "pipe")
+            ]
+        ),
+        200.0
+    );
+    // Syscalls without a descriptor carry neither label.
+    for s in select(&samples, "sysscope_syscalls_total", &[("cgroup", &cg.rel)]) {
+        let classified = matches!(s.labels["syscall"].as_str(), "read" | "write");
+        assert_eq!(
+            s.labels.contains_key("fd_kind"),
+            classified,
+            "{:?}",
+            s.labels
+        );
+    }
+}
