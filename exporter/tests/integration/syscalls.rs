@@ -508,8 +508,9 @@ fn pid_label_is_opt_in() {
 /// The `fs` label sysscope gives the filesystem holding `path`, from statfs(2)'s `f_type`.
 fn fs_label_of(path: &std::path::Path) -> String {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a zeroed statfs buffer and a NUL-terminated path, as statfs(2) wants.
+    // SAFETY: statfs is plain old data; all zeros is a valid value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a buffer of the size statfs(2) writes.
     assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
     sysscope::fd_class::fs_name(st.f_type as u32).into_owned()
 }
