@@ -10,14 +10,12 @@ use std::{
     process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
+        Arc,
     },
     time::{Duration, Instant},
 };
 
 use crate::common::*;
-
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// A private copy of the workload binary, taken once: the churn runs it hundreds of times over
 /// half a minute, and a rebuild (of this or another checkout sharing the target directory)
@@ -42,10 +40,6 @@ fn churn_workload() -> &'static std::path::Path {
             (dir, path)
         })
         .1
-}
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Resident memory is "bounded" when, under a constant load after a warm-up, the peak of the
@@ -144,7 +138,8 @@ fn fifty_clients_scraping_for_thirty_seconds() {
     if !require_root("fifty_clients_scraping_for_thirty_seconds") {
         return;
     }
-    let _serial = serial();
+    // Fifty clients for thirty seconds take both cores: tests beside it would starve.
+    let _alone = alone();
     if Command::new("wrk").arg("--version").output().is_err() {
         panic!("wrk is not installed: run scripts/setup.sh --test");
     }
