@@ -161,6 +161,9 @@ pub enum HistogramResolution {
 pub struct SyscallsConfig {
     pub enabled: bool,
     pub histogram_resolution: HistogramResolution,
+    /// Splits the read and write families and the socket calls by what their descriptor is
+    /// (`fd_kind`, and `fs` for files), classified in the kernel at entry.
+    pub descriptor_kinds: bool,
 }
 
 impl Default for SyscallsConfig {
@@ -168,6 +171,7 @@ impl Default for SyscallsConfig {
         Self {
             enabled: true,
             histogram_resolution: HistogramResolution::Log4,
+            descriptor_kinds: true,
         }
     }
 }

@@ -294,12 +294,16 @@ impl Probes {
         }
         // Reads and writes are split by what their descriptor is, with offsets from the
         // kernel's BTF; without them every call is counted unsplit.
-        let fd_config = Btf::from_kernel()
-            .and_then(|btf| fd_class::resolve_offsets(&btf))
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %Chain(&e), "reads and writes are not split by descriptor kind");
-                FdProbeConfig::UNSET
-            });
+        let fd_config = if config.syscalls.descriptor_kinds {
+            Btf::from_kernel()
+                .and_then(|btf| fd_class::resolve_offsets(&btf))
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %Chain(&e), "reads and writes are not split by descriptor kind");
+                    FdProbeConfig::UNSET
+                })
+        } else {
+            FdProbeConfig::UNSET
+        };
         loader.override_global(globals::FD_CONFIG, &fd_config, false);
         let mut ebpf = loader.load(object).map_err(ProbeError::Load)?;
         fill_free_slots(&mut ebpf, limits.max_syscall_entries)?;

@@ -407,6 +407,11 @@ pub struct ThreadState {
     pub nr: u32,
     /// The descriptor of the call in flight, classified at entry.
     pub fd: FdClass,
+    /// The thread's last classified descriptor (its `struct file` and inode addresses) and its
+    /// class: the same pair again is not read again.
+    pub last_file: u64,
+    pub last_inode: u64,
+    pub last_fd: FdClass,
     /// The thread's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
     pub slots: [u64; slot_cache::ENTRIES],
 }

@@ -6,8 +6,8 @@
 //! Global: `FD_CONFIG` (struct offsets, looked up by user space in the kernel's BTF before the
 //! load, as the block probes' are). No map.
 
-use aya_ebpf::helpers::{bpf_get_current_task, bpf_probe_read_kernel};
-use sysscope_abi::{fd_class, FdClass, FdProbeConfig, NO_FIELD};
+use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task_btf};
+use sysscope_abi::{fd_class, FdClass, FdProbeConfig, ThreadState, NO_FIELD};
 
 /// Set by the loader from kernel BTF; `ready == 0` (nothing classified) until then.
 #[unsafe(no_mangle)]
@@ -24,42 +24,64 @@ fn read<T>(base: u64, off: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
-/// The class of descriptor `fd` of the current task: [`FdClass::NONE`] until the loader set
-/// the offsets, [`fd_class::OTHER`] for a descriptor not open or not readable. A BPF
-/// subprogram, so the syscall entry's verification stays small; returns the class packed
-/// (`kind << 32 | fs_magic`), as BPF functions return one register.
+/// Reads a `T` at `base + off` of a BTF-typed kernel pointer: a plain load, which the verifier
+/// checks against the kernel's types and turns into a fault-safe one. `off` comes from the
+/// frozen `FD_CONFIG`, so the verifier knows it.
+#[inline(always)]
+unsafe fn load<T: Copy>(base: *const u8, off: u32) -> T {
+    // SAFETY: as the caller promises: `base` is a BTF-typed pointer and `off` a member of its
+    // type of type `T`.
+    unsafe { core::ptr::read(base.add(off as usize) as *const T) }
+}
+
+/// The class of descriptor `fd` of the current task, packed (`kind << 32 | fs_magic`, as BPF
+/// functions return one register): 0 until the loader set the offsets, [`fd_class::OTHER`]
+/// for a descriptor not open or not readable. A BPF subprogram, so the syscall entry's
+/// verification stays small.
+///
+/// The task's file table is walked through BTF-typed pointers (plain loads); the descriptor's
+/// file and inode are read with `bpf_probe_read_kernel`, and the inode's mode and superblock
+/// only when the (file, inode) pair differs from the thread's last one.
 #[inline(never)]
-pub fn classify(fd: u64) -> u64 {
+pub fn classify(fd: u64, state: &mut ThreadState) -> u64 {
     // SAFETY: a loader-set global.
     let cfg = unsafe { core::ptr::read_volatile(&FD_CONFIG) };
     if cfg.ready == 0 {
         return 0;
     }
     let other = (fd_class::OTHER as u64) << 32;
-    // SAFETY: the helper has no preconditions; the pointer is only read through the helper.
-    let task = unsafe { bpf_get_current_task() };
-    let Some(files) = read::<u64>(task, cfg.task_files) else {
+    // SAFETY: the helper has no preconditions; it returns the current task, BTF-typed.
+    let task = unsafe { bpf_get_current_task_btf() } as *const u8;
+    // SAFETY: the offsets are of these members in this kernel's BTF (`FdProbeConfig`).
+    let files: *const u8 = unsafe { load(task, cfg.task_files) };
+    if files.is_null() {
         return other;
-    };
-    let Some(fdt) = read::<u64>(files, cfg.files_fdt) else {
+    }
+    // SAFETY: as above.
+    let fdt: *const u8 = unsafe { load(files, cfg.files_fdt) };
+    if fdt.is_null() {
         return other;
-    };
-    let Some(max_fds) = read::<u32>(fdt, cfg.fdt_max_fds) else {
-        return other;
-    };
+    }
+    // SAFETY: as above.
+    let max_fds: u32 = unsafe { load(fdt, cfg.fdt_max_fds) };
     // A negative or too large descriptor is not open (the call fails with EBADF).
     if fd >= max_fds as u64 {
         return other;
     }
-    let Some(table) = read::<u64>(fdt, cfg.fdt_fd) else {
-        return other;
-    };
+    // SAFETY: as above.
+    let table: u64 = unsafe { load(fdt, cfg.fdt_fd) };
     let Some(file) = read::<u64>(table, (fd as u32).wrapping_mul(8)) else {
         return other;
     };
     let Some(inode) = read::<u64>(file, cfg.file_inode) else {
         return other;
     };
+    if inode == 0 {
+        return other;
+    }
+    if file == state.last_file && inode == state.last_inode {
+        return pack(&state.last_fd);
+    }
     let Some(mode) = read::<u16>(inode, cfg.inode_mode) else {
         return other;
     };
@@ -68,7 +90,15 @@ pub fn classify(fd: u64) -> u64 {
         .unwrap_or(0) as u32;
     let kind = fd_class::kind_of(mode, magic);
     let fs = if kind == fd_class::FILE { magic } else { 0 };
-    ((kind as u64) << 32) | fs as u64
+    state.last_file = file;
+    state.last_inode = inode;
+    state.last_fd = FdClass::of(kind, fs);
+    pack(&state.last_fd)
+}
+
+#[inline(always)]
+fn pack(class: &FdClass) -> u64 {
+    ((class.kind as u64) << 32) | class.fs_magic as u64
 }
 
 /// The class [`classify`] packed.

@@ -269,9 +269,8 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     state.nr = nr;
     state.fd = if fd_class::classified(nr) {
         // TP_PROTO(struct pt_regs *regs, long id): the descriptor is the first argument.
-        crate::fd_class::unpack(crate::fd_class::classify(read_syscall_arg0(
-            ctx.arg::<*const u8>(0),
-        )))
+        let fd = read_syscall_arg0(ctx.arg::<*const u8>(0));
+        crate::fd_class::unpack(crate::fd_class::classify(fd, state))
     } else {
         FdClass::NONE
     };

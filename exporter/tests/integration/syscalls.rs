@@ -606,3 +606,30 @@ fn reads_and_writes_are_split_by_descriptor_kind_and_filesystem() {
         );
     }
 }
+
+/// `syscalls.descriptor_kinds = false` turns the split off: the same reads are counted, in one
+/// series without `fd_kind` or `fs`.
+#[test]
+fn descriptor_kinds_can_be_turned_off() {
+    if !require_root("descriptor_kinds_can_be_turned_off") {
+        return;
+    }
+    let config = format!("{ISOLATED}[syscalls]\ndescriptor_kinds = false\n");
+    let exporter = Exporter::start(&config, &[]);
+    let cg = TestCgroup::new("sysscope-test-fdkinds-off");
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    std::fs::write(shm.path(), vec![b'y'; 64]).unwrap();
+    run_workload_joined(
+        &cg,
+        &["fd-kinds", shm.path().to_str().unwrap(), "40", "50", "60"],
+    );
+    let samples = parse_samples(&exporter.scrape());
+    let reads = select(
+        &samples,
+        "sysscope_syscalls_total",
+        &[("cgroup", cg.rel.as_str()), ("syscall", "read")],
+    );
+    assert_eq!(reads.len(), 1, "{reads:?}");
+    assert_eq!(reads[0].value, 150.0);
+    assert!(!reads[0].labels.contains_key("fd_kind"), "{reads:?}");
+}
