@@ -27,6 +27,10 @@
 //! free) has its new (process, syscall) pairs counted under its shared key (`FOLDED_TGID`), so
 //! no workload can fill the table and leave another's calls uncounted.
 //!
+//! The read and write families and the socket calls also classify their descriptor at entry
+//! (`fd_class.rs`): the class joins the key, so their counts and durations are split by what
+//! was read or written, at the cost of a few kernel reads on those calls only.
+//!
 //! The command-line tools set `SYSCALL_TARGET_ONLY` to count only their target (the trace
 //! filter's, see `trace.rs`); the exporter leaves it 0 and the check folds away at load.
 
@@ -54,7 +58,7 @@ use sysscope_abi::{
     MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
-use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
+use crate::common::{count_drop, read_syscall_args, EEXIST};
 
 /// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
 /// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
@@ -268,9 +272,8 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     }
     state.nr = nr;
     state.fd = if fd_class::classified(nr) {
-        // TP_PROTO(struct pt_regs *regs, long id): the descriptor is the first argument.
-        let fd = read_syscall_arg0(ctx.arg::<*const u8>(0));
-        crate::fd_class::unpack(crate::fd_class::classify(fd, state))
+        // The descriptor is the first argument, in the `pt_regs` of the tracepoint.
+        crate::fd_class::unpack(crate::fd_class::classify(ctx.arg::<*const u8>(0), state))
     } else {
         FdClass::NONE
     };
