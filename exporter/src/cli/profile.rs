@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use aya::maps::{MapData, PerCpuArray};
 use serde::Serialize;
-use sysscope_abi::{counters, hist, maps, ErrnoKey, SyscallKey, SyscallStats};
+use sysscope_abi::{counters, hist, maps, ErrnoKey, FdClass, SyscallKey, SyscallStats};
 
 use super::CliError;
 use crate::{
@@ -83,6 +83,9 @@ impl SyscallRow {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Profile {
     pub rows: BTreeMap<u32, SyscallRow>,
+    /// The same calls of the read and write families and the socket calls, split by what their
+    /// descriptor was (the kernel's classification at entry); their sums are in `rows`.
+    pub by_fd: BTreeMap<(u32, FdClass), SyscallRow>,
     /// Processes (tgids) seen making syscalls.
     pub processes: HashSet<u32>,
 }
@@ -92,31 +95,46 @@ impl Profile {
         self.rows.entry(nr).or_insert_with(|| SyscallRow::new(nr))
     }
 
-    /// Adds a stats delta of `nr`.
-    pub fn add_stats(&mut self, tgid: u32, nr: u32, d: &SyscallStats) {
+    /// Adds a stats delta of `nr` on a descriptor of class `fd`.
+    pub fn add_stats(&mut self, tgid: u32, nr: u32, fd: FdClass, d: &SyscallStats) {
         let n = d.count();
         if n == 0 && d.sum_ns == 0 {
             return;
         }
         self.processes.insert(tgid);
-        let row = self.row_mut(nr);
-        row.calls += n;
-        row.total_ns += d.sum_ns;
-        for (t, b) in row.buckets.iter_mut().zip(d.buckets.iter()) {
-            *t += *b;
+        let add = |row: &mut SyscallRow| {
+            row.calls += n;
+            row.total_ns += d.sum_ns;
+            for (t, b) in row.buckets.iter_mut().zip(d.buckets.iter()) {
+                *t += *b;
+            }
+        };
+        add(self.row_mut(nr));
+        if fd != FdClass::NONE {
+            add(self.fd_row_mut(nr, fd));
         }
     }
 
-    /// Adds `n` errors `errno` of `nr`.
-    pub fn add_errors(&mut self, nr: u32, errno: u16, n: u64) {
+    fn fd_row_mut(&mut self, nr: u32, fd: FdClass) -> &mut SyscallRow {
+        self.by_fd
+            .entry((nr, fd))
+            .or_insert_with(|| SyscallRow::new(nr))
+    }
+
+    /// Adds `n` errors `errno` of `nr` on a descriptor of class `fd`.
+    pub fn add_errors(&mut self, nr: u32, fd: FdClass, errno: u16, n: u64) {
         if n == 0 {
             return;
         }
-        let row = self.row_mut(nr);
-        row.errors += n;
-        *row.errnos
-            .entry(syscall_table::errno_label(errno).into_owned())
-            .or_default() += n;
+        let errno = syscall_table::errno_label(errno).into_owned();
+        let add = |row: &mut SyscallRow| {
+            row.errors += n;
+            *row.errnos.entry(errno.clone()).or_default() += n;
+        };
+        add(self.row_mut(nr));
+        if fd != FdClass::NONE {
+            add(self.fd_row_mut(nr, fd));
+        }
     }
 
     pub fn total_calls(&self) -> u64 {
@@ -287,10 +305,10 @@ impl ProfileReader {
         let mut calls = 0;
         for (key, s) in &d.stats {
             calls += s.count();
-            profile.add_stats(key.tgid, key.nr, s);
+            profile.add_stats(key.tgid, key.nr, key.fd, s);
         }
         for (key, n) in &d.errors {
-            profile.add_errors(key.nr as u32, key.errno, *n);
+            profile.add_errors(key.nr as u32, key.fd, key.errno, *n);
         }
         calls
     }
@@ -308,9 +326,10 @@ mod tests {
         s.buckets[1] = 2;
         s.buckets[2] = 1;
         let openat = syscall_table::number("openat").unwrap();
-        p.add_stats(10, openat, &s);
-        p.add_stats(11, openat, &s);
-        p.add_errors(openat, 2, 4);
+        p.add_stats(10, openat, FdClass::NONE, &s);
+        p.add_stats(11, openat, FdClass::NONE, &s);
+        p.add_errors(openat, FdClass::NONE, 2, 4);
+        assert!(p.by_fd.is_empty());
         let row = p.get("openat").unwrap();
         assert_eq!((row.calls, row.total_ns, row.errors), (6, 6000, 4));
         assert_eq!(row.errnos["ENOENT"], 4);

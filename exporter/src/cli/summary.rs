@@ -22,6 +22,7 @@ Examples:
   sysscope summary -S calls -- make -j8         # sorted by number of calls
   sysscope summary --pid 1234 --duration 10s    # a running process, for 10 seconds
   sysscope summary --cgroup /system.slice/nginx.service -d 30s --json
+  sysscope summary --by-fd -- python3 train.py  # reads by file system, pipe, socket
 
 The command runs in a fresh cgroup v2 of its own, so its children are counted too, and
 `sysscope summary` ends with its exit code. Seconds are wall time spent inside each call
@@ -56,6 +57,11 @@ pub struct SummaryArgs {
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+
+    /// Also break the reads and writes (and socket calls) down by what their descriptor was:
+    /// a file on which filesystem, a pipe, a socket, a character device.
+    #[arg(long)]
+    pub by_fd: bool,
 
     /// Write the summary to this file instead of standard output.
     #[arg(short = 'o', long, value_name = "FILE")]
@@ -129,6 +135,55 @@ pub fn render_table(profile: &Profile, key: SortKey) -> String {
     out
 }
 
+/// What a breakdown row's descriptor was: `file (ext4)`, `pipe`, ...
+fn fd_label(fd: &sysscope_abi::FdClass) -> String {
+    let kind = sysscope_abi::fd_class::name(fd.kind).unwrap_or("other");
+    if fd.kind == sysscope_abi::fd_class::FILE {
+        format!("{kind} ({})", crate::fd_class::fs_name(fd.fs_magic))
+    } else {
+        kind.to_string()
+    }
+}
+
+/// The breakdown rows by time (ties by syscall and descriptor).
+fn fd_rows(profile: &Profile) -> Vec<(&sysscope_abi::FdClass, &SyscallRow)> {
+    let mut rows: Vec<_> = profile
+        .by_fd
+        .iter()
+        .filter(|(_, r)| r.calls > 0)
+        .map(|((_, fd), r)| (fd, r))
+        .collect();
+    rows.sort_by(|a, b| {
+        b.1.total_ns
+            .cmp(&a.1.total_ns)
+            .then_with(|| a.1.name.cmp(&b.1.name))
+            .then_with(|| a.0.cmp(b.0))
+    });
+    rows
+}
+
+/// The reads and writes by descriptor, laid out like the main table; the % is of all syscall
+/// time, as in the main table.
+pub fn render_fd_table(profile: &Profile) -> String {
+    let total = profile.total_ns();
+    let rule = "------ ----------- ----------- --------- --------- ------------------";
+    let mut out = String::new();
+    out.push_str("% time     seconds  usecs/call     calls    errors syscall on\n");
+    out.push_str(rule);
+    out.push('\n');
+    for (fd, r) in fd_rows(profile) {
+        let pct = if total == 0 {
+            0.0
+        } else {
+            r.total_ns as f64 * 100.0 / total as f64
+        };
+        let name = format!("{} on {}", r.name, fd_label(fd));
+        out.push_str(&line(pct, r.total_ns, r.calls, r.errors, &name));
+        out.push('\n');
+    }
+    out
+}
+
 /// The summary as JSON (rows in table order).
 pub fn render_json(
     profile: &Profile,
@@ -168,6 +223,20 @@ pub fn render_json(
             "seconds": total as f64 / 1e9,
         },
         "dropped": m.drops,
+        "by_fd": fd_rows(profile)
+            .into_iter()
+            .map(|(fd, r)| {
+                json!({
+                    "syscall": r.name,
+                    "fd_kind": sysscope_abi::fd_class::name(fd.kind),
+                    "fs": (fd.kind == sysscope_abi::fd_class::FILE)
+                        .then(|| crate::fd_class::fs_name(fd.fs_magic)),
+                    "calls": r.calls,
+                    "errors": r.errors,
+                    "seconds": r.total_ns as f64 / 1e9,
+                })
+            })
+            .collect::<Vec<_>>(),
     })
 }
 
@@ -195,6 +264,12 @@ pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
         .expect("JSON of plain values");
         s.push('\n');
         s
+    } else if args.by_fd {
+        format!(
+            "{}\n{}",
+            render_table(&m.profile, args.sort),
+            render_fd_table(&m.profile)
+        )
     } else {
         render_table(&m.profile, args.sort)
     };

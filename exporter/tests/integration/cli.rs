@@ -911,3 +911,58 @@ fn trace_without_block_tracepoints_still_traces_syscalls() {
         .contains("block_rq_complete"));
     assert!(!events.iter().any(|e| e["cat"] == "block"));
 }
+
+/// `summary --by-fd`: the reads and writes of a command broken down by what they read or
+/// wrote, exactly as the command made them, and summing to the syscall's row.
+#[test]
+fn summary_breaks_reads_and_writes_down_by_descriptor() {
+    if !require_root("summary_breaks_reads_and_writes_down_by_descriptor") {
+        return;
+    }
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    std::fs::write(shm.path(), vec![b'z'; 64]).unwrap();
+    let shm_path = shm.path().to_str().unwrap();
+    let steps = ["fd-kinds", shm_path, "40", "50", "60"];
+    let mut args = vec!["summary", "-q", "--json", "--by-fd", "--", workload_bin()];
+    args.extend(steps);
+    let (code, json, err) = sysscope(&args);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("--json parses");
+    let by_fd = v["by_fd"].as_array().expect("by_fd rows");
+    let calls = |syscall: &str, kind: &str, fs: Option<&str>| {
+        by_fd
+            .iter()
+            .filter(|r| r["syscall"] == syscall && r["fd_kind"] == kind)
+            .filter(|r| fs.is_none_or(|fs| r["fs"] == fs))
+            .map(|r| r["calls"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(calls("read", "file", Some("tmpfs")), 40, "{by_fd:?}");
+    assert_eq!(calls("read", "pipe", None), 50, "{by_fd:?}");
+    assert_eq!(calls("read", "socket", None), 60, "{by_fd:?}");
+    assert_eq!(calls("write", "pipe", None), 50, "{by_fd:?}");
+    assert_eq!(calls("write", "socket", None), 60, "{by_fd:?}");
+    // The breakdown of read sums to read's row (the dynamic loader's reads of the libraries
+    // are files too).
+    let rows = v["syscalls"].as_array().unwrap();
+    let read_row = rows.iter().find(|r| r["syscall"] == "read").unwrap();
+    let read_by_fd: u64 = by_fd
+        .iter()
+        .filter(|r| r["syscall"] == "read")
+        .map(|r| r["calls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(read_row["calls"].as_u64().unwrap(), read_by_fd);
+
+    // The table has a second part with the same rows.
+    let mut args = vec!["summary", "-q", "--by-fd", "--", workload_bin()];
+    args.extend(steps);
+    let (code, table, err) = sysscope(&args);
+    assert_eq!(code, 0, "{err}");
+    let pipe_line = table
+        .lines()
+        .find(|l| l.ends_with(" read on pipe"))
+        .unwrap_or_else(|| panic!("no `read on pipe` line:\n{table}"));
+    let fields: Vec<&str> = pipe_line.split_whitespace().collect();
+    assert_eq!(fields[3], "50", "{pipe_line}");
+    assert!(table.contains(" read on file (tmpfs)"), "{table}");
+}
