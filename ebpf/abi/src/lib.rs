@@ -353,6 +353,16 @@ pub mod fd_class {
     }
 }
 
+/// A thread's last classified descriptor: its `struct file` and inode addresses and its class.
+/// The same pair on the next call is not read again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FdCache {
+    pub file: u64,
+    pub inode: u64,
+    pub class: FdClass,
+}
+
 /// Kernel struct offsets the descriptor classification reads (global `FD_CONFIG`), looked up in
 /// the kernel's BTF before loading; `ready == 0` leaves every call unclassified.
 #[repr(C)]
@@ -407,11 +417,8 @@ pub struct ThreadState {
     pub nr: u32,
     /// The descriptor of the call in flight, classified at entry.
     pub fd: FdClass,
-    /// The thread's last classified descriptor (its `struct file` and inode addresses) and its
-    /// class: the same pair again is not read again.
-    pub last_file: u64,
-    pub last_inode: u64,
-    pub last_fd: FdClass,
+    /// The thread's last classified descriptor.
+    pub fd_cache: FdCache,
     /// The thread's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
     pub slots: [u64; slot_cache::ENTRIES],
 }
@@ -896,6 +903,9 @@ pub struct TraceThread {
     pub nr: u32,
     pub _pad: u32,
     pub args: [u64; 6],
+    /// The descriptor of the call in flight, classified at entry.
+    pub fd: FdClass,
+    pub fd_cache: FdCache,
 }
 
 /// One syscall of a traced target (`TRACE_EVENTS`), streamed only by `sysscope trace` and
@@ -916,6 +926,8 @@ pub struct TraceEvent {
     pub ret: i64,
     /// The six syscall arguments as passed in registers at entry.
     pub args: [u64; 6],
+    /// What the descriptor was at entry ([`FdClass::NONE`] for calls not classified).
+    pub fd: FdClass,
     /// The calling thread's comm.
     pub comm: [u8; 16],
     /// The path argument, for syscalls listed in `TRACE_PATH_ARGS` (flag `PATH`).
@@ -934,6 +946,7 @@ impl Default for TraceEvent {
             flags: 0,
             ret: 0,
             args: [0; 6],
+            fd: FdClass::NONE,
             comm: [0; 16],
             path: [0; TRACE_PATH_LEN],
         }
@@ -964,6 +977,7 @@ mod pod {
     unsafe impl aya::Pod for BlockProbeConfig {}
     unsafe impl aya::Pod for FdProbeConfig {}
     unsafe impl aya::Pod for FdClass {}
+    unsafe impl aya::Pod for FdCache {}
     unsafe impl aya::Pod for TraceEvent {}
     unsafe impl aya::Pod for TraceThread {}
     unsafe impl aya::Pod for BlockTraceEvent {}
@@ -1142,6 +1156,7 @@ const _: () = {
     assert!(size_of::<BlockLatencyKey>() == 16);
     assert!(size_of::<BlockLatency>() == 216);
     assert!(size_of::<BlockTraceEvent>() == 80);
-    assert!(size_of::<TraceThread>() == 64);
-    assert!(size_of::<TraceEvent>() == 240);
+    assert!(size_of::<TraceThread>() == 96);
+    assert!(size_of::<FdCache>() == 24);
+    assert!(size_of::<TraceEvent>() == 248);
 };

@@ -7,7 +7,7 @@
 //! load, as the block probes' are). No map.
 
 use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task_btf};
-use sysscope_abi::{fd_class, FdClass, FdProbeConfig, ThreadState, NO_FIELD};
+use sysscope_abi::{fd_class, FdCache, FdClass, FdProbeConfig, NO_FIELD};
 
 use crate::common::read_syscall_arg0;
 
@@ -45,7 +45,7 @@ unsafe fn load<T: Copy>(base: *const u8, off: u32) -> T {
 /// file and inode are read with `bpf_probe_read_kernel`, and the inode's mode and superblock
 /// only when the (file, inode) pair differs from the thread's last one.
 #[inline(never)]
-pub fn classify(regs: *const u8, state: &mut ThreadState) -> u64 {
+pub fn classify(regs: *const u8, cache: &mut FdCache) -> u64 {
     // SAFETY: a loader-set global.
     let cfg = unsafe { core::ptr::read_volatile(&FD_CONFIG) };
     if cfg.ready == 0 {
@@ -83,8 +83,8 @@ pub fn classify(regs: *const u8, state: &mut ThreadState) -> u64 {
     if inode == 0 {
         return other;
     }
-    if file == state.last_file && inode == state.last_inode {
-        return pack(&state.last_fd);
+    if file == cache.file && inode == cache.inode {
+        return pack(&cache.class);
     }
     let Some(mode) = read::<u16>(inode, cfg.inode_mode) else {
         return other;
@@ -94,10 +94,12 @@ pub fn classify(regs: *const u8, state: &mut ThreadState) -> u64 {
         .unwrap_or(0) as u32;
     let kind = fd_class::kind_of(mode, magic);
     let fs = if kind == fd_class::FILE { magic } else { 0 };
-    state.last_file = file;
-    state.last_inode = inode;
-    state.last_fd = FdClass::of(kind, fs);
-    pack(&state.last_fd)
+    *cache = FdCache {
+        file,
+        inode,
+        class: FdClass::of(kind, fs),
+    };
+    pack(&cache.class)
 }
 
 #[inline(always)]

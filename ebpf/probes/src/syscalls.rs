@@ -273,7 +273,10 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     state.nr = nr;
     state.fd = if fd_class::classified(nr) {
         // The descriptor is the first argument, in the `pt_regs` of the tracepoint.
-        crate::fd_class::unpack(crate::fd_class::classify(ctx.arg::<*const u8>(0), state))
+        crate::fd_class::unpack(crate::fd_class::classify(
+            ctx.arg::<*const u8>(0),
+            &mut state.fd_cache,
+        ))
     } else {
         FdClass::NONE
     };

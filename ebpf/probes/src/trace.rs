@@ -22,7 +22,9 @@ use aya_ebpf::{
     maps::{Array, CgroupArray, HashMap, LruHashMap, RingBuf},
     programs::RawTracePointContext,
 };
-use sysscope_abi::{counters, noreturn, trace_flags, TraceEvent, TraceThread, MAX_SYSCALL_NR};
+use sysscope_abi::{
+    counters, fd_class, noreturn, trace_flags, FdClass, TraceEvent, TraceThread, MAX_SYSCALL_NR,
+};
 
 use crate::common::{count_drop, read_syscall_args};
 
@@ -106,7 +108,15 @@ pub fn trace_sys_enter(ctx: RawTracePointContext) -> i32 {
         // No sys_exit follows: record the call now, with no duration.
         let mut args = [0u64; 6];
         read_syscall_args(regs, &mut args);
-        emit(pid_tgid, now, now, nr, 0, &args, trace_flags::NO_RETURN);
+        emit(
+            pid_tgid,
+            now,
+            now,
+            (nr, FdClass::NONE),
+            0,
+            &args,
+            trace_flags::NO_RETURN,
+        );
         return 0;
     }
     match TRACE_THREADS.get_ptr_mut(&tid) {
@@ -115,6 +125,7 @@ pub fn trace_sys_enter(ctx: RawTracePointContext) -> i32 {
             state.start_ns = now;
             state.nr = nr;
             read_syscall_args(regs, &mut state.args);
+            state.fd = classify(nr, regs, state);
         }
         None => {
             let mut state = TraceThread {
@@ -122,8 +133,11 @@ pub fn trace_sys_enter(ctx: RawTracePointContext) -> i32 {
                 nr,
                 _pad: 0,
                 args: [0; 6],
+                fd: FdClass::NONE,
+                fd_cache: Default::default(),
             };
             read_syscall_args(regs, &mut state.args);
+            state.fd = classify(nr, regs, &mut state);
             // LRU: an insert only fails on allocation failure; the call is then not traced.
             let _ = TRACE_THREADS.insert(&tid, &state, 0);
         }
@@ -148,13 +162,31 @@ pub fn trace_sys_exit(ctx: RawTracePointContext) -> i32 {
     // TP_PROTO(struct pt_regs *regs, long ret)
     let ret = ctx.arg::<i64>(1);
     let args = state.args;
-    emit(pid_tgid, start_ns, now, state.nr, ret, &args, 0);
+    emit(pid_tgid, start_ns, now, (state.nr, state.fd), ret, &args, 0);
     0
 }
 
 /// Writes one record to the ring buffer, or counts it lost when the buffer is full.
+/// The class of the traced call's descriptor, for the calls that have one classified.
 #[inline(always)]
-fn emit(pid_tgid: u64, start_ns: u64, end_ns: u64, nr: u32, ret: i64, args: &[u64; 6], flags: u32) {
+fn classify(nr: u32, regs: *const u8, state: &mut TraceThread) -> FdClass {
+    if fd_class::classified(nr) {
+        crate::fd_class::unpack(crate::fd_class::classify(regs, &mut state.fd_cache))
+    } else {
+        FdClass::NONE
+    }
+}
+
+#[inline(always)]
+fn emit(
+    pid_tgid: u64,
+    start_ns: u64,
+    end_ns: u64,
+    (nr, fd): (u32, FdClass),
+    ret: i64,
+    args: &[u64; 6],
+    flags: u32,
+) {
     let Some(mut entry) = TRACE_EVENTS.reserve::<TraceEvent>(0) else {
         count_drop(counters::TRACE_RINGBUF_FULL);
         return;
@@ -168,6 +200,7 @@ fn emit(pid_tgid: u64, start_ns: u64, end_ns: u64, nr: u32, ret: i64, args: &[u6
     event.nr = nr;
     event.ret = ret;
     event.args = *args;
+    event.fd = fd;
     event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
     event.path[0] = 0;
     let mut flags = flags;

@@ -966,3 +966,46 @@ fn summary_breaks_reads_and_writes_down_by_descriptor() {
     assert_eq!(fields[3], "50", "{pipe_line}");
     assert!(table.contains(" read on file (tmpfs)"), "{table}");
 }
+
+/// `trace`: every read and write slice says what its descriptor was (`fd_kind`, `fs`).
+#[test]
+fn trace_slices_name_the_descriptor_kind() {
+    if !require_root("trace_slices_name_the_descriptor_kind") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fd.json");
+    let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    std::fs::write(shm.path(), vec![b'z'; 64]).unwrap();
+    let (code, _, err) = sysscope(&[
+        "trace",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+        "--",
+        workload_bin(),
+        "fd-kinds",
+        shm.path().to_str().unwrap(),
+        "3",
+        "4",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (_, events) = trace_json(&out);
+    let slices = |name: &str, kind: &str, fs: Option<&str>| {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["name"] == name && e["args"]["fd_kind"] == kind)
+            .filter(|e| fs.is_none_or(|fs| e["args"]["fs"] == fs))
+            .count()
+    };
+    assert_eq!(slices("read", "file", Some("tmpfs")), 3);
+    assert_eq!(slices("read", "pipe", None), 4);
+    assert_eq!(slices("read", "socket", None), 5);
+    assert_eq!(slices("write", "socket", None), 5);
+    // Calls without a descriptor carry neither.
+    assert!(events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "getppid" || e["name"] == "openat")
+        .all(|e| e["args"]["fd_kind"].is_null()));
+}

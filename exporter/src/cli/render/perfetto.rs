@@ -2,7 +2,8 @@
 //! `chrome://tracing` open) and a `strace -f -T`-like text log.
 //!
 //! TEF layout: one `X` slice per syscall on its thread's track (`pid` = tgid, `tid` = tid,
-//! `ts`/`dur` in µs since the trace started, args: arguments, return value, errno, path),
+//! `ts`/`dur` in µs since the trace started, args: arguments, return value, errno, path, and
+//! for reads and writes `fd_kind` and `fs`),
 //! `M` metadata naming every process and thread (and labelling processes with their cgroup),
 //! `C` counter tracks for the node's CPU utilisation (and GPUs when NVML is present) on a
 //! "node" process (pid 0), and `otherData` with the clock, the target and what was dropped.
@@ -329,6 +330,12 @@ impl TraceWriter {
         }
         if let Some(p) = format::path_of(e) {
             args.push_str(&format!(",\"path\":{}", json_str(&p)));
+        }
+        // What the descriptor was at entry, as the kernel classified it.
+        let mut fd_labels = Vec::with_capacity(2);
+        crate::fd_class::push_labels(&e.fd, &mut fd_labels);
+        for (label, value) in fd_labels {
+            args.push_str(&format!(",\"{label}\":{}", json_str(&value)));
         }
         let body = format!(
             "{{\"ph\":\"X\",\"cat\":\"syscall\",\"name\":{},\"pid\":{},\"tid\":{},\"ts\":{ts},\"dur\":{dur},\"args\":{{{args}}}}}",
