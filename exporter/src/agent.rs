@@ -16,7 +16,7 @@ use sysscope_abi::{counters, maps};
 use crate::{
     build_info::{REVISION, VERSION},
     collectors::{Collector, Health},
-    probes::Probes,
+    kernel::Probes,
     util::error::Chain,
 };
 
@@ -234,7 +234,7 @@ impl Agent {
             }
         }
         if self.probes.is_some() {
-            self.map_memory = crate::probes::map_memory();
+            self.map_memory = crate::kernel::map_memory();
         }
         if let Some(map) = &self.probe_counters {
             for (i, value) in self.counter_values.iter_mut().enumerate() {

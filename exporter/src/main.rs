@@ -258,7 +258,7 @@ fn catch_early_shutdown(install: bool) {
 fn main() -> ExitCode {
     catch_early_shutdown(true);
     limit_malloc_arenas();
-    if let Some(status) = sysscope::probe_stats::run_helper_if_asked() {
+    if let Some(status) = sysscope::kernel::probe_stats::run_helper_if_asked() {
         return ExitCode::from(status as u8);
     }
     let cli = Cli::parse();

@@ -108,7 +108,7 @@ pub fn required(config: &Config) -> u64 {
         keep |= 1 << CAP_SYS_PTRACE;
     }
     // Sampled probe statistics are switched by a helper process that keeps CAP_SYS_ADMIN for
-    // that alone (probe_stats.rs); "always" enables them once at start and "off" never does:
+    // that alone (kernel/probe_stats.rs); "always" enables them once at start and "off" never does:
     // the exporter keeps it in no mode.
     keep
 }

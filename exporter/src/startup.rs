@@ -13,12 +13,12 @@ use crate::{
         Collector,
     },
     config::Config,
+    kernel::{self, LoadOptions, ProbeError, Probes},
     metadata::{
         cgroups,
         kubernetes::{self, watch as pod_watch, PodStore},
         Labeler, SharedLabeler,
     },
-    probes::{self, LoadOptions, ProbeError, Probes},
     util::error::Chain,
 };
 
@@ -104,7 +104,7 @@ impl Lineup {
 /// Loads the probes and starts every enabled collector. Fails only when nothing can run
 /// (no privileges, no BTF, no cgroup v2); a collector that cannot start is reported down.
 pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), StartError> {
-    probes::preflight()?;
+    kernel::preflight()?;
     let mut lineup = Lineup::default();
 
     // The pod watch feeds the labeler, so it starts first; it never waits for the API.
@@ -124,7 +124,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
             .cgroups
             .root()
             .to_path_buf();
-        block_io::plan(config, &root)
+        crate::kernel::block_io::plan(config, &root)
     });
     let options = LoadOptions {
         block_io: block_plan
@@ -179,7 +179,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
     }
 
     // Learn the maps' names while map ids can still be looked up (see probes::map_memory).
-    let _ = crate::probes::map_memory();
+    let _ = crate::kernel::map_memory();
     let mut agent = Agent::new(Some(probes));
     for c in lineup.started {
         agent.add(c);

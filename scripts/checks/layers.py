@@ -30,17 +30,9 @@ LAYERS = [
         "kernel",
         [
             "kernel/",
-            "probes.rs",
-            "probe_stats.rs",
-            "bpf_batch.rs",
-            "cumulative.rs",
-            "fd_class.rs",
-            "btf.rs",
-            "syscall_stats.rs",
             "syscall_table.rs",
             "hist.rs",
             "privileges.rs",
-            "object_contract.rs",
         ],
     ),
     ("labels", ["labels/", "metadata/", "series.rs"]),
@@ -68,10 +60,6 @@ EXCEPTIONS = {
     ("config.rs", "syscall_table.rs"): (
         "config validation names syscalls through the kernel's syscall table; the table "
         "becomes a label decoder or the check moves to the syscall family's sizing"
-    ),
-    ("cli/block.rs", "collectors/block_io.rs"): (
-        "the CLI's block tracks use the collector's kernel plan (plan, BlockIoPlan, "
-        "SUBMIT_TRACEPOINT); the plan moves to the kernel layer's block I/O family"
     ),
     ("spans/mod.rs", "exposition/http.rs"): (
         "spans registers its recent-calls route with the HTTP server; the route is to be "

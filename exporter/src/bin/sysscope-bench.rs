@@ -28,9 +28,9 @@ use anyhow::{bail, Context};
 use aya::maps::{Map, MapData, MapInfo};
 use sysscope::{
     config::{Config, ProbeStatsMode},
+    kernel::syscalls::{SyscallStatsTable, TableMaps},
+    kernel::{LoadOptions, Probes},
     metadata::cgroups,
-    probes::{LoadOptions, Probes},
-    syscall_stats::{SyscallStatsTable, TableMaps},
     syscall_table,
 };
 use sysscope_abi::{hist, maps, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
@@ -44,7 +44,7 @@ fn usage() -> ! {
 }
 
 fn main() -> anyhow::Result<()> {
-    if let Some(status) = sysscope::probe_stats::run_helper_if_asked() {
+    if let Some(status) = sysscope::kernel::probe_stats::run_helper_if_asked() {
         std::process::exit(status);
     }
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -19,10 +19,10 @@ use super::{
     CliError,
 };
 use crate::{
-    collectors::block_io::{self, BlockIoPlan, SUBMIT_TRACEPOINT},
     config::Config,
+    kernel::block_io::{self, BlockIoPlan, SUBMIT_TRACEPOINT},
+    kernel::Probes,
     metadata::cgroups,
-    probes::Probes,
     util::error::Chain,
 };
 

@@ -10,7 +10,7 @@ use aya::maps::{Array, CgroupArray, HashMap as BpfHashMap, MapData, RingBuf};
 use sysscope_abi::{maps, programs, TraceEvent};
 
 use super::{session::Session, sink::EventSink, CliError};
-use crate::{probes::Probes, syscall_table};
+use crate::{kernel::Probes, syscall_table};
 
 /// Syscalls with a user-space path argument, and its index: what `TRACE_PATH_ARGS` lists.
 /// Names missing on an architecture (aarch64 has no `open`) are skipped.

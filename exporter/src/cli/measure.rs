@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     config::Config,
-    probes::{self, Probes},
+    kernel::{self, Probes},
     util::error::Chain,
 };
 
@@ -245,5 +245,5 @@ pub fn run(
 
 /// Checks privileges first, so a missing capability is reported before anything is created.
 pub fn preflight() -> Result<(), CliError> {
-    probes::preflight().map_err(CliError::from)
+    kernel::preflight().map_err(CliError::from)
 }

@@ -23,7 +23,7 @@ pub mod trace;
 
 use std::path::PathBuf;
 
-use crate::{metadata::cgroups::CgroupError, probes::ProbeError};
+use crate::{kernel::ProbeError, metadata::cgroups::CgroupError};
 
 /// Exit code when the tool lacks the privileges to load probes (sysexits' EX_NOPERM).
 pub const EXIT_NO_PERMISSION: u8 = 77;

@@ -1,6 +1,6 @@
 //! The measured syscall profile of a target: calls, errors (by errno), time and latency
 //! buckets per syscall, read from the syscall probes' maps (`SYSCALL_STATS`,
-//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`] and [`crate::cumulative`], as
+//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`] and [`crate::kernel::cumulative`], as
 //! the syscall collector reads them.
 //!
 //! The probes count every process of the node; [`ProfileReader::poll`] keeps what matches
@@ -16,9 +16,9 @@ use sysscope_abi::{counters, hist, maps, ErrnoKey, FdClass, SyscallKey, SyscallS
 
 use super::CliError;
 use crate::{
-    cumulative::{Counters, Tracker},
-    probes::Probes,
-    syscall_stats::SyscallMaps,
+    kernel::cumulative::{Counters, Tracker},
+    kernel::syscalls::SyscallMaps,
+    kernel::Probes,
     syscall_table,
 };
 

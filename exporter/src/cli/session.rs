@@ -29,8 +29,8 @@ use std::{
 
 use super::{parse_duration, signals, CliError};
 use crate::{
+    kernel::LoadOptions,
     metadata::cgroups::{self, id_of},
-    probes::LoadOptions,
 };
 
 /// What to measure; shared by `summary`, `trace` and `diagnose`.

@@ -139,7 +139,7 @@ pub fn render_table(profile: &Profile, key: SortKey) -> String {
 fn fd_label(fd: &sysscope_abi::FdClass) -> String {
     let kind = sysscope_abi::fd_class::name(fd.kind).unwrap_or("other");
     if fd.kind == sysscope_abi::fd_class::FILE {
-        format!("{kind} ({})", crate::fd_class::fs_name(fd.fs_magic))
+        format!("{kind} ({})", crate::kernel::fd_class::fs_name(fd.fs_magic))
     } else {
         kind.to_string()
     }
@@ -230,7 +230,7 @@ pub fn render_json(
                     "syscall": r.name,
                     "fd_kind": sysscope_abi::fd_class::name(fd.kind),
                     "fs": (fd.kind == sysscope_abi::fd_class::FILE)
-                        .then(|| crate::fd_class::fs_name(fd.fs_magic)),
+                        .then(|| crate::kernel::fd_class::fs_name(fd.fs_magic)),
                     "calls": r.calls,
                     "errors": r.errors,
                     "seconds": r.total_ns as f64 / 1e9,

@@ -21,8 +21,8 @@ use super::{
 };
 use crate::{
     config::Config,
+    kernel::{self, LoadOptions, Probes},
     metadata::{cgroups, Labeler},
-    probes::{self, LoadOptions, Probes},
     syscall_table,
 };
 
@@ -116,7 +116,7 @@ struct ProbeSource {
 
 impl ProbeSource {
     fn start(config: &Config, by: GroupBy) -> Result<Self, CliError> {
-        probes::preflight()?;
+        kernel::preflight()?;
         let root = cgroups::v2_mount()?;
         let mut probes = Probes::load(
             &super::measure::tool_config(config),

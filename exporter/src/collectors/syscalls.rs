@@ -3,13 +3,13 @@
 //! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task`,
 //! `syscalls_sched_switch` (raw tracepoints, see `ebpf/probes/src/syscalls.rs`).
 //! Maps read: the statistics table (`SYSCALL_SLOTS` + `SYSCALL_STATS`, see
-//! [`crate::syscall_stats`]), `SYSCALL_ERRORS`, `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written
+//! [`crate::kernel::syscalls`]), `SYSCALL_ERRORS`, `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written
 //! once at start.
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
 //! `sysscope_syscall_duration_seconds`.
 //!
 //! Each refresh reads every kernel entry and adds what changed since the previous read to the
-//! entry's series ([`crate::cumulative`]), and reclaims the entries of processes that have
+//! entry's series ([`crate::kernel::cumulative`]), and reclaims the entries of processes that have
 //! exited (after their last values were read), so series are monotonic sums over processes
 //! that come and go.
 
@@ -30,13 +30,13 @@ use sysscope_abi::{maps, ErrnoKey, FdClass, SyscallKey, SyscallStats, FOLDED_TGI
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
-    cumulative::{Counters, Tracker},
-    fd_class,
     hist::{exported_bounds, HistogramTotals},
+    kernel::cumulative::{Counters, Tracker},
+    kernel::fd_class,
+    kernel::syscalls::SyscallMaps,
+    kernel::{ProbeError, Probes},
     metadata::SharedLabeler,
-    probes::{ProbeError, Probes},
     series::{Budget, Workload, OTHER},
-    syscall_stats::SyscallMaps,
     syscall_table,
 };
 

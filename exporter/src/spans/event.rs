@@ -344,7 +344,7 @@ impl Enricher {
         }
         // What the descriptor was at entry, as the kernel classified it (the series' labels).
         let mut fd_labels = Vec::with_capacity(2);
-        crate::fd_class::push_labels(&ev.fd, &mut fd_labels);
+        crate::kernel::fd_class::push_labels(&ev.fd, &mut fd_labels);
         for (label, value) in &fd_labels {
             let key = if *label == "fs" {
                 "sysscope.fd.fs"

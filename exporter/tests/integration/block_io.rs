@@ -389,7 +389,7 @@ fn a_missing_or_mismatched_tracepoint_downs_block_io_only() {
 #[test]
 fn btf_offsets_match_bpftool() {
     // Reading kernel BTF needs no privileges; bpftool is the independent reference.
-    let Ok(btf) = sysscope::btf::Btf::from_kernel() else {
+    let Ok(btf) = sysscope::kernel::btf::Btf::from_kernel() else {
         eprintln!("SKIPPED btf_offsets_match_bpftool: no readable kernel BTF");
         return;
     };
@@ -431,7 +431,7 @@ fn btf_offsets_match_bpftool() {
             .unwrap();
         bits / 8
     };
-    let plan = sysscope::collectors::block_io::resolve_offsets(&btf, true, false).unwrap();
+    let plan = sysscope::kernel::block_io::resolve_offsets(&btf, true, false).unwrap();
     assert_eq!(plan.rq_cmd_flags, bpftool_offset("request", "cmd_flags"));
     assert_eq!(plan.rq_data_len, bpftool_offset("request", "__data_len"));
     assert_eq!(plan.rq_bio, bpftool_offset("request", "bio"));
@@ -481,13 +481,12 @@ fn bio_cgroup_chain_names_the_charged_cgroup() {
         return;
     };
     use sysscope::{
-        collectors::block_io,
         config::Config,
-        probes::{LoadOptions, Probes},
+        kernel::{block_io, LoadOptions, Probes},
     };
     use sysscope_abi::{maps, programs, BlockKey, BlockStats};
 
-    let btf = sysscope::btf::Btf::from_kernel().unwrap();
+    let btf = sysscope::kernel::btf::Btf::from_kernel().unwrap();
     let plan = block_io::resolve_offsets(&btf, true, false).unwrap();
     assert_eq!(plan.bio_cgroup, 1, "this kernel has CONFIG_BLK_CGROUP");
     let config = Config::default();

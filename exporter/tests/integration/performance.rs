@@ -171,7 +171,7 @@ fn every_entry_is_read_when_the_map_spans_several_batches() {
     }
     let config = format!("{TEST_CONFIG}[limits]\nmax_series = 1000000\n");
     let exporter = Exporter::start(&config, &[]);
-    let entries = sysscope::bpf_batch::CHUNK * 2 + 321;
+    let entries = sysscope::kernel::bpf_batch::CHUNK * 2 + 321;
     let mut fill = Command::new(env!("CARGO_BIN_EXE_sysscope-bench"))
         .args(["fill", "--pid", &exporter.child.id().to_string()])
         .args(["--entries", &entries.to_string()])

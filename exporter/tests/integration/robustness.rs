@@ -46,7 +46,7 @@ fn a_probe_that_fails_to_attach_takes_down_only_its_collector() {
         return;
     }
     // The syscall collector's entry probe is attached to a tracepoint that does not exist.
-    let fault = [(sysscope::probes::FAULT_ENV, "sys_enter")];
+    let fault = [(sysscope::kernel::FAULT_ENV, "sys_enter")];
     let mut exporter = Exporter::spawn_with_env(free_port(), TEST_CONFIG, &[], &fault);
     exporter.wait_ready(Duration::from_secs(30));
     let samples = parse_samples(&exporter.scrape());
@@ -97,7 +97,7 @@ fn a_probe_that_fails_to_attach_takes_down_only_its_collector() {
     // --config.check reports the failure and exits non-zero.
     let out = Command::new(sysscope_bin())
         .arg("--config.check")
-        .env(sysscope::probes::FAULT_ENV, "sys_enter")
+        .env(sysscope::kernel::FAULT_ENV, "sys_enter")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -297,7 +297,7 @@ fn capabilities_are_dropped_in_every_thread_after_start() {
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter(|p| {
                 std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
-                    String::from_utf8_lossy(&c).contains(sysscope::probe_stats::HELPER_ARG)
+                    String::from_utf8_lossy(&c).contains(sysscope::kernel::probe_stats::HELPER_ARG)
                 }) && status_field(*p, *p, "PPid") == pid.to_string()
             })
             .collect();

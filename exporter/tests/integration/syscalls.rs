@@ -512,7 +512,7 @@ fn fs_label_of(path: &std::path::Path) -> String {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a NUL-terminated path and a buffer of the size statfs(2) writes.
     assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
-    sysscope::fd_class::fs_name(st.f_type as u32).into_owned()
+    sysscope::kernel::fd_class::fs_name(st.f_type as u32).into_owned()
 }
 
 /// An overlay mount (lower, upper and work directories in a temporary directory), unmounted on

@@ -333,7 +333,7 @@ impl TraceWriter {
         }
         // What the descriptor was at entry, as the kernel classified it.
         let mut fd_labels = Vec::with_capacity(2);
-        crate::fd_class::push_labels(&e.fd, &mut fd_labels);
+        crate::kernel::fd_class::push_labels(&e.fd, &mut fd_labels);
         for (label, value) in fd_labels {
             args.push_str(&format!(",\"{label}\":{}", json_str(&value)));
         }

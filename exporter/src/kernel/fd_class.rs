@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 use sysscope_abi::{fd_class, FdClass, FdProbeConfig};
 
-use crate::btf::{Btf, BtfError, MemberKind};
+use crate::kernel::btf::{Btf, BtfError, MemberKind};
 
 /// The offsets of the chain `task->files->fdt->{max_fds, fd}`, `file->f_inode`,
 /// `inode->{i_mode, i_sb}`, `sb->s_magic` in this kernel.

@@ -20,7 +20,7 @@ use aya::{
 };
 use sysscope_abi::{BlockStats, LatencyHistogram};
 
-use crate::bpf_batch::{self, BatchError};
+use crate::kernel::bpf_batch::{self, BatchError};
 
 /// A map value the probes only add to.
 pub trait Counters: Copy {

@@ -15,9 +15,9 @@ use sysscope_abi::{
     ThreadState, TraceThread,
 };
 
-use crate::probes::PROBES_OBJECT;
+use crate::kernel::PROBES_OBJECT;
 
-const ABI_SOURCE: &str = include_str!("../../ebpf/abi/src/lib.rs");
+const ABI_SOURCE: &str = include_str!("../../../ebpf/abi/src/lib.rs");
 
 /// (map, key size, value size) as user space reads them; `None` for ring buffers, whose
 /// records are framed by the kernel rather than sized by the map.

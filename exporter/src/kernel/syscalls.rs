@@ -23,10 +23,29 @@ use sysscope_abi::{
 };
 
 use crate::{
-    bpf_batch::{self, BatchError},
-    cumulative::{deleted, HashReader, Snapshot},
-    probes::{ProbeError, Probes},
+    config::Config,
+    kernel::bpf_batch::{self, BatchError},
+    kernel::cumulative::{deleted, HashReader, Snapshot},
+    kernel::{ProbeError, Probes},
 };
+
+/// This family's map sizes for `config`, which the loader applies: the statistics table with
+/// `stripes` copies per slot, its free-slot stack and per-cgroup counts, errors and exits.
+pub fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 7] {
+    let limits = &config.limits;
+    let slots = limits.max_syscall_entries;
+    // One count per cgroup holding slots: at most one per slot, and far fewer in practice.
+    let quota_entries = (slots / 4).max(64);
+    [
+        (maps::SYSCALL_STATS, slots.saturating_mul(stripes)),
+        (maps::SYSCALL_SLOTS, slots),
+        (maps::FREE_SLOTS, slots),
+        (maps::CGROUP_TAKEN, quota_entries),
+        (maps::CGROUP_RETURNED, quota_entries),
+        (maps::SYSCALL_ERRORS, limits.max_error_entries),
+        (maps::PROCESS_EXITS, limits.max_exited_processes),
+    ]
+}
 
 /// The syscall probes' maps, with the probes attached: what the collector reads, and what the
 /// command-line tools (`sysscope summary`, `top`, ...) read with their own filters.

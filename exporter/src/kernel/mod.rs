@@ -1,3 +1,8 @@
+//! The kernel-access layer: the only code that loads programs and touches maps. Its modules
+//! mirror the probe families of `ebpf/probes/src` (`syscalls`, `fd_class`, ...) beside what
+//! they share (the loader here, batched and cumulative map reads, BTF, run-time statistics);
+//! collectors and the command-line tools read through them.
+//!
 //! Loading the eBPF object and attaching its programs.
 //!
 //! One object (`ebpf/probes`) holds every program and map. It is loaded once, with map sizes
@@ -5,8 +10,18 @@
 //! takes the maps it reads, so one collector failing to attach leaves the others running.
 //! Attached programs stay attached for as long as [`Probes`] lives and are detached when it is
 //! dropped. Also owns the kernel's BPF run-time statistics (`BPF_ENABLE_STATS`, kept on as
-//! `collection.probe_stats` says, see [`crate::probe_stats`]) and reports the kernel memory of
-//! the maps sysscope holds.
+//! `collection.probe_stats` says, see [`probe_stats`]) and reports the kernel memory of the maps
+//! sysscope holds.
+
+pub mod block_io;
+pub mod bpf_batch;
+pub mod btf;
+pub mod cumulative;
+pub mod fd_class;
+#[cfg(test)]
+mod object_contract;
+pub mod probe_stats;
+pub mod syscalls;
 
 use std::time::Duration;
 
@@ -17,13 +32,11 @@ use aya::{
 };
 use sysscope_abi::{globals, maps, BlockProbeConfig, FdProbeConfig, MAX_STAT_STRIPES};
 
-use crate::{
+use self::{
     btf::Btf,
-    config::Config,
-    fd_class,
     probe_stats::{RunTimeStats, RunTotals},
-    util::error::Chain,
 };
+use crate::{config::Config, util::error::Chain};
 
 /// The compiled probes, embedded at build time.
 pub(crate) static PROBES_OBJECT: &[u8] =
@@ -118,19 +131,6 @@ pub fn preflight() -> Result<(), ProbeError> {
         return Err(ProbeError::NoBtf);
     }
     Ok(())
-}
-
-/// `BLOCK_LATENCY` capacity when latency is kept per (device, op) only.
-const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
-
-/// Capacity of `BLOCK_LATENCY` for this config: the block I/O family's own sizing, which the
-/// loader applies and the collector reports as the map's capacity.
-pub fn block_latency_capacity(config: &Config) -> u32 {
-    if config.block_io.latency_by_cgroup {
-        config.block_io.max_entries
-    } else {
-        LATENCY_DEVICE_OP_ENTRIES
-    }
 }
 
 /// What the loader needs to know beyond the config.
@@ -239,25 +239,13 @@ impl Probes {
         let limits = &config.limits;
         let stripes = stat_stripes(cpus);
         let cgroup_quota = limits.max_syscall_entries_per_cgroup;
-        // One count per cgroup holding slots: at most one per slot, and far fewer in practice.
-        let quota_entries = (limits.max_syscall_entries / 4).max(64);
         let mut loader = EbpfLoader::new();
         loader
             // Task-local storage (per-thread syscall state) has no user-space wrapper in aya;
             // user space never reads it.
             .allow_unsupported_maps()
-            .map_max_entries(
-                maps::SYSCALL_STATS,
-                limits.max_syscall_entries.saturating_mul(stripes),
-            )
-            .map_max_entries(maps::SYSCALL_SLOTS, limits.max_syscall_entries)
-            .map_max_entries(maps::FREE_SLOTS, limits.max_syscall_entries)
-            .map_max_entries(maps::CGROUP_TAKEN, quota_entries)
-            .map_max_entries(maps::CGROUP_RETURNED, quota_entries)
             .override_global(globals::SYSCALL_STAT_STRIPES, &stripes, false)
             .override_global(globals::SYSCALL_CGROUP_QUOTA, &cgroup_quota, false)
-            .map_max_entries(maps::SYSCALL_ERRORS, limits.max_error_entries)
-            .map_max_entries(maps::PROCESS_EXITS, limits.max_exited_processes)
             .map_max_entries(maps::SLOW_EVENTS, slow.ring_buffer_bytes)
             .override_global(globals::SLOW_EVENTS_PER_CPU_PER_SEC, &per_cpu_rate, true);
         if options.trace_cgroup_id != 0 {
@@ -275,11 +263,13 @@ impl Probes {
         if options.trace_max_threads != 0 {
             loader.map_max_entries(maps::TRACE_THREADS, options.trace_max_threads);
         }
-        let block = &config.block_io;
-        loader
-            .map_max_entries(maps::BLOCK_INFLIGHT, block.max_inflight)
-            .map_max_entries(maps::BLOCK_STATS, block.max_entries)
-            .map_max_entries(maps::BLOCK_LATENCY, block_latency_capacity(config));
+        // Each family sizes its own maps.
+        for (map, entries) in syscalls::map_sizes(config, stripes)
+            .into_iter()
+            .chain(block_io::map_sizes(config))
+        {
+            loader.map_max_entries(map, entries);
+        }
         if let Some(block_config) = &options.block_io {
             loader.override_global(globals::BLOCK_CONFIG, block_config, true);
         }

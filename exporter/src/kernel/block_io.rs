@@ -1,0 +1,324 @@
+//! The block I/O probe family (`ebpf/probes/src/block_io.rs`) from user space: what the
+//! probes need to know of the running kernel before the load (the offsets of `struct request`
+//! and friends in its BTF, global `BLOCK_CONFIG`, see [`plan`]), the sizes of its maps, and
+//! attaching its programs with its maps taken: `BLOCK_STATS` and `BLOCK_LATENCY` (cumulative,
+//! read through [`HashReader`]) and `BLOCK_INFLIGHT` (requests issued and not yet completed).
+//! The block I/O collector and `sysscope trace`'s block tracks use it.
+
+use std::path::Path;
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use sysscope_abi::{
+    block_op, maps, programs, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
+    BlockProbeConfig, BlockStats,
+};
+
+use super::{
+    btf::{Btf, BtfError, MemberKind},
+    cumulative::HashReader,
+    ProbeError, Probes,
+};
+use crate::{config::Config, util::error::Chain};
+
+/// `BLOCK_LATENCY` capacity when latency is kept per (device, op) only.
+const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
+
+/// Capacity of `BLOCK_LATENCY` for this config.
+pub fn latency_capacity(config: &Config) -> u32 {
+    if config.block_io.latency_by_cgroup {
+        config.block_io.max_entries
+    } else {
+        LATENCY_DEVICE_OP_ENTRIES
+    }
+}
+
+/// This family's map sizes for `config`, which the loader applies.
+pub fn map_sizes(config: &Config) -> [(&'static str, u32); 3] {
+    let block = &config.block_io;
+    [
+        (maps::BLOCK_INFLIGHT, block.max_inflight),
+        (maps::BLOCK_STATS, block.max_entries),
+        (maps::BLOCK_LATENCY, latency_capacity(config)),
+    ]
+}
+
+/// The block probes attached, with their maps.
+pub struct BlockMaps {
+    pub stats: HashReader<BlockKey, BlockStats>,
+    pub latency: HashReader<BlockLatencyKey, BlockLatency>,
+    pub inflight: BpfHashMap<MapData, u64, BlockInflight>,
+}
+
+impl BlockMaps {
+    /// Takes the block maps and attaches the probes to `block_io.tracepoints` (issue, then
+    /// completion), plus `block_io_start` when the kernel has it, recording them under
+    /// `collector`. The object must have been loaded with `plan.probe`. On failure nothing
+    /// stays attached.
+    pub fn attach(
+        probes: &mut Probes,
+        collector: &'static str,
+        config: &Config,
+        plan: &BlockIoPlan,
+    ) -> Result<Self, BlockIoError> {
+        let tracepoints = &config.block_io.tracepoints;
+        let [issue_tp, complete_tp] = tracepoints.as_slice() else {
+            return Err(BlockIoError::Tracepoints(tracepoints.clone()));
+        };
+        let map_err = |name: &'static str| {
+            move |source| ProbeError::Map {
+                map: name.into(),
+                source,
+            }
+        };
+        let stats = HashReader::new(
+            BpfHashMap::try_from(probes.take_map(maps::BLOCK_STATS)?)
+                .map_err(map_err(maps::BLOCK_STATS))?,
+        );
+        let latency = HashReader::new(
+            BpfHashMap::try_from(probes.take_map(maps::BLOCK_LATENCY)?)
+                .map_err(map_err(maps::BLOCK_LATENCY))?,
+        );
+        let inflight = BpfHashMap::try_from(probes.take_map(maps::BLOCK_INFLIGHT)?)
+            .map_err(map_err(maps::BLOCK_INFLIGHT))?;
+        // Completion first: once requests are recorded, their completions are handled.
+        let attached = probes
+            .attach_raw_tracepoint(collector, programs::BLOCK_RQ_COMPLETE, complete_tp)
+            .and_then(|()| {
+                probes.attach_raw_tracepoint(collector, programs::BLOCK_RQ_ISSUE, issue_tp)
+            })
+            .and_then(|()| {
+                if plan.attribute_at_submit {
+                    probes.attach_raw_tracepoint(
+                        collector,
+                        programs::BLOCK_IO_START,
+                        SUBMIT_TRACEPOINT,
+                    )
+                } else {
+                    Ok(())
+                }
+            });
+        if let Err(e) = attached {
+            probes.detach_collector(collector);
+            return Err(e.into());
+        }
+        Ok(Self {
+            stats,
+            latency,
+            inflight,
+        })
+    }
+}
+
+/// Tracepoint whose context is the task that submitted a request (6.5 and later).
+pub const SUBMIT_TRACEPOINT: &str = "block_io_start";
+/// The tracepoints whose prototypes the issue and completion programs are written for.
+const ISSUE_PROTOTYPE: &str = "block_rq_issue";
+const COMPLETE_PROTOTYPE: &str = "block_rq_complete";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockIoError {
+    #[error("cannot find the kernel's block request layout")]
+    Btf(#[from] BtfError),
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    #[error(
+        "block_io.tracepoints must name the issue and the completion tracepoint, in that \
+         order (got {0:?})"
+    )]
+    Tracepoints(Vec<String>),
+    #[error("block_io.tracepoints: tracepoint `{name}` {problem}")]
+    Tracepoint { name: String, problem: String },
+}
+
+/// What [`plan`] found out about the running kernel, for the loader and [`BlockMaps::attach`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockIoPlan {
+    /// Handed to the probes as the global `BLOCK_CONFIG`.
+    pub probe: BlockProbeConfig,
+    /// Whether `block_io_start` exists: requests are then attributed at submission.
+    pub attribute_at_submit: bool,
+}
+
+/// Whether the `io` controller is bound to the cgroup v2 hierarchy mounted at `root`: only
+/// then is a bio's cgroup a v2 cgroup whose id the labeler can resolve. (On hybrid layouts it
+/// lives on the v1 `blkio` hierarchy.)
+pub fn io_controller_on_v2(root: &Path) -> bool {
+    std::fs::read_to_string(root.join("cgroup.controllers"))
+        .map(|s| s.split_whitespace().any(|c| c == "io"))
+        .unwrap_or(false)
+}
+
+/// What the probes need, from the running kernel's BTF and the cgroup layout; checks that
+/// the configured tracepoints exist with the prototypes the programs are written for.
+pub fn plan(config: &Config, cgroup_root: &Path) -> Result<BlockIoPlan, BlockIoError> {
+    let btf = Btf::from_kernel()?;
+    let tracepoints = &config.block_io.tracepoints;
+    let [issue, complete] = tracepoints.as_slice() else {
+        return Err(BlockIoError::Tracepoints(tracepoints.clone()));
+    };
+    check_tracepoint(&btf, issue, ISSUE_PROTOTYPE)?;
+    check_tracepoint(&btf, complete, COMPLETE_PROTOTYPE)?;
+    let attribute_at_submit = btf.tracepoint_proto(SUBMIT_TRACEPOINT).is_some()
+        && btf.tracepoint_proto(SUBMIT_TRACEPOINT) == btf.tracepoint_proto(ISSUE_PROTOTYPE);
+    let bio_cgroup = io_controller_on_v2(cgroup_root);
+    let probe = resolve_offsets(&btf, bio_cgroup, config.block_io.latency_by_cgroup)?;
+    tracing::info!(
+        bio_cgroup = probe.bio_cgroup != 0,
+        at_submit = attribute_at_submit,
+        "block I/O: requests are charged to the {} task's cgroup{}",
+        if attribute_at_submit {
+            "submitting"
+        } else {
+            "issuing"
+        },
+        if probe.bio_cgroup != 0 {
+            ", or to the bio's cgroup when submitted on its behalf"
+        } else {
+            " (the io controller is not on cgroup v2)"
+        }
+    );
+    Ok(BlockIoPlan {
+        probe,
+        attribute_at_submit,
+    })
+}
+
+/// `name` must exist and take the same arguments as `like`. Kernels whose BTF lists no
+/// tracepoints (before 5.5) are not checked here: attaching tells.
+fn check_tracepoint(btf: &Btf, name: &str, like: &str) -> Result<(), BlockIoError> {
+    let Some(expected) = btf.tracepoint_proto(like) else {
+        return Ok(());
+    };
+    match btf.tracepoint_proto(name) {
+        None => Err(BlockIoError::Tracepoint {
+            name: name.to_string(),
+            problem: "does not exist on this kernel".into(),
+        }),
+        Some(p) if p != expected => Err(BlockIoError::Tracepoint {
+            name: name.to_string(),
+            problem: format!("takes other arguments than `{like}`, which the probe is written for"),
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The probes' view of the kernel's structs, from `btf`. `want_bio_cgroup` asks for the
+/// offsets of the bio -> cgroup chain; when the kernel lacks one of them (no
+/// `CONFIG_BLK_CGROUP`), bio attribution is off and the rest still works.
+pub fn resolve_offsets(
+    btf: &Btf,
+    want_bio_cgroup: bool,
+    latency_by_cgroup: bool,
+) -> Result<BlockProbeConfig, BtfError> {
+    use MemberKind::{Composite, Int, Pointer};
+    let mut c = BlockProbeConfig::UNSET;
+    c.rq_cmd_flags = btf.field_of_kind("request", "cmd_flags", Int(4))?;
+    c.rq_data_len = btf.field_of_kind("request", "__data_len", Int(4))?;
+    c.rq_bio = btf.field_of_kind("request", "bio", Pointer)?;
+    // Only the trace reads the sector: a kernel without it still counts.
+    c.rq_sector = btf
+        .field_of_kind("request", "__sector", Int(8))
+        .unwrap_or(sysscope_abi::NO_FIELD);
+    // Before 5.17 the disk hung off the request itself; since, off its queue.
+    match btf.field_of_kind("request", "rq_disk", Pointer) {
+        Ok(off) => c.rq_disk = off,
+        Err(_) => {
+            c.rq_q = btf.field_of_kind("request", "q", Pointer)?;
+            c.q_disk = btf.field_of_kind("request_queue", "disk", Pointer)?;
+        }
+    }
+    c.disk_major = btf.field_of_kind("gendisk", "major", Int(4))?;
+    c.disk_first_minor = btf.field_of_kind("gendisk", "first_minor", Int(4))?;
+    // `enum req_op` since 6.0, `enum req_opf` before.
+    let op = |name: &str, fallback: u32| {
+        ["req_op", "req_opf"]
+            .iter()
+            .find_map(|e| btf.enum_value(e, name))
+            .and_then(|v| u32::try_from(v).ok())
+            .unwrap_or(fallback)
+    };
+    let linux = block_op::ReqOps::LINUX;
+    c.ops = block_op::ReqOps {
+        read: op("REQ_OP_READ", linux.read),
+        write: op("REQ_OP_WRITE", linux.write),
+        flush: op("REQ_OP_FLUSH", linux.flush),
+        discard: op("REQ_OP_DISCARD", linux.discard),
+        secure_erase: op("REQ_OP_SECURE_ERASE", linux.secure_erase),
+    };
+    if want_bio_cgroup {
+        let chain = (|| -> Result<[u32; 7], BtfError> {
+            Ok([
+                btf.field_of_kind("bio", "bi_blkg", Pointer)?,
+                btf.field_of_kind("blkcg_gq", "blkcg", Pointer)?,
+                btf.field("blkcg", "css").and_then(|f| match f.kind {
+                    Composite(_) => Ok(f.offset),
+                    other => Err(BtfError::UnexpectedType {
+                        strukt: "blkcg".into(),
+                        member: "css".into(),
+                        found: other.to_string(),
+                        expected: "a struct".into(),
+                    }),
+                })?,
+                btf.field_of_kind("cgroup_subsys_state", "cgroup", Pointer)?,
+                btf.field_of_kind("cgroup", "kn", Pointer)?,
+                btf.field_of_kind("cgroup", "level", Int(4))?,
+                btf.field_of_kind("kernfs_node", "id", Int(8))?,
+            ])
+        })();
+        match chain {
+            Ok([blkg, blkcg, css, cgroup, kn, level, id]) => {
+                c.bio_blkg = blkg;
+                c.blkg_blkcg = blkcg;
+                c.blkcg_css = css;
+                c.css_cgroup = cgroup;
+                c.cgroup_kn = kn;
+                c.cgroup_level = level;
+                c.kn_id = id;
+                c.bio_cgroup = 1;
+            }
+            Err(e) => {
+                tracing::warn!(error = %Chain(&e), "block I/O: cannot follow a bio to its cgroup; charging the issuing task's cgroup");
+            }
+        }
+    }
+    c.latency_by_cgroup = latency_by_cgroup as u32;
+    c.ready = 1;
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_controller_detection_reads_cgroup_controllers() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!io_controller_on_v2(dir.path()));
+        std::fs::write(
+            dir.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
+        assert!(io_controller_on_v2(dir.path()));
+        std::fs::write(dir.path().join("cgroup.controllers"), "hugetlb iox\n").unwrap();
+        assert!(!io_controller_on_v2(dir.path()));
+    }
+
+    #[test]
+    fn offsets_resolve_on_this_kernel() {
+        let Ok(btf) = Btf::from_kernel() else {
+            eprintln!("SKIPPED offsets_resolve_on_this_kernel: no readable kernel BTF");
+            return;
+        };
+        let c = resolve_offsets(&btf, true, false).unwrap();
+        assert_eq!(c.ready, 1);
+        assert_eq!(c.ops, block_op::ReqOps::LINUX);
+        // One of the two ways to the disk is known, and the bio chain is complete.
+        assert!(c.rq_disk != sysscope_abi::NO_FIELD || c.q_disk != sysscope_abi::NO_FIELD);
+        if c.bio_cgroup != 0 {
+            assert_ne!(c.kn_id, sysscope_abi::NO_FIELD);
+        }
+        let off = resolve_offsets(&btf, false, true).unwrap();
+        assert_eq!((off.bio_cgroup, off.latency_by_cgroup), (0, 1));
+    }
+}
