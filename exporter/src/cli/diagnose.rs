@@ -21,7 +21,7 @@ use std::{
 
 use serde::Serialize;
 use serde_json::json;
-use sysscope_abi::{trace_flags, TraceEvent};
+use sysscope_abi::{fd_class, trace_flags, FdClass, TraceEvent};
 
 use super::{
     measure::{self, CpuUsage, Measurement, Wants},
@@ -584,6 +584,95 @@ fn churn_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
+/// Filesystems whose reads are round trips to a server or to a user-space daemon (the `fs`
+/// names of `crate::kernel::fd_class`).
+const REMOTE_FILESYSTEMS: &[&str] = &[
+    "nfs", "fuse", "ceph", "cifs", "smb2", "lustre", "gpfs", "9p",
+];
+
+/// Time in the read family by what was read (`file (ext4)`, `pipe`, ...), most first, from
+/// the kernel's classification of each call's descriptor.
+fn read_time_by_descriptor(c: &Context) -> Vec<(FdClass, u64)> {
+    let mut by: HashMap<FdClass, u64> = HashMap::new();
+    for ((_, fd), row) in &c.profile.by_fd {
+        if READ.contains(&row.name.as_str()) {
+            *by.entry(*fd).or_default() += row.total_ns;
+        }
+    }
+    let mut v: Vec<_> = by.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
+
+fn describe_fd(fd: &FdClass) -> String {
+    let kind = fd_class::name(fd.kind).unwrap_or("other");
+    if fd.kind == fd_class::FILE {
+        format!("{kind} ({})", crate::kernel::fd_class::fs_name(fd.fs_magic))
+    } else {
+        kind.to_string()
+    }
+}
+
+/// The read verdict for a dominant kind of read: what the time waits on decides the fix.
+fn read_verdict_for(fd: &FdClass) -> (&'static str, String, &'static str) {
+    match fd.kind {
+        fd_class::PIPE => (
+            "waiting-on-pipe",
+            "waiting on a pipe: the processes that write it (data loader workers, a pipeline's \
+             producer) are the bottleneck"
+                .to_string(),
+            "The reader is fast; its producers are not. Give the producers more parallelism \
+             (more DataLoader workers, prefetch_factor), profile them rather than this process \
+             (py-spy dump on the workers), and look at what they read.",
+        ),
+        fd_class::SOCKET => (
+            "waiting-on-socket",
+            "read time is waiting on sockets: the peer or the network is the bottleneck"
+                .to_string(),
+            "The data comes over the network. Check the peer's latency and the bandwidth per \
+             read above, keep more requests in flight (parallel connections, larger \
+             responses), and cache what is read again.",
+        ),
+        fd_class::FILE => {
+            let fs = crate::kernel::fd_class::fs_name(fd.fs_magic);
+            if REMOTE_FILESYSTEMS.contains(&fs.as_ref()) {
+                (
+                    "read-dominated-remote-fs",
+                    format!(
+                        "read-dominated: time goes into reading files on {fs}, a network or \
+                         FUSE filesystem (each read is a round trip)"
+                    ),
+                    "Reads of a remote or FUSE filesystem wait for round trips. Stage the data \
+                     on local disk first, read fewer and larger files or shards (tar, \
+                     webdataset, recordio), raise readahead and the read size of the mount, and \
+                     keep more reads in flight (more loader workers).",
+                )
+            } else {
+                (
+                    "read-dominated",
+                    format!(
+                        "read-dominated: time goes into reading files on {fs} (storage or \
+                         page-cache misses)"
+                    ),
+                    READ_FIX,
+                )
+            }
+        }
+        _ => (
+            "read-dominated",
+            format!(
+                "read-dominated: time goes into reading {} descriptors",
+                describe_fd(fd)
+            ),
+            READ_FIX,
+        ),
+    }
+}
+
+const READ_FIX: &str = "Data loading is the bottleneck. Check the storage's latency and \
+     throughput against the per-read numbers above, keep hot data in the page cache (or local \
+     disk), read larger blocks, and overlap I/O with compute (more loader workers, prefetching).";
+
 fn read_rule(c: &Context) -> Option<Verdict> {
     let share = c.share(READ);
     if share < READ_DOMINANT_SHARE {
@@ -591,6 +680,18 @@ fn read_rule(c: &Context) -> Option<Verdict> {
     }
     let mut evidence = vec![format!("reads take {} of syscall time", pct(share))];
     evidence.extend(c.describe(READ));
+    // What was read, as the kernel classified each call's descriptor.
+    let kinds = read_time_by_descriptor(c);
+    let read_ns = c.time_ns(READ).max(1);
+    if !kinds.is_empty() {
+        let parts: Vec<String> = kinds
+            .iter()
+            .take(4)
+            .map(|(fd, ns)| format!("{} {}", pct(*ns as f64 / read_ns as f64), describe_fd(fd)))
+            .collect();
+        evidence.push(format!("read time by descriptor: {}", parts.join(", ")));
+    }
+    let dominant = kinds.first().filter(|(_, ns)| ns * 2 > read_ns);
     if let Some(f) = c.features {
         let (n, b) = f.transfer(READ);
         if n > 0 {
@@ -614,16 +715,21 @@ fn read_rule(c: &Context) -> Option<Verdict> {
     if let Some(p99) = p99 {
         evidence.push(format!("99% of reads finish within {}", secs(p99 as f64)));
     }
+    let (id, title, fix) = match dominant {
+        Some((fd, _)) => read_verdict_for(fd),
+        None => (
+            "read-dominated",
+            "read-dominated: time goes into reading data (storage or page-cache misses)"
+                .to_string(),
+            READ_FIX,
+        ),
+    };
     Some(Verdict {
-        id: "read-dominated",
-        title: "read-dominated: time goes into reading data (storage or page-cache misses)"
-            .to_string(),
+        id,
+        title,
         score: share,
         evidence,
-        fix: "Data loading is the bottleneck. Check the storage's latency and throughput against \
-              the per-read numbers above, keep hot data in the page cache (or local disk), read \
-              larger blocks, and overlap I/O with compute (more loader workers, prefetching)."
-            .to_string(),
+        fix: fix.to_string(),
     })
 }
 
@@ -1155,6 +1261,46 @@ mod tests {
         assert_eq!(first(&ctx(&p, 1000)), Some("read-dominated"));
         let p = Profile::from_rows(&[("read", 1000, 0, 40 * MS), ("write", 10, 0, 60 * MS)]);
         assert!(read_rule(&ctx(&p, 1000)).is_none());
+    }
+
+    /// The kind of read that takes most of the read time decides the verdict.
+    #[test]
+    fn read_verdicts_by_descriptor_kind() {
+        let read = syscall_table::number("read").unwrap();
+        let verdict = |classes: &[(FdClass, u64)]| {
+            let mut p = Profile::from_rows(&[("openat", 10, 0, MS)]);
+            for (fd, ms) in classes {
+                let mut s = sysscope_abi::SyscallStats::ZERO;
+                s.sum_ns = ms * MS;
+                s.buckets[5] = 100;
+                p.add_stats(1, read, *fd, &s);
+            }
+            read_rule(&ctx(&p, 1000)).unwrap()
+        };
+        let fuse = FdClass::of(fd_class::FILE, 0x6573_5546);
+        let ext4 = FdClass::of(fd_class::FILE, 0xEF53);
+        let pipe = FdClass::of(fd_class::PIPE, 0);
+        let v = verdict(&[(fuse, 800), (pipe, 100)]);
+        assert_eq!(v.id, "read-dominated-remote-fs");
+        assert!(v.title.contains("fuse"), "{}", v.title);
+        assert!(
+            v.evidence.iter().any(|e| e.contains("88.9% file (fuse)")),
+            "{:?}",
+            v.evidence
+        );
+        assert_eq!(verdict(&[(pipe, 700), (ext4, 200)]).id, "waiting-on-pipe");
+        let local = verdict(&[(ext4, 900)]);
+        assert_eq!(local.id, "read-dominated");
+        assert!(local.title.contains("ext4"));
+        assert_eq!(
+            verdict(&[(FdClass::of(fd_class::SOCKET, 0), 900)]).id,
+            "waiting-on-socket"
+        );
+        // No kind over half of the read time: the general verdict.
+        assert_eq!(
+            verdict(&[(pipe, 400), (ext4, 400), (fuse, 100)]).id,
+            "read-dominated"
+        );
     }
 
     #[test]

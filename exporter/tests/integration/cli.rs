@@ -1009,3 +1009,42 @@ fn trace_slices_name_the_descriptor_kind() {
         .filter(|e| e["ph"] == "X" && e["name"] == "getppid" || e["name"] == "openat")
         .all(|e| e["args"]["fd_kind"].is_null()));
 }
+
+/// `diagnose` tells waiting on a pipe (its writer is the bottleneck) from reading data: a
+/// process that reads its stdin, fed a byte every 25 ms by this test, is diagnosed as waiting
+/// on a pipe, with the read time by descriptor in the evidence.
+#[test]
+fn diagnose_tells_a_pipe_wait_from_reading_data() {
+    if !require_root("diagnose_tells_a_pipe_wait_from_reading_data") {
+        return;
+    }
+    let mut work = Command::new(workload_bin())
+        .arg("wait-stdin")
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = work.id().to_string();
+    let (diagnose, _err) = start_measuring(&["diagnose", "--json", "--pid", &pid]);
+    let mut stdin = work.stdin.take().unwrap();
+    for _ in 0..40 {
+        std::thread::sleep(std::time::Duration::from_millis(25));
+        stdin.write_all(b"x").unwrap();
+        stdin.flush().unwrap();
+    }
+    writeln!(stdin).unwrap();
+    drop(stdin);
+    assert!(work.wait().unwrap().success());
+    let out = diagnose.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let first = &v["verdicts"][0];
+    assert_eq!(first["id"], "waiting-on-pipe", "{v:#}");
+    assert!(
+        first["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e.as_str().unwrap().contains("% pipe")),
+        "{first:#}"
+    );
+}
