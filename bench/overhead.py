@@ -312,6 +312,9 @@ class Bench:
             return self.start_exporter(name, SYSSCOPE_SYSCALLS_ONLY)
         if name == "sysscope":
             return self.start_exporter(name, SYSSCOPE_DEFAULT)
+        if name == "sysscope-nofd":
+            # The defaults with reads and writes not split by descriptor: what the split costs.
+            return self.start_exporter(name, SYSSCOPE_DEFAULT + "[syscalls]\ndescriptor_kinds = false\n")
         if name == "sysscope+stats":
             return self.start_exporter(name, SYSSCOPE_DEFAULT + "[collection]\nprobe_stats = \"always\"\n")
         if name == "bpftrace":
@@ -688,7 +691,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--seconds", type=float, help="length of one measured cell")
     ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, clock, "
-                    "empty+stats, probes, probes+stats, sysscope-syscalls, sysscope, sysscope+stats, bpftrace, "
+                    "empty+stats, probes, probes+stats, sysscope-syscalls, sysscope, sysscope-nofd, sysscope+stats, "
+                    "bpftrace, "
                     "perf-trace, strace, or attach:PROG+PROG...[@OBJECT][+stats] for chosen programs of the "
                     "object (or of another build of it)")
     ap.add_argument("--workloads", default="getppid,dd,read")
