@@ -15,7 +15,7 @@ use sysscope_abi::{counters, maps};
 
 use crate::{
     build_info::{REVISION, VERSION},
-    collectors::{Collector, Health},
+    collectors::{Collector, CollectorError, Health},
     kernel::Probes,
     util::error::Chain,
 };
@@ -243,6 +243,26 @@ impl Agent {
                 }
             }
         }
+    }
+
+    /// Hands a reloaded configuration to every running collector; the first failure is
+    /// returned with the collector's name (the others still got it).
+    pub fn reconfigure(
+        &mut self,
+        config: &crate::config::Config,
+    ) -> Result<(), (&'static str, CollectorError)> {
+        let mut first_error = None;
+        for slot in &mut self.slots {
+            if slot.failed {
+                continue;
+            }
+            if let Some(c) = slot.collector.as_mut() {
+                if let Err(e) = c.reconfigure(config) {
+                    first_error.get_or_insert((slot.name, e));
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     pub fn set_last_scrape(&mut self, d: Duration) {

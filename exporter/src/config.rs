@@ -543,6 +543,50 @@ impl Config {
     }
 }
 
+/// Keys a reload may change while sysscope runs (a key, or every key under it); every other key
+/// is baked into the loaded probes, the maps' sizes or the running pipelines and needs a
+/// restart.
+pub const LIVE_KEYS: &[&str] = &[
+    "slow_calls.threshold",
+    "slow_calls.thresholds",
+    "slow_calls.exclude",
+    "limits.max_series",
+    "collection.series_retention",
+];
+
+/// Whether `key` (a dotted path from [`changed_keys`]) may change without a restart.
+pub fn is_live(key: &str) -> bool {
+    LIVE_KEYS
+        .iter()
+        .any(|live| key == *live || key.strip_prefix(live).is_some_and(|r| r.starts_with('.')))
+}
+
+/// The keys (dotted paths, e.g. `slow_calls.thresholds.read`) whose values differ between two
+/// configurations.
+pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
+    fn diff(prefix: &str, a: Option<&toml::Value>, b: Option<&toml::Value>, out: &mut Vec<String>) {
+        match (a, b) {
+            (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) => {
+                let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+                for k in keys {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    diff(&path, a.get(k), b.get(k), out);
+                }
+            }
+            (a, b) if a != b => out.push(prefix.to_string()),
+            _ => {}
+        }
+    }
+    let as_value = |c: &Config| toml::Value::try_from(c).ok();
+    let mut out = Vec::new();
+    diff("", as_value(old).as_ref(), as_value(new).as_ref(), &mut out);
+    out
+}
+
 /// "off" or a duration; `None` means never sample.
 fn parse_threshold(value: &str) -> Result<Option<Duration>, String> {
     if value.eq_ignore_ascii_case("off") {
@@ -607,6 +651,34 @@ pub fn default_config_toml() -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn changed_keys_name_each_difference_and_which_are_live() {
+        let old = Config::default();
+        let mut new = Config::default();
+        assert!(changed_keys(&old, &new).is_empty());
+        new.slow_calls.threshold = Duration::from_millis(5);
+        new.slow_calls
+            .thresholds
+            .insert("read".into(), "1ms".into());
+        new.limits.max_series = 1234;
+        new.limits.max_syscall_entries = 4096;
+        let keys = changed_keys(&old, &new);
+        assert_eq!(
+            keys,
+            [
+                "limits.max_series",
+                "limits.max_syscall_entries",
+                "slow_calls.threshold",
+                "slow_calls.thresholds.read"
+            ]
+        );
+        let live: Vec<bool> = keys.iter().map(|k| is_live(k)).collect();
+        assert_eq!(live, [true, false, true, true]);
+        assert!(!is_live("slow_calls.threshold_other"));
+        assert!(!is_live("slow_calls.enabled"));
+    }
+
     use super::*;
 
     /// What `--print-default-config` prints loads back as the default configuration, and

@@ -16,6 +16,7 @@ pub mod hist;
 pub mod kernel;
 pub mod metadata;
 pub mod privileges;
+pub mod reload;
 pub mod series;
 pub mod spans;
 pub mod startup;

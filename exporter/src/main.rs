@@ -19,7 +19,7 @@ use sysscope::{
         scrape::Scraper,
         web_config::WebConfig,
     },
-    privileges, spans, startup,
+    privileges, reload, spans, startup,
     util::error::Chain,
 };
 use tracing_subscriber::EnvFilter;
@@ -253,6 +253,19 @@ fn catch_early_shutdown(install: bool) {
             libc::sigaction(signal, &action, std::ptr::null_mut());
         }
     }
+    // SIGHUP reloads the configuration once the exporter runs; one that arrives while it
+    // starts must not kill it (the default action), and there is nothing to reload yet.
+    // SAFETY: as above.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = if install {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGHUP, &action, std::ptr::null_mut());
+    }
 }
 
 fn main() -> ExitCode {
@@ -419,7 +432,18 @@ fn run_exporter(
                 ))
             }
         }
+        let reload_stats = Arc::new(reload::ReloadStats::new());
+        {
+            let stats = reload_stats.clone();
+            agent.add_families(Box::new(move |e| stats.encode(e)));
+        }
         let agent = Arc::new(std::sync::Mutex::new(agent));
+        let reloader = Arc::new(reload::Reloader::new(
+            cli.config_file.clone(),
+            config.clone(),
+            agent.clone(),
+            reload_stats,
+        ));
         let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
         scraper.set_openmetrics_annotator(slow_calls.annotator());
         let mut routes = BTreeMap::new();
@@ -433,6 +457,21 @@ fn run_exporter(
             telemetry_path: cli.telemetry_path.clone(),
             ready: false.into(),
             routes,
+            reload: Some({
+                let reloader = reloader.clone();
+                Arc::new(move || {
+                    reloader
+                        .reload()
+                        .map(|changed| {
+                            if changed.is_empty() {
+                                "reloaded; nothing changed".to_string()
+                            } else {
+                                format!("reloaded; changed: {}", changed.join(", "))
+                            }
+                        })
+                        .map_err(|e| Chain(&e).to_string())
+                })
+            }),
         });
         let metric_push = match &otlp_settings.metrics {
             Some(settings) => Some(otlp::metrics::MetricPush::start(
@@ -464,6 +503,19 @@ fn run_exporter(
             })
         };
 
+        // SIGHUP reloads the configuration, as it does for Prometheus.
+        let hangups = {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+            let reloader = reloader.clone();
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP received, reloading the configuration");
+                    let r = reloader.clone();
+                    let _ = tokio::task::spawn_blocking(move || r.reload()).await;
+                }
+            })
+        };
         // Handlers first: a SIGTERM right after the first ready answer must not kill the
         // process with the default action before the server loop polls its shutdown future.
         let shutdown = shutdown_signal();
@@ -477,6 +529,7 @@ fn run_exporter(
         );
         http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
         background.abort();
+        hangups.abort();
         // Send what is queued (bounded). The exporters block: on this worker, made a blocking
         // thread for the time, not in the blocking pool, where it would queue behind scrapes
         // still waiting for the agent.

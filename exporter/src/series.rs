@@ -95,6 +95,12 @@ pub struct Budget<K> {
 }
 
 impl<K: Clone + Eq + Hash> Budget<K> {
+    /// Changes the budget (a reloaded `limits.max_series`): series already admitted keep their
+    /// place, new label sets are admitted or folded against the new size.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
     pub fn new(max: usize) -> Self {
         Self {
             max,

@@ -41,7 +41,7 @@ LAYERS = [
     ("spans", ["spans/"]),
     ("exposition", ["exposition/"]),
     ("cli", ["cli/"]),
-    ("startup", ["startup.rs", "lib.rs", "main.rs"]),
+    ("startup", ["startup.rs", "reload.rs", "lib.rs", "main.rs"]),
 ]
 
 # Layers whose allowed imports are not "everything below": the CLI measures with the kernel

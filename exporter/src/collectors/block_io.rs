@@ -464,6 +464,13 @@ impl Collector for BlockIoCollector {
         Ok(())
     }
 
+    fn reconfigure(&mut self, config: &Config) -> Result<(), CollectorError> {
+        self.budget.set_max(config.limits.max_series);
+        self.lat_budget.set_max(config.limits.max_series);
+        self.retention = config.collection.series_retention;
+        Ok(())
+    }
+
     fn health(&self) -> Health {
         let mut folded_series = vec![(IO_FAMILY, self.budget.folded())];
         if self.by_cgroup {

@@ -83,4 +83,10 @@ pub trait Collector: Send {
     fn health(&self) -> Health {
         Health::default()
     }
+
+    /// Takes the keys of a reloaded configuration that may change while running
+    /// ([`crate::config::LIVE_KEYS`]); the others were refused before this is called.
+    fn reconfigure(&mut self, _config: &crate::config::Config) -> Result<(), CollectorError> {
+        Ok(())
+    }
 }

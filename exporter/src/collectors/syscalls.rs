@@ -75,6 +75,8 @@ struct ErrorTotals {
 
 pub struct SyscallCollector {
     maps: SyscallMaps,
+    /// `SLOW_THRESHOLDS`: per syscall number, the duration from which a call is sampled.
+    thresholds: Array<MapData, u64>,
     capacities: [u64; 3],
     labeler: SharedLabeler,
     entries: Tracker<SyscallKey, SyscallStats, Route<SeriesKey>>,
@@ -105,29 +107,18 @@ impl SyscallCollector {
         config: &Config,
         labeler: SharedLabeler,
     ) -> Result<Self, ProbeError> {
-        {
-            let thresholds = config.slow_thresholds_ns();
-            let map = probes.map_mut(maps::SLOW_THRESHOLDS)?;
-            let mut array: Array<&mut MapData, u64> =
-                Array::try_from(map).map_err(|source| ProbeError::Map {
-                    map: maps::SLOW_THRESHOLDS.into(),
-                    source,
-                })?;
-            for (nr, ns) in thresholds.iter().enumerate() {
-                if *ns != 0 {
-                    array
-                        .set(nr as u32, ns, 0)
-                        .map_err(|source| ProbeError::Map {
-                            map: maps::SLOW_THRESHOLDS.into(),
-                            source,
-                        })?;
-                }
-            }
-        }
+        let map_err = |source| ProbeError::Map {
+            map: maps::SLOW_THRESHOLDS.into(),
+            source,
+        };
+        let mut thresholds: Array<MapData, u64> =
+            Array::try_from(probes.take_map(maps::SLOW_THRESHOLDS)?).map_err(map_err)?;
+        write_thresholds(&mut thresholds, config).map_err(map_err)?;
         let maps = SyscallMaps::attach(probes, NAME)?;
         let limits = &config.limits;
         Ok(Self {
             maps,
+            thresholds,
             capacities: [
                 limits.max_syscall_entries as u64,
                 limits.max_error_entries as u64,
@@ -317,6 +308,17 @@ impl SyscallCollector {
     }
 }
 
+/// Writes every syscall's slow-call threshold (0: never sampled) as `config` says.
+fn write_thresholds(
+    map: &mut Array<MapData, u64>,
+    config: &Config,
+) -> Result<(), aya::maps::MapError> {
+    for (nr, ns) in config.slow_thresholds_ns().iter().enumerate() {
+        map.set(nr as u32, ns, 0)?;
+    }
+    Ok(())
+}
+
 /// The workload of a kernel (cgroup, tgid) pair; a cgroup's shared key
 /// ([`FOLDED_TGID`]) is its cgroup's `comm="other"`.
 fn workload_of(
@@ -452,6 +454,16 @@ impl Collector for SyscallCollector {
                 totals.encode(family.encode_family(&labels)?, &self.bounds)?;
             }
         }
+        Ok(())
+    }
+
+    fn reconfigure(&mut self, config: &Config) -> Result<(), CollectorError> {
+        write_thresholds(&mut self.thresholds, config).map_err(|source| CollectorError::Map {
+            map: maps::SLOW_THRESHOLDS,
+            source,
+        })?;
+        self.budget.set_max(config.limits.max_series);
+        self.retention = config.collection.series_retention;
         Ok(())
     }
 

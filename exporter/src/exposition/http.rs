@@ -87,7 +87,13 @@ pub struct AppState {
     pub telemetry_path: String,
     pub ready: AtomicBool,
     pub routes: BTreeMap<String, Handler>,
+    /// `POST /-/reload`: reloads the configuration; `Ok` with what changed, `Err` with why
+    /// nothing did.
+    pub reload: Option<ReloadHandler>,
 }
+
+/// What `POST /-/reload` runs.
+pub type ReloadHandler = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -178,12 +184,54 @@ fn health(state: &AppState) -> Response<Full<Bytes>> {
     }
 }
 
+/// `/-/reload`: POST reloads the configuration file (behind the same TLS and basic auth as
+/// every route); any other method is refused.
+async fn reload(state: &AppState, method: &Method) -> Response<Full<Bytes>> {
+    let Some(handler) = state.reload.clone() else {
+        return response(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found\n",
+        );
+    };
+    if method != Method::POST {
+        let mut r = response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            "only POST reloads the configuration\n",
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return r;
+    }
+    match tokio::task::spawn_blocking(move || handler()).await {
+        Ok(Ok(changed)) => response(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            format!("{changed}\n"),
+        ),
+        Ok(Err(why)) => response(
+            StatusCode::BAD_REQUEST,
+            "text/plain; charset=utf-8",
+            format!("{why}\n"),
+        ),
+        Err(_) => response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain; charset=utf-8",
+            "reload failed\n",
+        ),
+    }
+}
+
 /// Serves one request.
 pub async fn handle(
     state: Arc<AppState>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let head = req.method() == Method::HEAD;
+    if req.uri().path() == "/-/reload" {
+        return Ok(reload(&state, req.method()).await);
+    }
     if req.method() != Method::GET && !head {
         let mut r = response(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -679,6 +727,7 @@ mod tests {
             telemetry_path: "/metrics".into(),
             ready: true.into(),
             routes: BTreeMap::new(),
+            reload: None,
         };
         assert_eq!(health(&state).status(), StatusCode::OK);
         let poisoner = agent.clone();

@@ -16,6 +16,7 @@ mod http_hardening;
 mod kubernetes;
 mod performance;
 mod prometheus_e2e;
+mod reload;
 mod robustness;
 mod security;
 mod soak;

@@ -1,0 +1,201 @@
+//! Configuration reload without restart, on SIGHUP or `POST /-/reload`: the file is read and
+//! validated as at start; if every changed key may change live ([`crate::config::LIVE_KEYS`]:
+//! slow-call thresholds, the series budget, series retention) the running collectors take the
+//! new values, otherwise nothing changes and the error names each key that needs a restart.
+//! A reload is all or nothing: a bad file or a restart-only change keeps the running
+//! configuration entirely.
+//!
+//! Metrics: `sysscope_config_last_reload_successful`,
+//! `sysscope_config_last_reload_success_timestamp_seconds`, `sysscope_config_reloads_total`.
+
+use std::{
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use prometheus_client::{
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+};
+
+use crate::{
+    agent::Agent,
+    collectors::CollectorError,
+    config::{self, Config, ConfigError},
+    util::error::Chain,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("no configuration file to reload (sysscope runs with its defaults; start it with --config.file)")]
+    NoFile,
+    #[error("the new configuration is invalid; the running one is kept")]
+    Invalid(#[source] ConfigError),
+    #[error(
+        "{} need{} a restart; the running configuration is kept: {}",
+        if .0.len() == 1 { "this key" } else { "these keys" },
+        if .0.len() == 1 { "s" } else { "" },
+        .0.join(", ")
+    )]
+    NeedsRestart(Vec<String>),
+    #[error("collector `{collector}` could not take the new configuration")]
+    Apply {
+        collector: &'static str,
+        #[source]
+        source: CollectorError,
+    },
+}
+
+/// Reload outcomes, for the self-metrics.
+#[derive(Debug)]
+pub struct ReloadStats {
+    last_successful: AtomicBool,
+    last_success_unix: AtomicU64,
+    successes: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Default for ReloadStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReloadStats {
+    pub fn new() -> Self {
+        Self {
+            last_successful: AtomicBool::new(true),
+            last_success_unix: AtomicU64::new(unix_now()),
+            successes: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        }
+    }
+
+    /// Writes the reload families.
+    pub fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+        let ok = Gauge::<i64>::default();
+        ok.set(self.last_successful.load(Ordering::Relaxed) as i64);
+        let at = Gauge::<i64>::default();
+        at.set(self.last_success_unix.load(Ordering::Relaxed) as i64);
+        let total = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+        total
+            .get_or_create(&vec![("result", "success")])
+            .inc_by(self.successes.load(Ordering::Relaxed));
+        total
+            .get_or_create(&vec![("result", "failure")])
+            .inc_by(self.failures.load(Ordering::Relaxed));
+        let families: [(&str, &str, &dyn EncodeMetric); 3] = [
+            (
+                "sysscope_config_last_reload_successful",
+                "Whether the last configuration reload succeeded (1 before any reload).",
+                &ok,
+            ),
+            (
+                "sysscope_config_last_reload_success_timestamp_seconds",
+                "When the configuration was last loaded successfully (at start or by a reload).",
+                &at,
+            ),
+            (
+                "sysscope_config_reloads",
+                "Configuration reloads (SIGHUP, POST /-/reload), by result.",
+                &total,
+            ),
+        ];
+        for (name, help, metric) in families {
+            let e = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(e)?;
+        }
+        Ok(())
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Reloads the configuration file into the running agent.
+pub struct Reloader {
+    path: Option<PathBuf>,
+    current: Mutex<Config>,
+    agent: Arc<Mutex<Agent>>,
+    stats: Arc<ReloadStats>,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reloader {
+    /// A reloader of `path` (the `--config.file`, if any) for an agent started with `config`,
+    /// counting outcomes in `stats` (which the agent's self-metrics encode).
+    pub fn new(
+        path: Option<PathBuf>,
+        config: Config,
+        agent: Arc<Mutex<Agent>>,
+        stats: Arc<ReloadStats>,
+    ) -> Self {
+        Self {
+            path,
+            current: Mutex::new(config),
+            agent,
+            stats,
+        }
+    }
+
+    /// Reloads: returns the keys that changed (empty if none), or why nothing changed.
+    /// Logged either way.
+    pub fn reload(&self) -> Result<Vec<String>, ReloadError> {
+        let result = self.try_reload();
+        match &result {
+            Ok(changed) => {
+                self.stats.successes.fetch_add(1, Ordering::Relaxed);
+                self.stats.last_successful.store(true, Ordering::Relaxed);
+                self.stats
+                    .last_success_unix
+                    .store(unix_now(), Ordering::Relaxed);
+                tracing::info!(changed = ?changed, "configuration reloaded");
+            }
+            Err(e) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.last_successful.store(false, Ordering::Relaxed);
+                tracing::error!(error = %Chain(e), "configuration reload failed");
+            }
+        }
+        result
+    }
+
+    fn try_reload(&self) -> Result<Vec<String>, ReloadError> {
+        let path = self.path.as_ref().ok_or(ReloadError::NoFile)?;
+        let new = Config::load(path).map_err(ReloadError::Invalid)?;
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = config::changed_keys(&current, &new);
+        let restart: Vec<String> = changed
+            .iter()
+            .filter(|k| !config::is_live(k))
+            .cloned()
+            .collect();
+        if !restart.is_empty() {
+            return Err(ReloadError::NeedsRestart(restart));
+        }
+        if !changed.is_empty() {
+            self.agent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .reconfigure(&new)
+                .map_err(|(collector, source)| ReloadError::Apply { collector, source })?;
+            *current = new;
+        }
+        Ok(changed)
+    }
+}
