@@ -28,6 +28,11 @@ step() {
 
 step "cargo fmt" cargo fmt --all -- --check
 step "cargo clippy" cargo clippy --locked --all-targets -- -D warnings
+# The probes build for the BPF target with nightly (as exporter/build.rs builds them): every
+# `unsafe` block there says why it is sound too.
+step "clippy (probes)" bash -c 'cd ebpf/probes && cargo +nightly clippy --locked --quiet \
+  --target bpfel-unknown-none -Z build-std=core --release --target-dir ../../target/probes-clippy \
+  -- -A clippy::all -D clippy::undocumented_unsafe_blocks'
 
 printf '\n==> cargo test\n'
 cargo test --locked --no-fail-fast 2>&1 | tee "$log"

@@ -68,6 +68,7 @@ static BLOCK_TRACE: u32 = 0;
 
 #[inline(always)]
 fn tracing_target() -> bool {
+    // SAFETY: a global the loader sets before the load, read as a whole.
     unsafe { core::ptr::read_volatile(&BLOCK_TRACE) != 0 }
 }
 
@@ -77,6 +78,7 @@ static BLOCK_CONFIG: BlockProbeConfig = BlockProbeConfig::UNSET;
 
 #[inline(always)]
 fn config() -> BlockProbeConfig {
+    // SAFETY: a global the loader sets before the load, read as a whole.
     unsafe { core::ptr::read_volatile(&BLOCK_CONFIG) }
 }
 
@@ -87,6 +89,7 @@ fn read<T>(base: u64, off: u32) -> Option<T> {
     if base == 0 || off == NO_FIELD {
         return None;
     }
+    // SAFETY: the helper checks the address and fails on one it cannot read.
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
@@ -127,6 +130,7 @@ fn request_cgroup(rq: u64, cfg: &BlockProbeConfig, current: u64) -> u64 {
     let Some(id) = read::<u64>(read_ptr(cgroup, cfg.cgroup_kn), cfg.kn_id) else {
         return current;
     };
+    // SAFETY: the helper has no preconditions.
     let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(level) };
     charged_cgroup(current, ancestor, id)
 }
@@ -142,6 +146,7 @@ pub fn block_io_start(ctx: RawTracePointContext) -> i32 {
     }
     // TP_PROTO(struct request *rq)
     let rq = ctx.arg::<u64>(0);
+    // SAFETY: the helper has no preconditions.
     let entry = submitter(rq, &cfg, unsafe { bpf_ktime_get_ns() }, 0);
     // BPF_ANY: a request structure is reused; an entry of its previous life is stale.
     if BLOCK_INFLIGHT.insert(&rq, &entry, 0).is_err() {
@@ -153,6 +158,7 @@ pub fn block_io_start(ctx: RawTracePointContext) -> i32 {
 /// The current task as the one a request is for; `issue_ns` 0 means "not issued yet".
 #[inline(always)]
 fn submitter(rq: u64, cfg: &BlockProbeConfig, now: u64, issue_ns: u64) -> BlockInflight {
+    // SAFETY: the helper has no preconditions.
     let current = unsafe { bpf_get_current_cgroup_id() };
     let pid_tgid = bpf_get_current_pid_tgid();
     let cgroup_id = request_cgroup(rq, cfg, current);
@@ -205,10 +211,12 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
         let _ = BLOCK_INFLIGHT.remove(&rq);
         return 0;
     }
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let dev = disk_dev(rq, &cfg);
     if let Some(entry) = BLOCK_INFLIGHT.get_ptr_mut(&rq) {
         // Submitted earlier, or issued again after a requeue: the clock (re)starts.
+        // SAFETY: a value of `BLOCK_INFLIGHT`, valid while the program runs; one request completes on one CPU at a time.
         unsafe {
             (*entry).issue_ns = now;
             (*entry).dev = dev;
@@ -233,6 +241,7 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
 
 #[raw_tracepoint(tracepoint = "block_rq_complete")]
 pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let cfg = config();
     // TP_PROTO(struct request *rq, blk_status_t error, unsigned int nr_bytes)
@@ -251,9 +260,11 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
     };
     if nr_bytes < remaining {
         // A partial completion: the rest follows in another call.
+        // SAFETY: a value of `BLOCK_INFLIGHT`, valid while the program runs; one request completes on one CPU at a time.
         unsafe { (*entry).done_bytes += nr_bytes };
         return 0;
     }
+    // SAFETY: a value of `BLOCK_INFLIGHT`, valid while the program runs; one request completes on one CPU at a time.
     let e = unsafe { *entry };
     let _ = BLOCK_INFLIGHT.remove(&rq);
     if e.issue_ns == 0 {
@@ -302,6 +313,7 @@ fn stream(e: &BlockInflight, bytes: u64, now: u64, error: u8) {
         count_drop(counters::TRACE_BLOCK_RINGBUF_FULL);
         return;
     };
+    // SAFETY: a ring-buffer record reserved for this program, of this type, until it is submitted.
     let out = unsafe { &mut *entry.as_mut_ptr() };
     out.submit_ns = e.submit_ns;
     out.issue_ns = e.issue_ns;
@@ -328,6 +340,8 @@ fn add(slot: *mut u64, v: u64) {
 #[inline(always)]
 fn record_stats(key: &BlockKey, bytes: u64) {
     if let Some(stats) = BLOCK_STATS.get_ptr_mut(key) {
+        // SAFETY: a value of `BLOCK_STATS`, valid while the program runs; only its fields'
+        // addresses are taken, and `add` updates them atomically.
         unsafe {
             add(&raw mut (*stats).bytes, bytes);
             add(&raw mut (*stats).requests, 1);
@@ -340,6 +354,7 @@ fn record_stats(key: &BlockKey, bytes: u64) {
         // Another CPU created the entry between our lookup and insert: add to theirs.
         Err(EEXIST) => {
             if let Some(stats) = BLOCK_STATS.get_ptr_mut(key) {
+                // SAFETY: as above.
                 unsafe {
                     add(&raw mut (*stats).bytes, bytes);
                     add(&raw mut (*stats).requests, 1);
@@ -352,6 +367,8 @@ fn record_stats(key: &BlockKey, bytes: u64) {
 
 #[inline(always)]
 fn add_latency(hist: *mut BlockLatency, bucket: usize, ns: u64) {
+    // SAFETY: `hist` is a value of `BLOCK_LATENCY`, valid while the program runs; only its
+    // fields' addresses are taken, and `add` updates them atomically.
     unsafe {
         add(&raw mut (*hist).sum_ns, ns);
         if let Some(b) = (*hist).buckets.get_mut(bucket) {

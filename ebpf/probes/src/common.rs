@@ -11,7 +11,7 @@ pub static PROBE_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(coun
 #[inline(always)]
 pub fn count_drop(index: u32) {
     if let Some(slot) = PROBE_COUNTERS.get_ptr_mut(index) {
-        // Per-CPU slot, and programs do not nest on a CPU: a plain add is enough.
+        // SAFETY: Per-CPU slot, and programs do not nest on a CPU: a plain add is enough.
         unsafe { *slot += 1 };
     }
 }
@@ -39,7 +39,9 @@ pub fn read_syscall_arg0(regs: *const u8) -> u64 {
     ))) {
         return u64::MAX;
     }
+    // SAFETY: an offset within the `struct pt_regs` that `regs` points to, only read through the helper.
     let p = unsafe { regs.add(ARG_REG_OFFSETS[0]) } as *const u64;
+    // SAFETY: the helper checks the address and fails on one it cannot read.
     unsafe { bpf_probe_read_kernel(p) }.unwrap_or(u64::MAX)
 }
 
@@ -55,7 +57,9 @@ pub fn read_syscall_args(regs: *const u8, out: &mut [u64; 6]) {
     }
     let mut i = 0;
     while i < 6 {
+        // SAFETY: an offset within the `struct pt_regs` that `regs` points to, only read through the helper.
         let p = unsafe { regs.add(ARG_REG_OFFSETS[i]) } as *const u64;
+        // SAFETY: the helper checks the address and fails on one it cannot read.
         out[i] = unsafe { bpf_probe_read_kernel(p) }.unwrap_or(0);
         i += 1;
     }

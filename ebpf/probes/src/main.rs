@@ -25,7 +25,7 @@ mod trace;
 #[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
-    // Programs are written without panicking paths; the verifier rejects any that remain.
+    // SAFETY: Programs are written without panicking paths; the verifier rejects any that remain.
     unsafe { core::hint::unreachable_unchecked() }
 }
 

@@ -182,6 +182,7 @@ static SYSCALL_TARGET_ONLY: u32 = 0;
 
 #[inline(always)]
 fn target_only() -> bool {
+    // SAFETY: a global the loader sets before the load, read as a whole.
     unsafe { core::ptr::read_volatile(&SYSCALL_TARGET_ONLY) != 0 }
 }
 
@@ -225,6 +226,7 @@ fn key_of(state: &mut ThreadState, nr: u32, fd: FdClass) -> SyscallKey {
     if state.cgroup_generation != generation {
         // The cached slots stay: those of the old cgroup's keys are refused by their copies'
         // owner check and replaced on first use.
+        // SAFETY: the helper has no preconditions.
         state.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
         // A migration counted meanwhile may have moved this thread after the read: then the
         // id is used for this call only, and read again on the next.
@@ -280,12 +282,14 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     } else {
         FdClass::NONE
     };
+    // SAFETY: the helper has no preconditions.
     state.start_ns = unsafe { bpf_ktime_get_ns() };
     0
 }
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let state = SYSCALL_THREADS.current(false);
     if state.is_null() {
@@ -334,7 +338,9 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     if tid == tgid && (!target_only() || crate::trace::is_target(pid_tgid)) {
         let exit = ProcessExit {
             comm: bpf_get_current_comm().unwrap_or([0; 16]),
+            // SAFETY: the helper has no preconditions.
             cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+            // SAFETY: the helper has no preconditions.
             exit_ns: unsafe { bpf_ktime_get_ns() },
         };
         if PROCESS_EXITS.insert(&tgid, &exit, 0).is_err() {
@@ -614,6 +620,7 @@ fn sample_slow_call(
     end_ns: u64,
     ret: i64,
 ) {
+    // SAFETY: a global the loader sets before the load, read as a whole.
     let limit = unsafe { core::ptr::read_volatile(&SLOW_EVENTS_PER_CPU_PER_SEC) } as u64;
     if limit == 0 {
         return;
@@ -621,6 +628,7 @@ fn sample_slow_call(
     let Some(window) = SLOW_RATE.get_ptr_mut(0) else {
         return;
     };
+    // SAFETY: this CPU's value of a per-CPU array, valid while the program runs (programs do not nest on a CPU).
     let window = unsafe { &mut *window };
     if end_ns.wrapping_sub(window.window_start_ns) >= NSEC_PER_SEC {
         // Windows start on whole seconds of CLOCK_MONOTONIC, the same on every CPU, so the
@@ -637,6 +645,7 @@ fn sample_slow_call(
         count_drop(counters::SLOW_RINGBUF_FULL);
         return;
     };
+    // SAFETY: a ring-buffer record reserved for this program, of this type, until it is submitted.
     let event = unsafe { &mut *entry.as_mut_ptr() };
     event.start_ns = start_ns;
     event.end_ns = end_ns;

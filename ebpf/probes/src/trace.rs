@@ -64,6 +64,7 @@ static TRACE_FILTER_TGIDS: u32 = 0;
 pub fn is_target(pid_tgid: u64) -> bool {
     let cgroup = target_cgroup();
     if cgroup != 0 {
+        // SAFETY: the helper has no preconditions.
         if unsafe { bpf_get_current_cgroup_id() } == cgroup {
             return true;
         }
@@ -78,6 +79,7 @@ pub fn is_target(pid_tgid: u64) -> bool {
 /// Whether the current process is one of the traced tgids (`--pid`).
 #[inline(always)]
 pub fn is_target_tgid(pid_tgid: u64) -> bool {
+    // SAFETY: a global the loader sets before the load, read as a whole.
     if unsafe { core::ptr::read_volatile(&TRACE_FILTER_TGIDS) } != 0 {
         let tgid = (pid_tgid >> 32) as u32;
         if TRACE_TARGETS.get_ptr(&tgid).is_some() {
@@ -90,6 +92,7 @@ pub fn is_target_tgid(pid_tgid: u64) -> bool {
 /// The target cgroup's id (0: no cgroup filter).
 #[inline(always)]
 pub fn target_cgroup() -> u64 {
+    // SAFETY: a global the loader sets before the load, read as a whole.
     unsafe { core::ptr::read_volatile(&TRACE_CGROUP_ID) }
 }
 
@@ -101,6 +104,7 @@ pub fn trace_sys_enter(ctx: RawTracePointContext) -> i32 {
     }
     // TP_PROTO(struct pt_regs *regs, long id)
     let nr = ctx.arg::<u64>(1) as u32;
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let regs = ctx.arg::<*const u8>(0);
     let tid = pid_tgid as u32;
@@ -121,6 +125,7 @@ pub fn trace_sys_enter(ctx: RawTracePointContext) -> i32 {
     }
     match TRACE_THREADS.get_ptr_mut(&tid) {
         Some(state) => {
+            // SAFETY: a map value of the current thread, valid while the program runs.
             let state = unsafe { &mut *state };
             state.start_ns = now;
             state.nr = nr;
@@ -147,12 +152,14 @@ pub fn trace_sys_enter(ctx: RawTracePointContext) -> i32 {
 
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn trace_sys_exit(ctx: RawTracePointContext) -> i32 {
+    // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let Some(state) = TRACE_THREADS.get_ptr_mut(&tid) else {
         return 0;
     };
+    // SAFETY: a map value of the current thread, valid while the program runs.
     let state = unsafe { &mut *state };
     let start_ns = state.start_ns;
     if start_ns == 0 {
@@ -191,9 +198,11 @@ fn emit(
         count_drop(counters::TRACE_RINGBUF_FULL);
         return;
     };
+    // SAFETY: a ring-buffer record reserved for this program, of this type, until it is submitted.
     let event = unsafe { &mut *entry.as_mut_ptr() };
     event.start_ns = start_ns;
     event.end_ns = end_ns;
+    // SAFETY: the helper has no preconditions.
     event.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     event.tgid = (pid_tgid >> 32) as u32;
     event.tid = pid_tgid as u32;
@@ -209,6 +218,7 @@ fn emit(
             let ptr = ptr as *const u8;
             // The caller's memory still holds the path at exit (execve aside: its old
             // address space is gone, and the read simply fails).
+            // SAFETY: the helper checks the user address and fails on one it cannot read.
             if unsafe { bpf_probe_read_user_str_bytes(ptr, &mut event.path) }.is_ok() {
                 flags |= trace_flags::PATH;
             }
