@@ -50,6 +50,11 @@ struct Cli {
     #[arg(long = "config.file", global = true)]
     config_file: Option<PathBuf>,
 
+    /// The kernel's BTF from this file instead of /sys/kernel/btf/vmlinux (a container that does
+    /// not see /sys/kernel/btf, or BTF shipped as a file). The kernel itself must have BTF.
+    #[arg(long = "btf.path", global = true, value_name = "FILE")]
+    btf_path: Option<PathBuf>,
+
     /// Load and attach every probe, print what attached, and exit (non-zero if anything failed).
     #[arg(long = "config.check")]
     config_check: bool,
@@ -297,6 +302,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(path) = &cli.btf_path {
+        if let Err(e) = sysscope::kernel::btf::use_kernel_btf_file(path) {
+            eprintln!("sysscope: --btf.path: {}", Chain(&e));
+            return ExitCode::from(2);
+        }
+    }
     let tool = match &cli.command {
         None if cli.config_check => return exit(config_check(&config)),
         None => {

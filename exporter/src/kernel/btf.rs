@@ -1,14 +1,45 @@
-//! A minimal reader of the kernel's BTF (`/sys/kernel/btf/vmlinux`): struct member offsets and
-//! enum values, which is what probes written without CO-RE need to read kernel structs whose
-//! layout changes between versions and configurations (see `collectors::block_io`).
+//! A minimal reader of the kernel's BTF (`/sys/kernel/btf/vmlinux`, or the file `--btf.path`
+//! names): struct member offsets and enum values, which is what probes written without CO-RE
+//! need to read kernel structs whose layout changes between versions and configurations (see
+//! `kernel::block_io`, `kernel::fd_class`).
 //!
 //! Only the type section and the string section are read; members inside anonymous structs
 //! and unions are found as if they were direct members, like C does.
 
-use std::{collections::HashMap, path::Path};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 /// Where the running kernel publishes its BTF.
 pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+
+/// The kernel's BTF from another file (`--btf.path`), set once at start.
+static KERNEL_BTF_FILE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Reads the kernel's BTF from `path` instead of [`VMLINUX`] from now on (`--btf.path`): for a
+/// container that does not see `/sys/kernel/btf`, or a distribution that ships the kernel's BTF
+/// as a file. The file is parsed now, so a wrong path or a file that is not BTF is refused at
+/// start naming the path. The kernel still needs BTF of its own for the probes' typed pointers
+/// (the verifier checks them against it).
+pub fn use_kernel_btf_file(path: &Path) -> Result<(), BtfError> {
+    Btf::from_file(path)?;
+    let _ = KERNEL_BTF_FILE.set(path.to_path_buf());
+    Ok(())
+}
+
+/// The file sysscope reads the kernel's BTF from.
+pub fn kernel_btf_file() -> &'static Path {
+    KERNEL_BTF_FILE
+        .get()
+        .map_or(Path::new(VMLINUX), PathBuf::as_path)
+}
+
+/// The file `--btf.path` named, if any.
+pub fn given_kernel_btf_file() -> Option<&'static Path> {
+    KERNEL_BTF_FILE.get().map(PathBuf::as_path)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {
@@ -18,6 +49,8 @@ pub enum BtfError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path} is not BTF: {problem}")]
+    NotBtf { path: String, problem: String },
     #[error("kernel BTF is malformed: {0}")]
     Malformed(String),
     #[error("kernel BTF has no struct `{0}`")]
@@ -143,9 +176,9 @@ fn u32_at(b: &[u8], off: usize) -> Option<u32> {
 }
 
 impl Btf {
-    /// The running kernel's BTF.
+    /// The running kernel's BTF ([`kernel_btf_file`]).
     pub fn from_kernel() -> Result<Self, BtfError> {
-        Self::from_file(Path::new(VMLINUX))
+        Self::from_file(kernel_btf_file())
     }
 
     pub fn from_file(path: &Path) -> Result<Self, BtfError> {
@@ -153,7 +186,13 @@ impl Btf {
             path: path.display().to_string(),
             source,
         })?;
-        Self::parse(&data)
+        Self::parse(&data).map_err(|e| match e {
+            BtfError::Malformed(problem) => BtfError::NotBtf {
+                path: path.display().to_string(),
+                problem,
+            },
+            e => e,
+        })
     }
 
     /// Parses raw BTF (little-endian, as on the machines sysscope runs on).

@@ -53,10 +53,14 @@ pub enum ProbeError {
         why: &'static str,
     },
     #[error(
-        "the kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): sysscope needs a kernel \
-         built with CONFIG_DEBUG_INFO_BTF=y (5.8 or later)"
+        "the kernel's BTF is not visible (/sys/kernel/btf/vmlinux is missing): sysscope needs a \
+         kernel built with CONFIG_DEBUG_INFO_BTF=y (every supported kernel, 5.13 or later, can \
+         be); in a container, mount the host's /sys/kernel/btf, or give a copy of the file with \
+         --btf.path"
     )]
     NoBtf,
+    #[error("the kernel BTF file given with --btf.path cannot be used by the loader")]
+    KernelBtf(#[source] aya::BtfError),
     #[error("the embedded eBPF object is empty: this binary was built with AYA_BUILD_SKIP")]
     NotBuilt,
     #[error("loading the eBPF object failed")]
@@ -127,7 +131,7 @@ pub fn preflight() -> Result<(), ProbeError> {
             why: "needed to attach tracing programs to tracepoints",
         });
     }
-    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+    if !btf::kernel_btf_file().exists() {
         return Err(ProbeError::NoBtf);
     }
     Ok(())
@@ -239,7 +243,15 @@ impl Probes {
         let limits = &config.limits;
         let stripes = stat_stripes(cpus);
         let cgroup_quota = limits.max_syscall_entries_per_cgroup;
+        // A kernel BTF file given with --btf.path serves the loader's relocations too.
+        let given_btf = btf::given_kernel_btf_file()
+            .map(|path| aya::Btf::parse_file(path, aya::Endianness::default()))
+            .transpose()
+            .map_err(ProbeError::KernelBtf)?;
         let mut loader = EbpfLoader::new();
+        if let Some(given) = &given_btf {
+            loader.btf(Some(given));
+        }
         loader
             // Task-local storage (per-thread syscall state) has no user-space wrapper in aya;
             // user space never reads it.

@@ -13,6 +13,7 @@ mod fuzz;
 mod gpu;
 mod hostile_names;
 mod http_hardening;
+mod kernels;
 mod kubernetes;
 mod performance;
 mod prometheus_e2e;

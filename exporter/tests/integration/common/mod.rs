@@ -392,10 +392,31 @@ impl Exporter {
         extra_args: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn_wrapped(port, config, extra_args, env, &[])
+    }
+
+    /// [`Exporter::spawn_with_env`] run through `wrapper` (a command that execs its arguments,
+    /// e.g. `unshare --mount -- sh -c '...; exec "$0" "$@"'`), so the exporter's pid is the
+    /// child's.
+    pub fn spawn_wrapped(
+        port: u16,
+        config: &str,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("sysscope.toml");
         std::fs::write(&config_path, config).unwrap();
-        let child = Command::new(sysscope_bin())
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(sysscope_bin());
+                c
+            }
+            None => Command::new(sysscope_bin()),
+        };
+        let child = cmd
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg(format!("--config.file={}", config_path.display()))
             .args(extra_args)
