@@ -18,6 +18,7 @@ pub mod bpf_batch;
 pub mod btf;
 pub mod cumulative;
 pub mod fd_class;
+pub mod features;
 #[cfg(test)]
 mod object_contract;
 pub mod probe_stats;
@@ -61,6 +62,19 @@ pub enum ProbeError {
     NoBtf,
     #[error("the kernel BTF file given with --btf.path cannot be used by the loader")]
     KernelBtf(#[source] aya::BtfError),
+    #[error(
+        "this kernel ({kernel}) lacks {} (Linux {}+), which `{needed_by}` needs",
+        feature.name,
+        feature.since
+    )]
+    MissingKernelFeature {
+        kernel: String,
+        feature: features::KernelFeature,
+        needed_by: String,
+        /// What the kernel said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("the embedded eBPF object is empty: this binary was built with AYA_BUILD_SKIP")]
     NotBuilt,
     #[error("loading the eBPF object failed")]
@@ -97,6 +111,21 @@ fn fault_injected(program: &str) -> bool {
     std::env::var(FAULT_ENV)
         .map(|v| v.split(',').any(|p| p.trim() == program))
         .unwrap_or(false)
+}
+
+/// The error for `program` when its verifier `log` shows a kernel feature it lacks.
+fn missing_feature(program: &str, log: &str) -> Option<ProbeError> {
+    let feature = features::of_verifier_log(log)?;
+    Some(ProbeError::MissingKernelFeature {
+        kernel: features::running_kernel(),
+        feature,
+        needed_by: program.to_string(),
+        // The verifier's last words say what it refused.
+        source: {
+            let lines: Vec<&str> = log.lines().collect();
+            lines[lines.len().saturating_sub(3)..].join(" | ").into()
+        },
+    })
 }
 
 /// Capabilities sysscope checks for, from `/proc/self/status` (CapEff).
@@ -307,7 +336,20 @@ impl Probes {
             FdProbeConfig::UNSET
         };
         loader.override_global(globals::FD_CONFIG, &fd_config, false);
-        let mut ebpf = loader.load(object).map_err(ProbeError::Load)?;
+        let mut ebpf = loader.load(object).map_err(|e| {
+            // A map type this kernel does not have is named with the kernel that brought it.
+            if let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, .. }) = &e {
+                if let Some(feature) = features::of_map(name) {
+                    return ProbeError::MissingKernelFeature {
+                        kernel: features::running_kernel(),
+                        feature,
+                        needed_by: name.clone(),
+                        source: Box::new(e),
+                    };
+                }
+            }
+            ProbeError::Load(e)
+        })?;
         fill_free_slots(&mut ebpf, limits.max_syscall_entries)?;
         let stats = RunTimeStats::start(config.collection.probe_stats);
         Ok(Self {
@@ -357,10 +399,26 @@ impl Probes {
                 action: "type check",
                 source,
             })?;
-        prog.load().map_err(|source| ProbeError::Program {
-            program: program.to_string(),
-            action: "load (verifier)",
-            source,
+        if let Some(log) = features::injected_verifier_log(program) {
+            tracing::warn!(
+                program,
+                "{}: loading as on an older kernel",
+                features::FAULT_ENV
+            );
+            return Err(missing_feature(program, &log).expect("the injected log names a feature"));
+        }
+        prog.load().map_err(|source| {
+            // A helper this kernel lacks is named with the kernel that brought it.
+            if let ProgramError::LoadError { verifier_log, .. } = &source {
+                if let Some(e) = missing_feature(program, &verifier_log.to_string()) {
+                    return e;
+                }
+            }
+            ProbeError::Program {
+                program: program.to_string(),
+                action: "load (verifier)",
+                source,
+            }
         })?;
         prog.attach(tracepoint)
             .map_err(|source| ProbeError::Program {

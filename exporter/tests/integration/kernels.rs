@@ -93,3 +93,38 @@ fn a_bad_btf_path_is_named() {
         );
     }
 }
+
+/// A kernel without a feature the probes need is named with the feature and the kernel that
+/// brought it (here an older kernel's verifier refusal, injected for `sys_enter`), by
+/// `--config.check` (non-zero) and in the start-up log alike.
+#[test]
+fn a_missing_kernel_feature_is_named_with_its_kernel() {
+    if !require_root("a_missing_kernel_feature_is_named_with_its_kernel") {
+        return;
+    }
+    let out = Command::new(sysscope_bin())
+        .arg("--config.check")
+        .env(
+            sysscope::kernel::features::FAULT_ENV,
+            "sys_enter=task_storage",
+        )
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("lacks task-local storage for tracing programs")
+            && text.contains("Linux 5.13+")
+            && text.contains("`sys_enter`"),
+        "{text}"
+    );
+    // The kernel's own words follow, short: not a whole verifier dump.
+    assert!(
+        text.contains("cannot use helper bpf_task_storage_get"),
+        "{text}"
+    );
+}
