@@ -128,6 +128,13 @@ pub struct Agent {
     map_memory: Vec<(String, u64)>,
 }
 
+/// Name, help and value of one map-occupancy gauge family.
+type OccupancyFamily = (
+    &'static str,
+    &'static str,
+    fn(&crate::collectors::MapUsage) -> u64,
+);
+
 /// Encodes self-metric families of a source that is not a collector.
 pub type ExtraFamilies = Box<dyn Fn(&mut DescriptorEncoder<'_>) -> std::fmt::Result + Send>;
 
@@ -356,30 +363,24 @@ impl Agent {
             }
         }
 
-        {
-            let mut family = encoder.encode_descriptor(
+        let occupancy: [OccupancyFamily; 2] = [
+            (
                 "sysscope_map_entries",
                 "Entries in the kernel map at the last read.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for m in health.iter().flat_map(|h| &h.maps) {
-                family
-                    .encode_family(&[("map", m.map)])?
-                    .encode_gauge(&(m.entries as i64))?;
-            }
-        }
-        {
-            let mut family = encoder.encode_descriptor(
+                |m| m.entries,
+            ),
+            (
                 "sysscope_map_capacity_entries",
                 "Maximum entries of the kernel map.",
-                None,
-                MetricType::Gauge,
-            )?;
+                |m| m.capacity,
+            ),
+        ];
+        for (name, help, value) in occupancy {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for m in health.iter().flat_map(|h| &h.maps) {
                 family
                     .encode_family(&[("map", m.map)])?
-                    .encode_gauge(&(m.capacity as i64))?;
+                    .encode_gauge(&(value(m) as i64))?;
             }
         }
         {

@@ -118,12 +118,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
     let labeler = labeler_with_pods(config, pods)?;
     // The block probes read kernel structs at offsets found in BTF, set before the load.
     let block_plan = config.block_io.enabled.then(|| {
-        let root = labeler
-            .lock()
-            .expect("labeler lock")
-            .cgroups
-            .root()
-            .to_path_buf();
+        let root = crate::metadata::cgroup_root(&labeler);
         crate::kernel::block_io::plan(config, &root)
     });
     let options = LoadOptions {

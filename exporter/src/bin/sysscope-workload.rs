@@ -544,6 +544,11 @@ fn read_loop(path: &str, duration: Duration, bs: usize) {
 }
 
 fn write_fsync(path: &str, n: u64, bs: usize) {
+    write_loop(path, n, bs, true);
+}
+
+/// `n` writes of `bs` bytes to a fresh `path`, each followed by an fsync if `fsync`.
+fn write_loop(path: &str, n: u64, bs: usize, fsync: bool) {
     let cpath = CString::new(path).unwrap();
     // SAFETY: valid path and flags.
     let fd = unsafe {
@@ -559,8 +564,10 @@ fn write_fsync(path: &str, n: u64, bs: usize) {
         // SAFETY: buf holds bs bytes.
         let r = unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), bs) };
         assert_eq!(r as usize, bs, "write {path}");
-        // SAFETY: fsync of our descriptor.
-        unsafe { libc::syscall(libc::SYS_fsync, fd) };
+        if fsync {
+            // SAFETY: fsync of our descriptor.
+            unsafe { libc::syscall(libc::SYS_fsync, fd) };
+        }
     }
     // SAFETY: closing our descriptor.
     unsafe { libc::close(fd) };
@@ -827,24 +834,7 @@ fn futex_contention(threads: usize, n: u64) {
 }
 
 fn small_writes(path: &str, n: u64, bs: usize) {
-    let cpath = CString::new(path).unwrap();
-    // SAFETY: valid path and flags.
-    let fd = unsafe {
-        libc::open(
-            cpath.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-            0o644,
-        )
-    };
-    assert!(fd >= 0, "open {path}");
-    let buf = vec![b'x'; bs];
-    for _ in 0..n {
-        // SAFETY: buf holds bs bytes.
-        let r = unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), bs) };
-        assert_eq!(r as usize, bs, "write {path}");
-    }
-    // SAFETY: closing our descriptor.
-    unsafe { libc::close(fd) };
+    write_loop(path, n, bs, false);
 }
 
 /// Process churn: many short-lived, distinctly named processes with a known number of calls.

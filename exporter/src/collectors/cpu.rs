@@ -345,12 +345,7 @@ impl std::fmt::Debug for CpuCollector {
 impl CpuCollector {
     /// The collector over this machine's `/proc/stat` and cgroup v2 hierarchy.
     pub fn start(config: &Config, labeler: SharedLabeler) -> Result<Self, CpuError> {
-        let root = labeler
-            .lock()
-            .expect("labeler lock")
-            .cgroups
-            .root()
-            .to_path_buf();
+        let root = crate::metadata::cgroup_root(&labeler);
         let cgroup_root = config.cpu.cgroups.then_some(root);
         Self::with_paths(
             "/proc/stat".into(),

@@ -308,6 +308,19 @@ impl SyscallCollector {
     }
 }
 
+/// The labels of a syscall series: the workload's, `syscall`, and the descriptor's.
+fn series_labels<'a>(
+    labels: &mut Vec<(&'static str, Cow<'a, str>)>,
+    workload: &'a Workload,
+    nr: u32,
+    fd: &FdClass,
+) {
+    labels.clear();
+    workload.push_labels(labels);
+    labels.push(("syscall", syscall_table::label(nr)));
+    fd_class::push_labels(fd, labels);
+}
+
 /// Writes every syscall's slow-call threshold (0: never sampled) as `config` says.
 fn write_thresholds(
     map: &mut Array<MapData, u64>,
@@ -412,10 +425,7 @@ impl Collector for SyscallCollector {
                 MetricType::Counter,
             )?;
             for ((workload, nr, fd), totals) in &self.series {
-                labels.clear();
-                workload.push_labels(&mut labels);
-                labels.push(("syscall", syscall_table::label(*nr)));
-                fd_class::push_labels(fd, &mut labels);
+                series_labels(&mut labels, workload, *nr, fd);
                 family
                     .encode_family(&labels)?
                     .encode_counter::<NoLabelSet, _, u64>(&totals.count(), None)?;
@@ -429,10 +439,7 @@ impl Collector for SyscallCollector {
                 MetricType::Counter,
             )?;
             for ((workload, nr, fd, errno), totals) in &self.error_series {
-                labels.clear();
-                workload.push_labels(&mut labels);
-                labels.push(("syscall", syscall_table::label(*nr)));
-                fd_class::push_labels(fd, &mut labels);
+                series_labels(&mut labels, workload, *nr, fd);
                 labels.push(("errno", syscall_table::errno_label(*errno)));
                 family
                     .encode_family(&labels)?
@@ -447,10 +454,7 @@ impl Collector for SyscallCollector {
                 MetricType::Histogram,
             )?;
             for ((workload, nr, fd), totals) in &self.series {
-                labels.clear();
-                workload.push_labels(&mut labels);
-                labels.push(("syscall", syscall_table::label(*nr)));
-                fd_class::push_labels(fd, &mut labels);
+                series_labels(&mut labels, workload, *nr, fd);
                 totals.encode(family.encode_family(&labels)?, &self.bounds)?;
             }
         }

@@ -219,6 +219,16 @@ impl Labeler {
 /// The labeler shared by collectors.
 pub type SharedLabeler = Arc<std::sync::Mutex<Labeler>>;
 
+/// The cgroup v2 mount the shared labeler walks.
+pub fn cgroup_root(labeler: &SharedLabeler) -> std::path::PathBuf {
+    labeler
+        .lock()
+        .expect("labeler lock")
+        .cgroups
+        .root()
+        .to_path_buf()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
