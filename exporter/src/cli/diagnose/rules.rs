@@ -1,73 +1,17 @@
-//! `sysscope diagnose`: measures a target like `summary` (exact counts from the syscall maps)
-//! and, unless `--no-trace`, streams its calls like `trace` to learn what counts cannot tell
-//! (bytes per transfer, threads, lock addresses, repeated paths, fsync right after write);
-//! then applies the quick pattern guide and the common causes of slow programs (futex
-//! dominance and lock amplification, openat/stat storms, read-dominated time, mmap-heavy
-//! start-up, epoll idle, sleep loops, open/close churn, fsync per write, tiny or huge
-//! transfers, failing calls, CPU-bound work) and prints verdicts with their evidence and the
-//! suggested fix, most important first.
-//!
-//! Every threshold is a named constant below, documented in docs/cli.md. A verdict's score is
-//! the share of the target's syscall time its syscalls account for (times a weight for
-//! patterns that are usually expected, or more specific than another), so the pattern that
-//! explains most of the time comes first.
+//! The verdicts: each rule looks at the measured [`Context`] and, when its pattern holds,
+//! says what it is, with evidence and a fix; [`diagnose`] ranks them. Every threshold is a named
+//! constant, documented in docs/cli.md.
 
-use std::{
-    collections::{HashMap, HashSet},
-    io::Write,
-    path::PathBuf,
-    time::Duration,
-};
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
-use serde_json::json;
-use sysscope_abi::{fd_class, trace_flags, FdClass, TraceEvent};
+use sysscope_abi::{fd_class, FdClass};
 
-use super::{
-    measure::{self, CpuUsage, Measurement, Wants},
-    open_output, parse_bytes,
-    profile::Profile,
+use super::features::*;
+use crate::cli::{
     progress::thousands,
     render::{strace as format, units::secs},
-    session::{Session, TargetArgs},
-    sink::EventSink,
-    trace::check_buffer_size,
-    CliError,
 };
-use crate::{config::Config, syscall_table};
-
-const EXAMPLES: &str = "\
-Examples:
-  sysscope diagnose -- python3 -c 'import torch'
-  sysscope diagnose --pid 1234 --duration 30s
-  sysscope diagnose --cgroup /kubepods.slice/kubepods-pod1234.slice -d 1m --json
-
-Verdicts come most important first, each with the numbers behind it and a suggested fix.
-The rules and their thresholds are listed in docs/cli.md.";
-
-#[derive(Debug, Clone, clap::Args)]
-#[command(after_help = EXAMPLES)]
-pub struct DiagnoseArgs {
-    #[command(flatten)]
-    pub target: TargetArgs,
-
-    /// Print JSON instead of text.
-    #[arg(long)]
-    pub json: bool,
-
-    /// Write the diagnosis to this file instead of standard output.
-    #[arg(short = 'o', long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
-
-    /// Use the counters only: no per-call stream (cheaper, but no bytes per transfer, thread
-    /// counts, lock addresses or paths in the evidence).
-    #[arg(long)]
-    pub no_trace: bool,
-
-    /// Kernel ring buffer size for the per-call stream.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "16MiB")]
-    pub buffer_size: u64,
-}
 
 // ---- Thresholds (documented in docs/cli.md) ----
 
@@ -138,152 +82,6 @@ pub const ERROR_WEIGHT: f64 = 0.5;
 /// Score of the CPU-bound verdict (informational; any real pattern above 20% beats it).
 pub const CPU_BOUND_SCORE: f64 = 0.2;
 
-// ---- Syscall groups ----
-
-const FUTEX: &[&str] = &["futex", "futex_waitv"];
-const OPEN: &[&str] = &["open", "openat", "openat2", "creat"];
-const STAT: &[&str] = &[
-    "stat",
-    "lstat",
-    "fstat",
-    "newfstatat",
-    "statx",
-    "access",
-    "faccessat",
-    "faccessat2",
-    "readlink",
-    "readlinkat",
-];
-const CLOSE: &[&str] = &["close", "close_range"];
-const READ: &[&str] = &["read", "pread64", "readv", "preadv", "preadv2"];
-const WRITE: &[&str] = &["write", "pwrite64", "writev", "pwritev", "pwritev2"];
-const RECV: &[&str] = &["recvfrom", "recvmsg", "recvmmsg"];
-const SEND: &[&str] = &["sendto", "sendmsg", "sendmmsg"];
-const MMAP: &[&str] = &["mmap", "mprotect", "munmap", "mremap", "brk"];
-const POLL: &[&str] = &[
-    "epoll_wait",
-    "epoll_pwait",
-    "epoll_pwait2",
-    "poll",
-    "ppoll",
-    "select",
-    "pselect6",
-];
-const SLEEP: &[&str] = &["nanosleep", "clock_nanosleep"];
-const SYNC: &[&str] = &["fsync", "fdatasync", "sync_file_range", "syncfs", "sync"];
-const UNLINK: &[&str] = &["unlink", "unlinkat"];
-/// Parents waiting for children: left out of the shares (the children's own calls count).
-const WAIT_CHILD: &[&str] = &["wait4", "waitid"];
-
-fn in_group(group: &[&str], nr: u32) -> bool {
-    syscall_table::name(nr).is_some_and(|n| group.contains(&n))
-}
-
-// ---- What the per-call stream adds ----
-
-/// Distinct keys kept per table; beyond, calls are only counted.
-const MAX_DISTINCT: usize = 10_000;
-
-/// Per-call facts the counters cannot give, aggregated as records arrive (bounded memory).
-#[derive(Debug, Default, Clone)]
-pub struct Features {
-    pub events: u64,
-    pub threads: HashSet<u32>,
-    /// Successful transfers and their bytes, per syscall number.
-    pub bytes: HashMap<u32, (u64, u64)>,
-    /// fsync/fdatasync calls whose thread's previous call was a write to the same fd.
-    pub fsync_after_write: u64,
-    pub fsyncs: u64,
-    /// How often each path was opened / looked up (stat family), and failed opens' paths.
-    pub open_paths: HashMap<String, u64>,
-    pub lookup_paths: HashMap<String, u64>,
-    pub failed_paths: HashMap<String, u64>,
-    /// Distinct futex words waited on.
-    pub futex_addresses: HashSet<u64>,
-    pub futex_waits: u64,
-    last_call: HashMap<u32, (u32, u64)>,
-}
-
-fn bump(map: &mut HashMap<String, u64>, key: String) {
-    if let Some(n) = map.get_mut(&key) {
-        *n += 1;
-    } else if map.len() < MAX_DISTINCT {
-        map.insert(key, 1);
-    }
-}
-
-impl Features {
-    /// Bytes and successful calls of a group.
-    pub fn transfer(&self, group: &[&str]) -> (u64, u64) {
-        self.bytes
-            .iter()
-            .filter(|(nr, _)| in_group(group, **nr))
-            .fold((0, 0), |(c, b), (_, (c2, b2))| (c + c2, b + b2))
-    }
-
-    fn top(map: &HashMap<String, u64>) -> Option<(&str, u64)> {
-        map.iter()
-            .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
-            .map(|(k, v)| (k.as_str(), *v))
-    }
-}
-
-/// FUTEX_WAIT / FUTEX_WAIT_BITSET / FUTEX_LOCK_PI (the op, without the private flag).
-fn futex_waits(op: u64) -> bool {
-    matches!(op & 0x7f, 0 | 9 | 6)
-}
-
-impl EventSink for Features {
-    fn event(&mut self, e: &TraceEvent) {
-        self.events += 1;
-        if self.threads.len() < MAX_DISTINCT {
-            self.threads.insert(e.tid);
-        }
-        let nr = e.nr;
-        let ok = e.flags & trace_flags::NO_RETURN == 0 && e.ret >= 0;
-        if ok
-            && (in_group(READ, nr)
-                || in_group(WRITE, nr)
-                || in_group(RECV, nr)
-                || in_group(SEND, nr))
-        {
-            let slot = self.bytes.entry(nr).or_default();
-            slot.0 += 1;
-            slot.1 += e.ret as u64;
-        }
-        if in_group(SYNC, nr) {
-            self.fsyncs += 1;
-            if let Some((prev, fd)) = self.last_call.get(&e.tid) {
-                if in_group(WRITE, *prev) && *fd == e.args[0] {
-                    self.fsync_after_write += 1;
-                }
-            }
-        }
-        if in_group(FUTEX, nr) && futex_waits(e.args[1]) {
-            self.futex_waits += 1;
-            if self.futex_addresses.len() < MAX_DISTINCT {
-                self.futex_addresses.insert(e.args[0]);
-            }
-        }
-        if let Some(path) = format::path_of(e) {
-            if in_group(OPEN, nr) {
-                if ok {
-                    bump(&mut self.open_paths, path);
-                } else {
-                    bump(&mut self.failed_paths, path);
-                }
-            } else if in_group(STAT, nr) && !path.is_empty() {
-                bump(&mut self.lookup_paths, path);
-            }
-        }
-        if self.last_call.len() < MAX_DISTINCT || self.last_call.contains_key(&e.tid) {
-            self.last_call.insert(e.tid, (nr, e.args[0]));
-        }
-    }
-}
-
-// ---- Verdicts ----
-
 /// One diagnosis.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Verdict {
@@ -296,103 +94,11 @@ pub struct Verdict {
     pub fix: String,
 }
 
-/// What the rules look at.
-#[derive(Debug, Clone, Copy)]
-pub struct Context<'a> {
-    pub profile: &'a Profile,
-    pub features: Option<&'a Features>,
-    pub wall: Duration,
-    pub cpu: Option<CpuUsage>,
-}
-
-impl Context<'_> {
-    fn sum(&self, group: &[&str], f: impl Fn(&super::profile::SyscallRow) -> u64) -> u64 {
-        self.profile
-            .rows
-            .values()
-            .filter(|r| group.contains(&r.name.as_str()))
-            .map(f)
-            .sum()
-    }
-
-    pub fn time_ns(&self, group: &[&str]) -> u64 {
-        self.sum(group, |r| r.total_ns)
-    }
-
-    pub fn calls(&self, group: &[&str]) -> u64 {
-        self.sum(group, |r| r.calls)
-    }
-
-    pub fn errors(&self, group: &[&str]) -> u64 {
-        self.sum(group, |r| r.errors)
-    }
-
-    /// Syscall time the shares are relative to: everything but parents waiting on children.
-    pub fn active_ns(&self) -> u64 {
-        self.profile
-            .total_ns()
-            .saturating_sub(self.time_ns(WAIT_CHILD))
-    }
-
-    pub fn share(&self, group: &[&str]) -> f64 {
-        let active = self.active_ns();
-        if active == 0 {
-            0.0
-        } else {
-            self.time_ns(group) as f64 / active as f64
-        }
-    }
-
-    fn avg_ns(&self, group: &[&str]) -> f64 {
-        let c = self.calls(group);
-        if c == 0 {
-            0.0
-        } else {
-            self.time_ns(group) as f64 / c as f64
-        }
-    }
-
-    /// "openat 1.2 s in 3,456 calls (347 µs/call)" for each syscall of the group seen.
-    fn describe(&self, group: &[&str]) -> Vec<String> {
-        let mut rows: Vec<_> = self
-            .profile
-            .rows
-            .values()
-            .filter(|r| group.contains(&r.name.as_str()) && r.calls > 0)
-            .collect();
-        rows.sort_by_key(|r| std::cmp::Reverse(r.total_ns));
-        rows.iter()
-            .map(|r| {
-                let mut s = format!(
-                    "{}: {} in {} calls ({}/call)",
-                    r.name,
-                    secs(r.total_ns as f64),
-                    thousands(r.calls),
-                    secs(r.avg_ns())
-                );
-                if r.errors > 0 {
-                    let errnos: Vec<String> = r
-                        .errnos
-                        .iter()
-                        .map(|(e, n)| format!("{e} {}", thousands(*n)))
-                        .collect();
-                    s.push_str(&format!(
-                        ", {} failed ({})",
-                        thousands(r.errors),
-                        errnos.join(", ")
-                    ));
-                }
-                s
-            })
-            .collect()
-    }
-}
-
-fn pct(x: f64) -> String {
+pub(super) fn pct(x: f64) -> String {
     format!("{:.1}%", x * 100.0)
 }
 
-fn bytes(b: f64) -> String {
+pub(super) fn bytes(b: f64) -> String {
     if b < 1024.0 {
         format!("{b:.0} B")
     } else if b < 1024.0 * 1024.0 {
@@ -402,7 +108,7 @@ fn bytes(b: f64) -> String {
     }
 }
 
-fn futex_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn futex_rule(c: &Context) -> Option<Verdict> {
     let share = c.share(FUTEX);
     if share < FUTEX_DOMINANT_SHARE || c.calls(FUTEX) < FUTEX_MIN_CALLS {
         return None;
@@ -475,7 +181,7 @@ fn futex_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-fn metadata_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn metadata_rule(c: &Context) -> Option<Verdict> {
     let group: Vec<&str> = OPEN.iter().chain(STAT).copied().collect();
     let calls = c.calls(&group);
     let share = c.share(&group);
@@ -534,7 +240,7 @@ fn metadata_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-fn churn_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn churn_rule(c: &Context) -> Option<Verdict> {
     let opens = c.calls(OPEN).saturating_sub(c.errors(OPEN));
     let closes = c.calls(CLOSE);
     if opens < CHURN_MIN_OPENS || (closes as f64) < CHURN_CLOSE_RATIO * opens as f64 {
@@ -586,13 +292,13 @@ fn churn_rule(c: &Context) -> Option<Verdict> {
 
 /// Filesystems whose reads are round trips to a server or to a user-space daemon (the `fs`
 /// names of `crate::kernel::fd_class`).
-const REMOTE_FILESYSTEMS: &[&str] = &[
+pub(super) const REMOTE_FILESYSTEMS: &[&str] = &[
     "nfs", "fuse", "ceph", "cifs", "smb2", "lustre", "gpfs", "9p",
 ];
 
 /// Time in the read family by what was read (`file (ext4)`, `pipe`, ...), most first, from
 /// the kernel's classification of each call's descriptor.
-fn read_time_by_descriptor(c: &Context) -> Vec<(FdClass, u64)> {
+pub(super) fn read_time_by_descriptor(c: &Context) -> Vec<(FdClass, u64)> {
     let mut by: HashMap<FdClass, u64> = HashMap::new();
     for ((_, fd), row) in &c.profile.by_fd {
         if READ.contains(&row.name.as_str()) {
@@ -604,7 +310,7 @@ fn read_time_by_descriptor(c: &Context) -> Vec<(FdClass, u64)> {
     v
 }
 
-fn describe_fd(fd: &FdClass) -> String {
+pub(super) fn describe_fd(fd: &FdClass) -> String {
     let kind = fd_class::name(fd.kind).unwrap_or("other");
     if fd.kind == fd_class::FILE {
         format!("{kind} ({})", crate::kernel::fd_class::fs_name(fd.fs_magic))
@@ -614,7 +320,7 @@ fn describe_fd(fd: &FdClass) -> String {
 }
 
 /// The read verdict for a dominant kind of read: what the time waits on decides the fix.
-fn read_verdict_for(fd: &FdClass) -> (&'static str, String, &'static str) {
+pub(super) fn read_verdict_for(fd: &FdClass) -> (&'static str, String, &'static str) {
     match fd.kind {
         fd_class::PIPE => (
             "waiting-on-pipe",
@@ -669,11 +375,12 @@ fn read_verdict_for(fd: &FdClass) -> (&'static str, String, &'static str) {
     }
 }
 
-const READ_FIX: &str = "Data loading is the bottleneck. Check the storage's latency and \
+pub(super) const READ_FIX: &str =
+    "Data loading is the bottleneck. Check the storage's latency and \
      throughput against the per-read numbers above, keep hot data in the page cache (or local \
      disk), read larger blocks, and overlap I/O with compute (more loader workers, prefetching).";
 
-fn read_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn read_rule(c: &Context) -> Option<Verdict> {
     let share = c.share(READ);
     if share < READ_DOMINANT_SHARE {
         return None;
@@ -733,7 +440,7 @@ fn read_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-fn mmap_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn mmap_rule(c: &Context) -> Option<Verdict> {
     let calls = c.calls(MMAP);
     let share = c.share(MMAP);
     if calls < MMAP_MIN_CALLS || share < MMAP_MIN_SHARE {
@@ -759,7 +466,7 @@ fn mmap_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-fn poll_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn poll_rule(c: &Context) -> Option<Verdict> {
     let share = c.share(POLL);
     if share < POLL_IDLE_SHARE {
         return None;
@@ -781,7 +488,7 @@ fn poll_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-fn sleep_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn sleep_rule(c: &Context) -> Option<Verdict> {
     let calls = c.calls(SLEEP);
     let share = c.share(SLEEP);
     if calls < SLEEP_MIN_CALLS || share < SLEEP_MIN_SHARE {
@@ -814,7 +521,7 @@ fn sleep_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-fn fsync_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn fsync_rule(c: &Context) -> Option<Verdict> {
     let syncs = c.calls(SYNC);
     let writes = c.calls(WRITE);
     let sync_share = c.share(SYNC);
@@ -855,7 +562,7 @@ fn fsync_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-fn transfer_rules(c: &Context) -> Vec<Verdict> {
+pub(super) fn transfer_rules(c: &Context) -> Vec<Verdict> {
     let Some(f) = c.features else {
         return Vec::new();
     };
@@ -914,7 +621,7 @@ fn transfer_rules(c: &Context) -> Vec<Verdict> {
     out
 }
 
-fn error_rules(c: &Context, already: &HashSet<&'static str>) -> Vec<Verdict> {
+pub(super) fn error_rules(c: &Context, already: &HashSet<&'static str>) -> Vec<Verdict> {
     let mut out = Vec::new();
     let explained: Vec<&str> = if already.contains("metadata-storm") {
         OPEN.iter().chain(STAT).copied().collect()
@@ -959,7 +666,7 @@ fn error_rules(c: &Context, already: &HashSet<&'static str>) -> Vec<Verdict> {
     out
 }
 
-fn cpu_rule(c: &Context) -> Option<Verdict> {
+pub(super) fn cpu_rule(c: &Context) -> Option<Verdict> {
     let cpu = c.cpu?;
     let cpu_ns = (cpu.user + cpu.system).as_nanos() as f64;
     let wall_ns = c.wall.as_nanos() as f64;
@@ -1011,156 +718,17 @@ pub fn diagnose(c: &Context) -> Vec<Verdict> {
     out
 }
 
-/// The overview lines above the verdicts.
-fn overview(c: &Context, m: Option<&Measurement>, target: &str) -> Vec<String> {
-    let mut lines = Vec::new();
-    let total = c.profile.total_ns() as f64;
-    let wall = c.wall.as_nanos() as f64;
-    lines.push(format!("sysscope diagnose: {target}, {} wall", secs(wall)));
-    let mut s = format!(
-        "{} syscalls ({} failed), {} inside them",
-        thousands(c.profile.total_calls()),
-        thousands(c.profile.total_errors()),
-        secs(total)
-    );
-    if wall > 0.0 && total / wall >= 1.5 {
-        s.push_str(&format!(
-            " ({:.1}x wall: several threads at once)",
-            total / wall
-        ));
-    }
-    s.push_str(&format!(
-        ", {} process(es)",
-        thousands(c.profile.processes.len() as u64)
-    ));
-    if let Some(f) = c.features {
-        s.push_str(&format!(
-            ", {} thread(s)",
-            thousands(f.threads.len() as u64)
-        ));
-    }
-    lines.push(s);
-    let wait = c.time_ns(WAIT_CHILD);
-    if wait > 0 && total > 0.0 && wait as f64 / total >= 0.2 {
-        lines.push(format!(
-            "{} of wait4/waitid (parents waiting for their children) are left out of the \
-             shares below; the children's own calls are counted",
-            secs(wait as f64)
-        ));
-    }
-    if let Some(m) = m {
-        if m.drops.trace_ring_buffer_full > 0 {
-            lines.push(format!(
-                "note: {} per-call records were lost (ring buffer full); counts are exact, \
-                 per-call evidence is sampled",
-                thousands(m.drops.trace_ring_buffer_full)
-            ));
-        }
-    }
-    lines
-}
-
-/// The top syscalls by time, for the footer: "futex 92.1%, read 5.0%".
-fn top_syscalls(c: &Context, n: usize) -> String {
-    let active = c.active_ns().max(1) as f64;
-    let mut rows: Vec<_> = c
-        .profile
-        .rows
-        .values()
-        .filter(|r| r.calls > 0 && !WAIT_CHILD.contains(&r.name.as_str()))
-        .collect();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.total_ns));
-    rows.iter()
-        .take(n)
-        .map(|r| format!("{} {:.1}%", r.name, r.total_ns as f64 * 100.0 / active))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The diagnosis as text.
-pub fn render_text(
-    c: &Context,
-    verdicts: &[Verdict],
-    m: Option<&Measurement>,
-    target: &str,
-) -> String {
-    let mut out = String::new();
-    for l in overview(c, m, target) {
-        out.push_str(&l);
-        out.push('\n');
-    }
-    out.push('\n');
-    if verdicts.is_empty() {
-        out.push_str(
-            "No known pattern stands out: syscall time is spread out, or too small to matter.\n",
-        );
-    }
-    for (i, v) in verdicts.iter().enumerate() {
-        out.push_str(&format!("{}. [{}] {}\n", i + 1, v.id, v.title));
-        out.push_str("   evidence:\n");
-        for e in &v.evidence {
-            out.push_str(&format!("     - {e}\n"));
-        }
-        out.push_str(&format!("   fix: {}\n\n", v.fix));
-    }
-    if c.profile.total_calls() > 0 {
-        out.push_str(&format!("top syscalls by time: {}\n", top_syscalls(c, 6)));
-    }
-    out
-}
-
-pub fn run(args: &DiagnoseArgs, config: &Config) -> Result<u8, CliError> {
-    measure::preflight()?;
-    let ring_bytes = check_buffer_size(args.buffer_size)?;
-    let mut out = open_output(args.output.as_ref())?;
-    let mut session = Session::new(&args.target, "diagnose")?;
-    let mut features = Features::default();
-    let wants = Wants {
-        profile: true,
-        events: !args.no_trace,
-        ring_buffer_bytes: ring_bytes,
-        block_ring_buffer_bytes: 0,
-        quiet: args.target.quiet,
-    };
-    let m = measure::run(&mut session, config, "diagnose", wants, &mut features)?;
-    let target = session.describe();
-    let target_json = session.describe_json();
-    let code = session.finish();
-    let ctx = Context {
-        profile: &m.profile,
-        features: (!args.no_trace).then_some(&features),
-        wall: m.wall,
-        cpu: m.cpu,
-    };
-    let verdicts = diagnose(&ctx);
-    let text = if args.json {
-        let v = json!({
-            "target": target_json,
-            "wall_seconds": m.wall.as_secs_f64(),
-            "stopped": m.stop.as_str(),
-            "syscalls": ctx.profile.total_calls(),
-            "errors": ctx.profile.total_errors(),
-            "syscall_seconds": ctx.profile.total_ns() as f64 / 1e9,
-            "threads": ctx.features.map(|f| f.threads.len()),
-            "verdicts": verdicts,
-            "top_syscalls": top_syscalls(&ctx, 10),
-            "dropped": m.drops,
-        });
-        let mut s = serde_json::to_string_pretty(&v).expect("JSON of plain values");
-        s.push('\n');
-        s
-    } else {
-        render_text(&ctx, &verdicts, Some(&m), &target)
-    };
-    out.write_all(text.as_bytes())
-        .and_then(|_| out.flush())
-        .map_err(|e| CliError::io("writing the diagnosis", e))?;
-    Ok(code)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use sysscope_abi::{trace_flags, TraceEvent};
+
     use super::*;
+    use crate::{
+        cli::{measure::CpuUsage, profile::Profile, sink::EventSink},
+        syscall_table,
+    };
 
     const MS: u64 = 1_000_000;
 
