@@ -191,6 +191,7 @@ pub fn render_json(
     m: &Measurement,
     target: serde_json::Value,
     exit_code: Option<u8>,
+    by_fd: bool,
 ) -> serde_json::Value {
     let total = profile.total_ns();
     let rows: Vec<_> = sorted_rows(profile, key)
@@ -210,7 +211,7 @@ pub fn render_json(
             })
         })
         .collect();
-    json!({
+    let mut v = json!({
         "target": target,
         "wall_seconds": m.wall.as_secs_f64(),
         "stopped": m.stop.as_str(),
@@ -223,7 +224,9 @@ pub fn render_json(
             "seconds": total as f64 / 1e9,
         },
         "dropped": m.drops,
-        "by_fd": fd_rows(profile)
+    });
+    if by_fd {
+        v["by_fd"] = fd_rows(profile)
             .into_iter()
             .map(|(fd, r)| {
                 json!({
@@ -236,8 +239,10 @@ pub fn render_json(
                     "seconds": r.total_ns as f64 / 1e9,
                 })
             })
-            .collect::<Vec<_>>(),
-    })
+            .collect::<Vec<_>>()
+            .into();
+    }
+    v
 }
 
 pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
@@ -259,7 +264,7 @@ pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
     let exit_code = is_command.then_some(code);
     let text = if args.json {
         let mut s = serde_json::to_string_pretty(&render_json(
-            &m.profile, args.sort, &m, target, exit_code,
+            &m.profile, args.sort, &m, target, exit_code, args.by_fd,
         ))
         .expect("JSON of plain values");
         s.push('\n');

@@ -60,6 +60,12 @@ pub enum ProbeError {
          --btf.path"
     )]
     NoBtf,
+    #[error("cannot read the possible CPUs from {path}")]
+    CpuCount {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the kernel BTF file given with --btf.path cannot be used by the loader")]
     KernelBtf(#[source] aya::BtfError),
     #[error(
@@ -262,7 +268,14 @@ impl Probes {
         if object.is_empty() {
             return Err(ProbeError::NotBuilt);
         }
-        let cpus = aya::util::nr_cpus().map(|n| n.max(1) as u32).unwrap_or(1);
+        // The possible CPUs size the statistics' stripes and split the slow-call budget; a guess
+        // would be wrong in either direction, so an unreadable count stops the load.
+        let cpus = aya::util::nr_cpus()
+            .map(|n| n.max(1) as u32)
+            .map_err(|(path, source)| ProbeError::CpuCount {
+                path: path.to_string(),
+                source,
+            })?;
         let slow = &config.slow_calls;
         let per_cpu_rate: u32 = if slow.enabled && slow.max_events_per_second > 0 {
             slow.max_events_per_second.div_ceil(cpus).max(1)
