@@ -4,12 +4,11 @@
 //! typo never silently falls back to a default. `sysscope --print-default-config` shows the
 //! whole file with its defaults.
 
-use std::{collections::BTreeMap, path::Path, time::Duration};
+use std::{path::Path, time::Duration};
 
 use serde::{Deserialize, Serialize};
 
-use crate::syscall_table;
-use crate::util::duration as humantime_serde_compat;
+use crate::{syscall_table, util::duration as humantime_serde_compat};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -46,293 +45,20 @@ pub struct Config {
     pub otlp: crate::exposition::otlp::config::OtlpConfig,
 }
 
-/// How often the kernel maps are read.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct CollectionConfig {
-    /// Scrapes closer together than this share one read of the maps (e.g. "1s").
-    #[serde(with = "humantime_serde_compat")]
-    pub min_interval: Duration,
-    /// Maps are also read (and exited processes reclaimed) this often without scrapes.
-    #[serde(with = "humantime_serde_compat")]
-    pub background_interval: Duration,
-    /// A series with no activity and no live process behind it is dropped after this long.
-    #[serde(with = "humantime_serde_compat")]
-    pub series_retention: Duration,
-    /// Kernel BPF run-time statistics behind `sysscope_probe_run_seconds_total` and
-    /// `sysscope_probe_runs_total`: "sampled" (1 s in every 30 s, extrapolated), "always"
-    /// (exact, but the kernel then reads its clock twice around every program run) or "off".
-    /// See docs/performance.md.
-    pub probe_stats: ProbeStatsMode,
-}
+mod block_io;
+mod collection;
+mod cpu;
+mod gpu;
+mod kubernetes;
+mod labels;
+mod limits;
+mod slow_calls;
+mod syscalls;
 
-/// How the kernel's BPF run-time statistics are kept on (`collection.probe_stats`).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum ProbeStatsMode {
-    /// On for a short window at a fixed period; the counters are extrapolated.
-    #[default]
-    Sampled,
-    /// On for as long as sysscope runs; the counters are exact.
-    Always,
-    /// Never turned on by sysscope (the probe cost metrics are not exported).
-    Off,
-}
-
-impl Default for CollectionConfig {
-    fn default() -> Self {
-        Self {
-            min_interval: Duration::from_secs(1),
-            background_interval: Duration::from_secs(10),
-            series_retention: Duration::from_secs(600),
-            probe_stats: ProbeStatsMode::default(),
-        }
-    }
-}
-
-/// Which labels the per-process series carry.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct LabelsConfig {
-    /// Adds a `pid` label (one series per process: unbounded, so off by default).
-    pub pid: bool,
-    /// Adds `pod_uid` and `container_id` parsed from Kubernetes cgroup paths.
-    pub kubernetes_ids: bool,
-}
-
-impl Default for LabelsConfig {
-    fn default() -> Self {
-        Self {
-            pid: false,
-            kubernetes_ids: true,
-        }
-    }
-}
-
-/// Cardinality budget and kernel map capacities.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct LimitsConfig {
-    /// Exported syscall series (every histogram bucket counts as one). Label sets beyond it
-    /// fold into `comm="other"`, then `cgroup="other"`; see docs/metrics.md.
-    pub max_series: usize,
-    /// Threads with a call in flight the command-line tools (`sysscope summary/trace/...`)
-    /// track at once (`TRACE_THREADS`). The exporter's per-thread syscall state needs no
-    /// limit: it lives in task-local storage, one value per thread, freed with the thread.
-    pub max_threads: u32,
-    /// (cgroup, process, syscall) entries in the kernel's syscall map.
-    pub max_syscall_entries: u32,
-    /// Slots of the syscall map the keys of one cgroup may hold (0: no quota). Past it, the
-    /// cgroup's new (process, syscall) pairs are counted under the cgroup's shared key
-    /// (`comm="other"`), so no workload can fill the map and leave another's calls uncounted.
-    pub max_syscall_entries_per_cgroup: u32,
-    /// (cgroup, process, syscall, errno) entries in the kernel's error map.
-    pub max_error_entries: u32,
-    /// Exited processes queued for reclaim between two reads.
-    pub max_exited_processes: u32,
-}
-
-impl Default for LimitsConfig {
-    fn default() -> Self {
-        Self {
-            max_series: 30_000,
-            max_threads: 32_768,
-            max_syscall_entries: 16_384,
-            max_syscall_entries_per_cgroup: 4_096,
-            max_error_entries: 4_096,
-            max_exited_processes: 8_192,
-        }
-    }
-}
-
-/// Histogram resolution of `sysscope_syscall_duration_seconds` (the kernel always keeps log2).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum HistogramResolution {
-    /// Bucket bounds at powers of 4 ns from 1.024 µs to 17.2 s (13 bounds + Inf).
-    #[default]
-    Log4,
-    /// Bucket bounds at powers of 2 ns from 1.024 µs to 17.2 s (25 bounds + Inf).
-    Log2,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct SyscallsConfig {
-    pub enabled: bool,
-    pub histogram_resolution: HistogramResolution,
-    /// Splits the read and write families and the socket calls by what their descriptor is
-    /// (`fd_kind`, and `fs` for files), classified in the kernel at entry.
-    pub descriptor_kinds: bool,
-}
-
-impl Default for SyscallsConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            histogram_resolution: HistogramResolution::Log4,
-            descriptor_kinds: true,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct BlockIoConfig {
-    pub enabled: bool,
-    /// Adds `cgroup` to the block latency histogram (one histogram per cgroup, device and op).
-    pub latency_by_cgroup: bool,
-    /// Requests in flight the kernel can track at once.
-    pub max_inflight: u32,
-    /// (cgroup, process, device, op) entries in the kernel map.
-    pub max_entries: u32,
-    /// The issue and the completion tracepoint, in that order (raw tracepoints with the
-    /// prototypes of `block_rq_issue` and `block_rq_complete`). For testing fault handling;
-    /// the defaults are right.
-    pub tracepoints: Vec<String>,
-}
-
-impl Default for BlockIoConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            latency_by_cgroup: false,
-            max_inflight: 16_384,
-            max_entries: 8_192,
-            tracepoints: vec!["block_rq_issue".into(), "block_rq_complete".into()],
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct CpuConfig {
-    pub enabled: bool,
-    /// Adds `sysscope_cgroup_cpu_seconds_total` from each cgroup's `cpu.stat`.
-    pub cgroups: bool,
-    /// cgroups whose `cpu.stat` is read per refresh at most (breadth first, so parents, which
-    /// include their children's time, come first); the rest are counted, not read.
-    pub max_cgroups: usize,
-}
-
-impl Default for CpuConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            cgroups: true,
-            max_cgroups: 1000,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct GpuConfig {
-    pub enabled: bool,
-    /// Path or name of the NVML library, loaded at run time.
-    pub nvml_library: String,
-}
-
-impl Default for GpuConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            nvml_library: "libnvidia-ml.so.1".into(),
-        }
-    }
-}
-
-/// Slow-syscall sampling (spans). Thresholds are durations like "10ms".
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct SlowCallsConfig {
-    pub enabled: bool,
-    /// Calls at least this slow are sampled, unless overridden per syscall.
-    #[serde(with = "humantime_serde_compat")]
-    pub threshold: Duration,
-    /// Per-syscall thresholds by name; "0s" or "off" never samples that syscall.
-    pub thresholds: BTreeMap<String, String>,
-    /// Syscalls never sampled, because waiting is their job.
-    pub exclude: Vec<String>,
-    /// Events per second for the whole node (split evenly across CPUs in the kernel).
-    pub max_events_per_second: u32,
-    /// Recent slow calls kept for `/api/v1/slow-calls` when no OTLP endpoint is configured.
-    pub recent_capacity: usize,
-    /// Puts the path behind a file descriptor into spans (`file.path`). Paths can carry
-    /// user data, so they can be turned off.
-    pub resolve_file_paths: bool,
-    /// Kernel ring buffer size in bytes (power of two, multiple of the page size).
-    pub ring_buffer_bytes: u32,
-    /// Spans queued for export at most; beyond it, spans are dropped and counted.
-    pub export_queue: usize,
-}
-
-impl Default for SlowCallsConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            threshold: Duration::from_millis(10),
-            thresholds: BTreeMap::new(),
-            exclude: [
-                "epoll_wait",
-                "epoll_pwait",
-                "epoll_pwait2",
-                "futex",
-                "futex_waitv",
-                "nanosleep",
-                "clock_nanosleep",
-                "poll",
-                "ppoll",
-                "select",
-                "pselect6",
-                "wait4",
-                "waitid",
-                "pause",
-                "rt_sigsuspend",
-                "rt_sigtimedwait",
-                "io_getevents",
-                "io_pgetevents",
-                "io_uring_enter",
-                "accept",
-                "accept4",
-                "msgrcv",
-                "semop",
-                "semtimedop",
-                "mq_timedreceive",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
-            max_events_per_second: 1000,
-            recent_capacity: 256,
-            resolve_file_paths: true,
-            ring_buffer_bytes: 256 * 1024,
-            export_queue: 2048,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct KubernetesConfig {
-    /// Watch this node's pods for `namespace`/`pod`/`container` labels: "auto" (when running
-    /// in a cluster), "on" or "off".
-    pub pod_watch: String,
-    /// The node whose pods are watched; defaults to the NODE_NAME environment variable.
-    pub node_name: Option<String>,
-    /// Pods kept in the cache at most.
-    pub max_pods: usize,
-}
-
-impl Default for KubernetesConfig {
-    fn default() -> Self {
-        Self {
-            pod_watch: "auto".into(),
-            node_name: None,
-            max_pods: 2048,
-        }
-    }
-}
+pub use self::{
+    block_io::*, collection::*, cpu::*, gpu::*, kubernetes::*, labels::*, limits::*, slow_calls::*,
+    syscalls::*,
+};
 
 impl Config {
     /// Reads and validates a config file.
@@ -635,6 +361,7 @@ pub fn default_config_toml() -> String {
 # metrics_timeout = \"30s\"
 # span_batch_delay = \"5s\"
 # span_batch_size = 512
+# compression = \"none\"                          # or \"gzip\" (OTEL_EXPORTER_OTLP_COMPRESSION)
 # [otlp.headers]
 # authorization = \"Bearer ...\"
 # [otlp.resource_attributes]

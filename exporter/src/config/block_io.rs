@@ -1,0 +1,32 @@
+//! `[block_io]`: the block I/O collector. Serde types and defaults
+//! only; validation is in the parent module.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BlockIoConfig {
+    pub enabled: bool,
+    /// Adds `cgroup` to the block latency histogram (one histogram per cgroup, device and op).
+    pub latency_by_cgroup: bool,
+    /// Requests in flight the kernel can track at once.
+    pub max_inflight: u32,
+    /// (cgroup, process, device, op) entries in the kernel map.
+    pub max_entries: u32,
+    /// The issue and the completion tracepoint, in that order (raw tracepoints with the
+    /// prototypes of `block_rq_issue` and `block_rq_complete`). For testing fault handling;
+    /// the defaults are right.
+    pub tracepoints: Vec<String>,
+}
+
+impl Default for BlockIoConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            latency_by_cgroup: false,
+            max_inflight: 16_384,
+            max_entries: 8_192,
+            tracepoints: vec!["block_rq_issue".into(), "block_rq_complete".into()],
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! `[kubernetes]`: Kubernetes identity and the pod watch. Serde types and defaults
+//! only; validation is in the parent module.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// Watch this node's pods for `namespace`/`pod`/`container` labels: "auto" (when running
+    /// in a cluster), "on" or "off".
+    pub pod_watch: String,
+    /// The node whose pods are watched; defaults to the NODE_NAME environment variable.
+    pub node_name: Option<String>,
+    /// Pods kept in the cache at most.
+    pub max_pods: usize,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            pod_watch: "auto".into(),
+            node_name: None,
+            max_pods: 2048,
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! `[labels]`: which labels the per-process series carry. Serde types and defaults
+//! only; validation is in the parent module.
+
+use serde::{Deserialize, Serialize};
+
+/// Which labels the per-process series carry.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LabelsConfig {
+    /// Adds a `pid` label (one series per process: unbounded, so off by default).
+    pub pid: bool,
+    /// Adds `pod_uid` and `container_id` parsed from Kubernetes cgroup paths.
+    pub kubernetes_ids: bool,
+}
+
+impl Default for LabelsConfig {
+    fn default() -> Self {
+        Self {
+            pid: false,
+            kubernetes_ids: true,
+        }
+    }
+}

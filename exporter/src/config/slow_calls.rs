@@ -1,0 +1,78 @@
+//! `[slow_calls]`: slow-syscall sampling (spans). Serde types and defaults
+//! only; validation is in the parent module.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde::{Deserialize, Serialize};
+
+use crate::util::duration as humantime_serde_compat;
+
+/// Slow-syscall sampling (spans). Thresholds are durations like "10ms".
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SlowCallsConfig {
+    pub enabled: bool,
+    /// Calls at least this slow are sampled, unless overridden per syscall.
+    #[serde(with = "humantime_serde_compat")]
+    pub threshold: Duration,
+    /// Per-syscall thresholds by name; "0s" or "off" never samples that syscall.
+    pub thresholds: BTreeMap<String, String>,
+    /// Syscalls never sampled, because waiting is their job.
+    pub exclude: Vec<String>,
+    /// Events per second for the whole node (split evenly across CPUs in the kernel).
+    pub max_events_per_second: u32,
+    /// Recent slow calls kept for `/api/v1/slow-calls` when no OTLP endpoint is configured.
+    pub recent_capacity: usize,
+    /// Puts the path behind a file descriptor into spans (`file.path`). Paths can carry
+    /// user data, so they can be turned off.
+    pub resolve_file_paths: bool,
+    /// Kernel ring buffer size in bytes (power of two, multiple of the page size).
+    pub ring_buffer_bytes: u32,
+    /// Spans queued for export at most; beyond it, spans are dropped and counted.
+    pub export_queue: usize,
+}
+
+impl Default for SlowCallsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            threshold: Duration::from_millis(10),
+            thresholds: BTreeMap::new(),
+            exclude: [
+                "epoll_wait",
+                "epoll_pwait",
+                "epoll_pwait2",
+                "futex",
+                "futex_waitv",
+                "nanosleep",
+                "clock_nanosleep",
+                "poll",
+                "ppoll",
+                "select",
+                "pselect6",
+                "wait4",
+                "waitid",
+                "pause",
+                "rt_sigsuspend",
+                "rt_sigtimedwait",
+                "io_getevents",
+                "io_pgetevents",
+                "io_uring_enter",
+                "accept",
+                "accept4",
+                "msgrcv",
+                "semop",
+                "semtimedop",
+                "mq_timedreceive",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+            max_events_per_second: 1000,
+            recent_capacity: 256,
+            resolve_file_paths: true,
+            ring_buffer_bytes: 256 * 1024,
+            export_queue: 2048,
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! `[syscalls]`: the syscall collector (histogram resolution, the descriptor split). Serde types and defaults
+//! only; validation is in the parent module.
+
+use serde::{Deserialize, Serialize};
+
+/// Histogram resolution of `sysscope_syscall_duration_seconds` (the kernel always keeps log2).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum HistogramResolution {
+    /// Bucket bounds at powers of 4 ns from 1.024 µs to 17.2 s (13 bounds + Inf).
+    #[default]
+    Log4,
+    /// Bucket bounds at powers of 2 ns from 1.024 µs to 17.2 s (25 bounds + Inf).
+    Log2,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SyscallsConfig {
+    pub enabled: bool,
+    pub histogram_resolution: HistogramResolution,
+    /// Splits the read and write families and the socket calls by what their descriptor is
+    /// (`fd_kind`, and `fs` for files), classified in the kernel at entry.
+    pub descriptor_kinds: bool,
+}
+
+impl Default for SyscallsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            histogram_resolution: HistogramResolution::Log4,
+            descriptor_kinds: true,
+        }
+    }
+}
