@@ -8,7 +8,7 @@ use std::{borrow::Cow, time::Duration};
 
 use aya::maps::{MapData, PerCpuArray};
 use prometheus_client::{
-    encoding::{DescriptorEncoder, NoLabelSet},
+    encoding::{DescriptorEncoder, EncodeCounterValue, NoLabelSet},
     metrics::MetricType,
 };
 use sysscope_abi::{counters, maps};
@@ -16,7 +16,7 @@ use sysscope_abi::{counters, maps};
 use crate::{
     build_info::{REVISION, VERSION},
     collectors::{Collector, CollectorError, Health},
-    kernel::Probes,
+    kernel::{Probes, ProgramStats},
     util::error::Chain,
 };
 
@@ -134,6 +134,23 @@ type OccupancyFamily = (
     &'static str,
     fn(&crate::collectors::MapUsage) -> u64,
 );
+
+/// One counter family of the programs' run-time statistics, a series per program.
+fn encode_program_counter<N: EncodeCounterValue>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    stats: &[ProgramStats],
+    value: impl Fn(&ProgramStats) -> N,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for s in stats {
+        family
+            .encode_family(&[("program", s.program.as_str())])?
+            .encode_counter::<NoLabelSet, N, f64>(&value(s), None)?;
+    }
+    Ok(())
+}
 
 /// Encodes self-metric families of a source that is not a collector.
 pub type ExtraFamilies = Box<dyn Fn(&mut DescriptorEncoder<'_>) -> std::fmt::Result + Send>;
@@ -339,28 +356,20 @@ impl Agent {
                     MetricType::Gauge,
                 )?
                 .encode_gauge(&probes.stats_coverage())?;
-            let mut family = encoder.encode_descriptor(
+            encode_program_counter(
+                encoder,
                 "sysscope_probe_run_seconds",
                 "CPU time spent in the eBPF program (kernel BPF run-time statistics).",
-                None,
-                MetricType::Counter,
+                &stats,
+                |s| s.run_time.as_secs_f64(),
             )?;
-            for s in &stats {
-                family
-                    .encode_family(&[("program", s.program.as_str())])?
-                    .encode_counter::<NoLabelSet, _, f64>(&s.run_time.as_secs_f64(), None)?;
-            }
-            let mut family = encoder.encode_descriptor(
+            encode_program_counter(
+                encoder,
                 "sysscope_probe_runs",
                 "Times the eBPF program ran (kernel BPF run-time statistics).",
-                None,
-                MetricType::Counter,
+                &stats,
+                |s| s.run_count,
             )?;
-            for s in &stats {
-                family
-                    .encode_family(&[("program", s.program.as_str())])?
-                    .encode_counter::<NoLabelSet, _, u64>(&s.run_count, None)?;
-            }
         }
 
         let occupancy: [OccupancyFamily; 2] = [

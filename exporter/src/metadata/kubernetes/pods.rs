@@ -318,15 +318,13 @@ pub(crate) mod tests {
     fn names_pods_and_containers() {
         let store = PodStore::new(10);
         let g0 = store.generation();
-        store.apply(
-            &pod(
-                "shop",
-                "cart-0",
-                U1,
-                &[("app", "containerd://aaa"), ("sidecar", "cri-o://bbb")],
-            ),
-            Instant::now(),
+        let cart = pod(
+            "shop",
+            "cart-0",
+            U1,
+            &[("app", "containerd://aaa"), ("sidecar", "cri-o://bbb")],
         );
+        store.apply(&cart, Instant::now());
         assert!(store.generation() > g0);
         let n = store.lookup(U1, Some("aaa")).unwrap();
         assert_eq!(
@@ -342,15 +340,7 @@ pub(crate) mod tests {
         assert_eq!(store.lookup(U2, None), None);
         // The same pod again changes nothing, so labels cached from it stay valid.
         let g1 = store.generation();
-        store.apply(
-            &pod(
-                "shop",
-                "cart-0",
-                U1,
-                &[("app", "containerd://aaa"), ("sidecar", "cri-o://bbb")],
-            ),
-            Instant::now(),
-        );
+        store.apply(&cart, Instant::now());
         assert_eq!(store.generation(), g1);
     }
 

@@ -640,6 +640,20 @@ mod tests {
         json!({"type": kind, "object": pod}).to_string()
     }
 
+    /// A pod watch of node-a against the fake API, retrying fast, into a store of `capacity`
+    /// pods that forgets deleted ones at once.
+    fn watch_node_a(api: &FakeApi, capacity: usize) -> (Arc<PodStore>, PodWatchCollector) {
+        let store = Arc::new(PodStore::with_grace(capacity, Duration::ZERO));
+        let collector = PodWatchCollector::start(
+            ClientSource::Explicit(Box::new(api.config())),
+            "node-a".into(),
+            store.clone(),
+            RetryBackoff::new(Duration::from_millis(5), Duration::from_millis(20)),
+        )
+        .unwrap();
+        (store, collector)
+    }
+
     fn eventually(what: &str, mut f: impl FnMut() -> bool) {
         let start = Instant::now();
         while !f() {
@@ -677,14 +691,7 @@ mod tests {
     #[test]
     fn watch_follows_the_api_through_errors_restarts_and_deletions() {
         let api = FakeApi::start();
-        let store = Arc::new(PodStore::with_grace(3, Duration::ZERO));
-        let mut collector = PodWatchCollector::start(
-            ClientSource::Explicit(Box::new(api.config())),
-            "node-a".into(),
-            store.clone(),
-            RetryBackoff::new(Duration::from_millis(5), Duration::from_millis(20)),
-        )
-        .unwrap();
+        let (store, mut collector) = watch_node_a(&api, 3);
         let health = collector.health.clone();
 
         // Starting, the first list not answered yet: not down (yet).
@@ -822,14 +829,7 @@ mod tests {
     #[test]
     fn a_broken_stream_is_an_error_and_is_retried() {
         let api = FakeApi::start();
-        let store = Arc::new(PodStore::with_grace(8, Duration::ZERO));
-        let mut collector = PodWatchCollector::start(
-            ClientSource::Explicit(Box::new(api.config())),
-            "node-a".into(),
-            store.clone(),
-            RetryBackoff::new(Duration::from_millis(5), Duration::from_millis(20)),
-        )
-        .unwrap();
+        let (store, mut collector) = watch_node_a(&api, 8);
         let health = collector.health.clone();
         api.lists.send(Reply::List(vec![], "5")).unwrap();
         eventually("synced", || health.synced());
