@@ -30,7 +30,7 @@ use crate::{
 const ATTACHED_AS: &str = "trace_block_io";
 
 /// What the kernel offers for block tracks, or why there are none (shown on stderr).
-pub fn plan(config: &Config) -> Result<BlockIoPlan, String> {
+pub(crate) fn plan(config: &Config) -> Result<BlockIoPlan, String> {
     if !config.block_io.enabled {
         return Err("block_io.enabled is false in the config file".into());
     }
@@ -39,7 +39,7 @@ pub fn plan(config: &Config) -> Result<BlockIoPlan, String> {
 }
 
 /// The attached block probes and the maps the trace reads.
-pub struct BlockStream {
+pub(crate) struct BlockStream {
     ring: RingBuf<MapData>,
     stats: BpfHashMap<MapData, BlockKey, BlockStats>,
     /// Requests received so far.
@@ -56,7 +56,7 @@ impl std::fmt::Debug for BlockStream {
 }
 
 /// Adds one `BLOCK_STATS` entry to `totals`.
-pub fn add_entry(totals: &mut BlockTotals, key: &BlockKey, stats: &BlockStats) {
+pub(crate) fn add_entry(totals: &mut BlockTotals, key: &BlockKey, stats: &BlockStats) {
     let t = totals.entry((key.dev, key.op)).or_default();
     t.0 += stats.bytes;
     t.1 += stats.requests;
@@ -66,7 +66,7 @@ impl BlockStream {
     /// Takes the maps and attaches the block programs (completion first, as the exporter
     /// does). The object must have been loaded with `plan.probe` and `block_trace` set.
     /// On failure nothing stays attached and the error says what failed.
-    pub fn attach(
+    pub(crate) fn attach(
         probes: &mut Probes,
         config: &Config,
         plan: &BlockIoPlan,
@@ -121,12 +121,12 @@ impl BlockStream {
     }
 
     /// The ring buffer's descriptor, to poll together with the syscall stream.
-    pub fn fd(&self) -> i32 {
+    pub(crate) fn fd(&self) -> i32 {
         self.ring.as_raw_fd()
     }
 
     /// Hands every request waiting in the ring buffer to `sink`.
-    pub fn drain(&mut self, sink: &mut dyn EventSink) -> u64 {
+    pub(crate) fn drain(&mut self, sink: &mut dyn EventSink) -> u64 {
         let mut n = 0;
         while let Some(item) = self.ring.next() {
             if item.len() < std::mem::size_of::<BlockTraceEvent>() {
@@ -146,7 +146,7 @@ impl BlockStream {
 
     /// The target's totals now. With `BLOCK_TRACE` set the map holds only the target's
     /// requests, so every entry counts. A walk cut short by an error keeps the last totals.
-    pub fn totals(&mut self) -> &BlockTotals {
+    pub(crate) fn totals(&mut self) -> &BlockTotals {
         let mut totals = BlockTotals::new();
         for item in self.stats.iter() {
             match item {

@@ -14,7 +14,7 @@ use crate::{kernel::Probes, syscall_table};
 
 /// Syscalls with a user-space path argument, and its index: what `TRACE_PATH_ARGS` lists.
 /// Names missing on an architecture (aarch64 has no `open`) are skipped.
-pub const PATH_ARGS: &[(&str, u8)] = &[
+pub(crate) const PATH_ARGS: &[(&str, u8)] = &[
     ("open", 0),
     ("creat", 0),
     ("openat", 1),
@@ -63,7 +63,7 @@ pub const PATH_ARGS: &[(&str, u8)] = &[
 ];
 
 /// The index of the path argument of syscall `nr`, if it has one.
-pub fn path_arg(nr: u32) -> Option<usize> {
+pub(crate) fn path_arg(nr: u32) -> Option<usize> {
     let name = syscall_table::name(nr)?;
     PATH_ARGS
         .iter()
@@ -71,7 +71,7 @@ pub fn path_arg(nr: u32) -> Option<usize> {
         .map(|(_, i)| *i as usize)
 }
 
-pub struct EventStream {
+pub(crate) struct EventStream {
     ring: RingBuf<MapData>,
     /// Records read so far.
     pub received: u64,
@@ -92,7 +92,7 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> CliError {
 /// Points the in-kernel target filter at the session's target: slot 0 of `TRACE_CGROUPS` for
 /// a cgroup (descendants match), `TRACE_TARGETS` for a pid. The probes must have been loaded
 /// with `session.load_options()`. Call before attaching anything.
-pub fn set_target_filter(probes: &mut Probes, session: &Session) -> Result<(), CliError> {
+pub(crate) fn set_target_filter(probes: &mut Probes, session: &Session) -> Result<(), CliError> {
     {
         if let Some(dir) = session.cgroup_dir() {
             let fd = std::fs::File::open(dir)
@@ -117,7 +117,7 @@ pub fn set_target_filter(probes: &mut Probes, session: &Session) -> Result<(), C
 
 impl EventStream {
     /// Fills `TRACE_PATH_ARGS` and attaches the trace programs (after [`set_target_filter`]).
-    pub fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
+    pub(crate) fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
         {
             let mut paths: Array<&mut MapData, u8> =
                 Array::try_from(probes.map_mut(maps::TRACE_PATH_ARGS)?)
@@ -138,7 +138,7 @@ impl EventStream {
     }
 
     /// Waits up to `timeout` for records (here, or in the ring buffer behind `also`).
-    pub fn wait(&self, timeout: Duration, also: Option<i32>) {
+    pub(crate) fn wait(&self, timeout: Duration, also: Option<i32>) {
         let poll = |fd: i32| libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -151,7 +151,7 @@ impl EventStream {
     }
 
     /// Hands every record waiting in the ring buffer to `sink`.
-    pub fn drain(&mut self, sink: &mut dyn EventSink) -> u64 {
+    pub(crate) fn drain(&mut self, sink: &mut dyn EventSink) -> u64 {
         let mut n = 0;
         while let Some(item) = self.ring.next() {
             if item.len() < std::mem::size_of::<TraceEvent>() {

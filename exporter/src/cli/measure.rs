@@ -27,17 +27,17 @@ const TICK: Duration = Duration::from_millis(100);
 
 /// What a run asks for.
 #[derive(Debug, Clone, Copy)]
-pub struct Wants {
+pub(crate) struct Wants {
     /// Read the syscall counters (`summary`, `diagnose`).
-    pub profile: bool,
+    pub(crate) profile: bool,
     /// Stream every call of the target (`trace`, `diagnose`).
     pub events: bool,
     /// Trace ring buffer size in bytes (with `events`).
     pub ring_buffer_bytes: u32,
     /// Also the target's block I/O (`trace`): totals and requests to the sink; the ring
     /// buffer of requests gets this many bytes. 0: no block I/O.
-    pub block_ring_buffer_bytes: u32,
-    pub quiet: bool,
+    pub(crate) block_ring_buffer_bytes: u32,
+    pub(crate) quiet: bool,
 }
 
 /// cgroup CPU time (`cpu.stat`) consumed during the run.
@@ -50,7 +50,7 @@ pub struct CpuUsage {
 /// What a run measured.
 #[derive(Debug)]
 pub struct Measurement {
-    pub profile: Profile,
+    pub(crate) profile: Profile,
     pub wall: Duration,
     pub stop: StopReason,
     pub drops: ProbeDrops,
@@ -59,13 +59,11 @@ pub struct Measurement {
     /// Trace records received.
     pub events: u64,
     /// Why the target's block I/O was not recorded, when it was asked for and could not be.
-    pub block_off: Option<String>,
-    /// Block requests of the target received.
-    pub block_events: u64,
+    pub(crate) block_off: Option<String>,
 }
 
 /// The configuration the tools load probes with: the user's limits, no slow-call sampling.
-pub fn tool_config(config: &Config) -> Config {
+pub(crate) fn tool_config(config: &Config) -> Config {
     let mut c = config.clone();
     c.slow_calls.enabled = false;
     c
@@ -85,7 +83,7 @@ fn read_cpu_stat(session: &Session) -> Option<CpuUsage> {
 
 /// Runs `session` to its end. `sink` receives every trace record when `wants.events`;
 /// `on_tick` runs every iteration with the monotonic time (for samplers).
-pub fn run(
+pub(crate) fn run(
     session: &mut Session,
     config: &Config,
     tool: &'static str,
@@ -228,7 +226,6 @@ pub fn run(
         );
     }
     let events = stream.map(|s| s.received).unwrap_or(0);
-    let block_events = blocks.map(|b| b.received).unwrap_or(0);
     // Detach every probe before the results are written.
     drop(probes);
     Ok(Measurement {
@@ -239,11 +236,10 @@ pub fn run(
         cpu,
         events,
         block_off,
-        block_events,
     })
 }
 
 /// Checks privileges first, so a missing capability is reported before anything is created.
-pub fn preflight() -> Result<(), CliError> {
+pub(crate) fn preflight() -> Result<(), CliError> {
     kernel::preflight().map_err(CliError::from)
 }

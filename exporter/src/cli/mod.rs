@@ -8,15 +8,15 @@
 //! into per-syscall totals, [`events`] streams `TRACE_EVENTS`; one module per subcommand
 //! renders the result.
 
-pub mod block;
+pub(crate) mod block;
 pub mod diagnose;
-pub mod events;
-pub mod measure;
-pub mod profile;
-pub mod progress;
-pub mod render;
-pub mod session;
-pub mod sink;
+pub(crate) mod events;
+pub(crate) mod measure;
+pub(crate) mod profile;
+pub(crate) mod progress;
+pub(crate) mod render;
+pub(crate) mod session;
+pub(crate) mod sink;
 pub mod summary;
 pub mod top;
 pub mod trace;
@@ -26,11 +26,11 @@ use std::path::PathBuf;
 use crate::{kernel::ProbeError, metadata::cgroups::CgroupError};
 
 /// Exit code when the tool lacks the privileges to load probes (sysexits' EX_NOPERM).
-pub const EXIT_NO_PERMISSION: u8 = 77;
+pub(crate) const EXIT_NO_PERMISSION: u8 = 77;
 /// Exit code for bad arguments.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) const EXIT_USAGE: u8 = 2;
 /// Exit code when the command to run cannot be found (as shells do).
-pub const EXIT_NOT_FOUND: u8 = 127;
+pub(crate) const EXIT_NOT_FOUND: u8 = 127;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -93,7 +93,7 @@ impl CliError {
 }
 
 /// Where the output goes: a file, or standard output for `-` or no `-o`.
-pub fn open_output(path: Option<&PathBuf>) -> Result<Box<dyn std::io::Write>, CliError> {
+pub(crate) fn open_output(path: Option<&PathBuf>) -> Result<Box<dyn std::io::Write>, CliError> {
     match path {
         Some(p) if p.as_os_str() != "-" => {
             let f = std::fs::File::create(p)
@@ -104,10 +104,10 @@ pub fn open_output(path: Option<&PathBuf>) -> Result<Box<dyn std::io::Write>, Cl
     }
 }
 
-pub use crate::util::duration::parse_arg as parse_duration;
+pub(crate) use crate::util::duration::parse_arg as parse_duration;
 
 /// Parses a byte size: "16MiB", "4096", "1GiB", "512KiB" (also k/M/G as powers of 1024).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
@@ -126,15 +126,15 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 /// Whether file descriptor `fd` is a terminal.
-pub fn is_tty(fd: i32) -> bool {
+pub(crate) fn is_tty(fd: i32) -> bool {
     // SAFETY: isatty only inspects the descriptor.
     unsafe { libc::isatty(fd) == 1 }
 }
 
-pub use crate::util::clock::monotonic_ns;
+pub(crate) use crate::util::clock::monotonic_ns;
 
 /// SIGINT/SIGTERM received since [`signals::install`], counted so a second Ctrl-C can force.
-pub mod signals {
+pub(crate) mod signals {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     static RECEIVED: AtomicUsize = AtomicUsize::new(0);
@@ -145,7 +145,7 @@ pub mod signals {
 
     /// Catches SIGINT and SIGTERM: the tools stop measuring and still print what they saw
     /// (a handler, not SIG_IGN, so a command they run starts with default dispositions).
-    pub fn install() {
+    pub(crate) fn install() {
         for sig in [libc::SIGINT, libc::SIGTERM] {
             // SAFETY: the handler only touches an atomic (async-signal-safe); the struct is
             // zeroed then filled as sigaction(2) requires.
@@ -160,7 +160,7 @@ pub mod signals {
     }
 
     /// How many SIGINT/SIGTERM arrived so far.
-    pub fn count() -> usize {
+    pub(crate) fn count() -> usize {
         RECEIVED.load(Ordering::SeqCst)
     }
 }

@@ -7,14 +7,14 @@ use std::{
 };
 
 /// How often a progress line is printed when stderr is not a terminal.
-pub const PLAIN_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const PLAIN_EVERY: Duration = Duration::from_secs(10);
 /// How often the terminal line is redrawn.
 const TTY_EVERY: Duration = Duration::from_secs(1);
 /// Runs shorter than this show no progress at all.
 const SHOW_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     tool: &'static str,
     enabled: bool,
     tty: bool,
@@ -24,7 +24,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(tool: &'static str, quiet: bool) -> Self {
+    pub(crate) fn new(tool: &'static str, quiet: bool) -> Self {
         Self {
             tool,
             enabled: !quiet,
@@ -36,7 +36,7 @@ impl Progress {
     }
 
     /// Shows `status` (e.g. "12,345 syscalls") with the elapsed time, when it is time to.
-    pub fn tick(&mut self, status: impl FnOnce() -> String) {
+    pub(crate) fn tick(&mut self, status: impl FnOnce() -> String) {
         if !self.enabled || self.started.elapsed() < SHOW_AFTER {
             return;
         }
@@ -62,7 +62,7 @@ impl Progress {
     }
 
     /// Clears the terminal line before the results are printed.
-    pub fn done(&mut self) {
+    pub(crate) fn done(&mut self) {
         if self.drawn {
             let _ = write!(std::io::stderr(), "\r\x1b[K");
             self.drawn = false;
@@ -77,7 +77,7 @@ impl Drop for Progress {
 }
 
 /// `1234567` as `1,234,567`.
-pub fn thousands(n: u64) -> String {
+pub(crate) fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {

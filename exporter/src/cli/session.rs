@@ -53,7 +53,7 @@ pub struct TargetArgs {
 
     /// No progress line on stderr.
     #[arg(short = 'q', long)]
-    pub quiet: bool,
+    pub(crate) quiet: bool,
 
     /// The command to run, after `--`, in a fresh cgroup of its own (its children included).
     #[arg(last = true, value_name = "CMD")]
@@ -86,7 +86,7 @@ impl StopReason {
 
 /// The resolved target.
 #[derive(Debug)]
-pub enum Target {
+pub(crate) enum Target {
     Command {
         argv: Vec<String>,
         program: PathBuf,
@@ -104,7 +104,7 @@ pub enum Target {
 
 /// Which kernel entries belong to the target.
 #[derive(Debug, Clone)]
-pub enum Filter {
+pub(crate) enum Filter {
     /// A cgroup directory and its descendants (ids refreshed by [`Filter::refresh`]).
     Cgroups {
         dir: PathBuf,
@@ -114,7 +114,7 @@ pub enum Filter {
 }
 
 impl Filter {
-    pub fn matches(&self, cgroup_id: u64, tgid: u32) -> bool {
+    pub(crate) fn matches(&self, cgroup_id: u64, tgid: u32) -> bool {
         match self {
             Self::Cgroups { ids, .. } => ids.contains(&cgroup_id),
             Self::Tgid(t) => *t == tgid,
@@ -122,7 +122,7 @@ impl Filter {
     }
 
     /// Picks up descendant cgroups created since the last call.
-    pub fn refresh(&mut self) {
+    pub(crate) fn refresh(&mut self) {
         if let Self::Cgroups { dir, ids } = self {
             ids.extend(descendant_ids(dir));
         }
@@ -130,7 +130,7 @@ impl Filter {
 }
 
 /// Inode ids (cgroup ids) of `dir` and every directory below it.
-pub fn descendant_ids(dir: &Path) -> HashSet<u64> {
+pub(crate) fn descendant_ids(dir: &Path) -> HashSet<u64> {
     let mut ids = HashSet::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -150,7 +150,7 @@ pub fn descendant_ids(dir: &Path) -> HashSet<u64> {
 
 /// A cgroup created for a command; emptied and removed on drop.
 #[derive(Debug)]
-pub struct OwnedCgroup {
+pub(crate) struct OwnedCgroup {
     pub dir: PathBuf,
     /// Path relative to the v2 root, as the metrics label it.
     pub rel: String,
@@ -160,7 +160,7 @@ pub struct OwnedCgroup {
 
 impl OwnedCgroup {
     /// Creates `<v2 root>/sysscope-<tool>-<pid>[-n]`.
-    pub fn create(tool: &str) -> Result<Self, CliError> {
+    pub(crate) fn create(tool: &str) -> Result<Self, CliError> {
         let root = cgroups::v2_mount()?;
         let base = format!("sysscope-{tool}-{}", std::process::id());
         for n in 0..100 {
@@ -197,7 +197,7 @@ impl OwnedCgroup {
     }
 
     /// Whether any process is left in the cgroup (or below it).
-    pub fn populated(&self) -> bool {
+    pub(crate) fn populated(&self) -> bool {
         populated(&self.dir)
     }
 
@@ -220,7 +220,7 @@ impl OwnedCgroup {
     }
 
     /// Ends every process left: SIGTERM, then SIGKILL after `grace`.
-    pub fn terminate(&self, grace: Duration) {
+    pub(crate) fn terminate(&self, grace: Duration) {
         for pid in self.pids() {
             // SAFETY: signalling processes in the cgroup we created for the command.
             unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -272,7 +272,7 @@ fn populated(dir: &Path) -> bool {
 }
 
 /// Finds `name` the way execvp would, in the parent, so the child execs exactly once.
-pub fn resolve_program(name: &str) -> Result<PathBuf, CliError> {
+pub(crate) fn resolve_program(name: &str) -> Result<PathBuf, CliError> {
     if name.contains('/') {
         let p = PathBuf::from(name);
         return if p.exists() {
@@ -294,7 +294,7 @@ pub fn resolve_program(name: &str) -> Result<PathBuf, CliError> {
 }
 
 /// One measurement: its target, its clock, and the command it runs.
-pub struct Session {
+pub(crate) struct Session {
     pub target: Target,
     pub filter: Filter,
     duration: Option<Duration>,
@@ -326,7 +326,7 @@ const REFRESH_EVERY: Duration = Duration::from_millis(500);
 impl Session {
     /// Validates the target and, for a command, creates its cgroup (nothing runs yet).
     /// Ctrl-C is caught from here on, so an interrupted start still removes the cgroup.
-    pub fn new(args: &TargetArgs, tool: &str) -> Result<Self, CliError> {
+    pub(crate) fn new(args: &TargetArgs, tool: &str) -> Result<Self, CliError> {
         signals::install();
         let signals_at_start = signals::count();
         let given = [
@@ -400,7 +400,7 @@ impl Session {
 
     /// Probe load options for this target: the in-kernel target filter (used by the trace
     /// programs, and by the syscall programs, which count the target only).
-    pub fn load_options(&self) -> LoadOptions {
+    pub(crate) fn load_options(&self) -> LoadOptions {
         let mut o = LoadOptions {
             syscalls_target_only: true,
             ..LoadOptions::default()
@@ -414,7 +414,7 @@ impl Session {
     }
 
     /// The cgroup directory being measured, if the target is one.
-    pub fn cgroup_dir(&self) -> Option<&Path> {
+    pub(crate) fn cgroup_dir(&self) -> Option<&Path> {
         match &self.target {
             Target::Command { cgroup, .. } => Some(&cgroup.dir),
             Target::Cgroup { dir, .. } => Some(dir),
@@ -423,7 +423,7 @@ impl Session {
     }
 
     /// The tgid being measured, for `--pid`.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         match &self.target {
             Target::Pid { pid, .. } => Some(*pid),
             _ => None,
@@ -431,7 +431,7 @@ impl Session {
     }
 
     /// Starts the clock and, for a command, runs it (the probes must be attached by now).
-    pub fn start(&mut self) -> Result<(), CliError> {
+    pub(crate) fn start(&mut self) -> Result<(), CliError> {
         if signals::count() > self.signals_at_start {
             return Err(CliError::Interrupted);
         }
@@ -450,26 +450,26 @@ impl Session {
     }
 
     /// When the measurement started (CLOCK_MONOTONIC ns, the probes' clock).
-    pub fn started_ns(&self) -> u64 {
+    pub(crate) fn started_ns(&self) -> u64 {
         self.started_ns
     }
 
     /// The `--duration` limit, if any.
-    pub fn duration(&self) -> Option<Duration> {
+    pub(crate) fn duration(&self) -> Option<Duration> {
         self.duration
     }
 
-    pub fn elapsed(&self) -> Duration {
+    pub(crate) fn elapsed(&self) -> Duration {
         self.started.elapsed()
     }
 
     /// The pid of the command, once started.
-    pub fn child_pid(&self) -> Option<u32> {
+    pub(crate) fn child_pid(&self) -> Option<u32> {
         self.child.map(|pid| pid as u32)
     }
 
     /// Checks, without blocking, whether the session is over.
-    pub fn poll(&mut self) -> Option<StopReason> {
+    pub(crate) fn poll(&mut self) -> Option<StopReason> {
         if self.last_refresh.elapsed() >= REFRESH_EVERY {
             self.filter.refresh();
             self.last_refresh = Instant::now();
@@ -523,14 +523,9 @@ impl Session {
         None
     }
 
-    /// Whether the command's own process has exited (children may still run).
-    pub fn command_exited(&self) -> bool {
-        self.status.is_some()
-    }
-
     /// Ends the session: stops what is left of a command and removes its cgroup. Returns the
     /// exit code to end with: the command's (128 + signal if it was killed), else 0.
-    pub fn finish(mut self) -> u8 {
+    pub(crate) fn finish(mut self) -> u8 {
         let mut code = 0u8;
         if let Target::Command { cgroup, .. } = &self.target {
             if cgroup.populated() {
@@ -549,7 +544,7 @@ impl Session {
     }
 
     /// A one-line description for headers and messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.target {
             Target::Command { argv, cgroup, .. } => {
                 let mut cmd = argv.join(" ");
@@ -568,7 +563,7 @@ impl Session {
     }
 
     /// The target as JSON, for the tools' machine-readable outputs.
-    pub fn describe_json(&self) -> serde_json::Value {
+    pub(crate) fn describe_json(&self) -> serde_json::Value {
         match &self.target {
             Target::Command { argv, cgroup, .. } => serde_json::json!({
                 "kind": "command",
@@ -603,7 +598,7 @@ fn reap(pid: i32, block: bool) -> Option<ExitStatus> {
 }
 
 /// Exit code of a finished command, as shells report it.
-pub fn exit_code(status: ExitStatus) -> u8 {
+pub(crate) fn exit_code(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
         (None, Some(sig)) => 128u8.wrapping_add(sig as u8),
@@ -620,7 +615,7 @@ fn tgid_of(pid: u32) -> Option<u32> {
 }
 
 /// Resolves `--cgroup PATH` to (directory, path relative to the v2 root).
-pub fn resolve_cgroup(root: &Path, path: &str) -> Result<(PathBuf, String), CliError> {
+pub(crate) fn resolve_cgroup(root: &Path, path: &str) -> Result<(PathBuf, String), CliError> {
     let not_found = || CliError::NoSuchCgroup {
         path: path.to_string(),
         root: root.display().to_string(),

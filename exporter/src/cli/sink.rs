@@ -8,10 +8,10 @@ use sysscope_abi::{BlockTraceEvent, TraceEvent};
 
 /// Cumulative (bytes, requests) of the target per (kernel dev_t, op), since the probes
 /// attached.
-pub type BlockTotals = BTreeMap<(u32, u8), (u64, u64)>;
+pub(crate) type BlockTotals = BTreeMap<(u32, u8), (u64, u64)>;
 
 /// Receives trace records as they arrive.
-pub trait EventSink {
+pub(crate) trait EventSink {
     /// The measurement started at `start_ns` (CLOCK_MONOTONIC).
     fn start(&mut self, _start_ns: u64) {}
     fn event(&mut self, event: &TraceEvent);
@@ -25,7 +25,7 @@ pub trait EventSink {
 
 /// A sink that ignores everything (runs without a stream).
 #[derive(Debug, Default)]
-pub struct NoEvents;
+pub(crate) struct NoEvents;
 
 impl EventSink for NoEvents {
     fn event(&mut self, _event: &TraceEvent) {}

@@ -74,24 +74,24 @@ pub struct TopArgs {
 
 /// Usage of one syscall by one group over an interval.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Usage {
+pub(crate) struct Usage {
     pub calls: u64,
     pub errors: u64,
-    pub time_ns: u64,
+    pub(crate) time_ns: u64,
 }
 
 /// A group (cgroup or process) and its usage per syscall name.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GroupUsage {
+pub(crate) struct GroupUsage {
     /// Row label: the cgroup path, or "pid comm".
     pub label: String,
     /// Secondary column: the process's cgroup when grouping by process.
-    pub detail: String,
+    pub(crate) detail: String,
     pub syscalls: HashMap<String, Usage>,
 }
 
 impl GroupUsage {
-    pub fn total(&self) -> Usage {
+    pub(crate) fn total(&self) -> Usage {
         self.syscalls.values().fold(Usage::default(), |a, u| Usage {
             calls: a.calls + u.calls,
             errors: a.errors + u.errors,
@@ -191,10 +191,10 @@ struct MetricsSource {
 }
 
 /// One sample of the exposition: name, labels, value.
-pub type Sample = (String, HashMap<String, String>, f64);
+pub(crate) type Sample = (String, HashMap<String, String>, f64);
 
 /// Parses the sample lines of the Prometheus text format (enough for sysscope's own output).
-pub fn parse_exposition(text: &str) -> Vec<Sample> {
+pub(crate) fn parse_exposition(text: &str) -> Vec<Sample> {
     let mut out = Vec::new();
     for line in text.lines() {
         let line = line.trim();
@@ -256,7 +256,7 @@ pub fn parse_exposition(text: &str) -> Vec<Sample> {
 }
 
 /// GET over plain HTTP/1.0 (the exporter serves loopback by default; no TLS here).
-pub fn http_get(url: &str) -> Result<String, CliError> {
+pub(crate) fn http_get(url: &str) -> Result<String, CliError> {
     let fail = |message: String| CliError::Fetch {
         what: format!("GET {url}"),
         message,
@@ -398,7 +398,7 @@ fn truncate(s: &str, width: usize) -> String {
 }
 
 /// One frame of text: a header and the busiest groups.
-pub fn render_frame(
+pub(crate) fn render_frame(
     groups: &[GroupUsage],
     interval: Duration,
     by: GroupBy,

@@ -54,7 +54,7 @@ pub struct TraceArgs {
     /// Keep at most this many syscalls, and at most this many block request slices; later
     /// ones are counted as dropped (about 200 bytes of JSON each).
     #[arg(long, value_name = "N", default_value_t = 1_000_000)]
-    pub max_events: u64,
+    pub(crate) max_events: u64,
 
     /// Write a `strace -f -T`-like text log instead of JSON.
     #[arg(long)]
@@ -63,23 +63,23 @@ pub struct TraceArgs {
     /// Kernel ring buffer size (a power of two, at least one page); records that do not fit
     /// while this tool catches up are counted as dropped.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "16MiB")]
-    pub buffer_size: u64,
+    pub(crate) buffer_size: u64,
 
     /// Sampling period of the CPU (and GPU) and block I/O counter tracks; 0 for none.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "100ms")]
-    pub counter_interval: Duration,
+    pub(crate) counter_interval: Duration,
 }
 
 /// Size of the ring buffer of block requests: an eighth of the syscall buffer (one record
 /// is 80 bytes and block requests are far rarer than syscalls), at least one page.
-pub fn block_ring_bytes(ring_bytes: u32) -> u32 {
+pub(crate) fn block_ring_bytes(ring_bytes: u32) -> u32 {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
     (ring_bytes / 8).max(page)
 }
 
 /// Checks `--buffer-size`: the kernel wants a power-of-two multiple of the page size.
-pub fn check_buffer_size(bytes: u64) -> Result<u32, CliError> {
+pub(crate) fn check_buffer_size(bytes: u64) -> Result<u32, CliError> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
     if bytes < page || !bytes.is_power_of_two() || bytes > (1 << 30) {

@@ -17,7 +17,7 @@ pub enum Format {
 }
 
 impl Format {
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Format::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",

@@ -27,7 +27,7 @@ impl PromCollector for AgentView {
 }
 
 /// Rewrites the OpenMetrics text after encoding (adds exemplars the encoder cannot build).
-pub type Annotator = Arc<dyn Fn(&mut String) + Send + Sync>;
+pub(crate) type Annotator = Arc<dyn Fn(&mut String) + Send + Sync>;
 
 #[derive(Default)]
 struct Cache {
@@ -75,7 +75,7 @@ impl Scraper {
 
     /// Whether a panic left the agent or the scrape cache locked mid-update: every scrape then
     /// fails, so the process is not healthy and must be restarted.
-    pub fn is_poisoned(&self) -> bool {
+    pub(crate) fn is_poisoned(&self) -> bool {
         self.agent.is_poisoned() || self.cache.is_poisoned()
     }
 

@@ -272,14 +272,14 @@ impl std::fmt::Debug for BasicAuth {
 /// The highest bcrypt cost accepted. Each step doubles the work: 16 already takes seconds per
 /// check on a server core, and 31 (the format's maximum) days, which would hang start-up
 /// (the dummy hash for unknown users is computed at load) and every first login.
-pub const MAX_BCRYPT_COST: u32 = 16;
+pub(crate) const MAX_BCRYPT_COST: u32 = 16;
 
 /// Successful checks remembered at most (the cache is cleared when full).
 const AUTH_CACHE_MAX: usize = 1024;
 
 /// The outcome of the cheap part of a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AuthPrecheck {
+pub(crate) enum AuthPrecheck {
     /// A recently verified credential.
     Allowed,
     /// No or malformed `Authorization` header.
@@ -321,7 +321,7 @@ impl BasicAuth {
     }
 
     /// Parses an `Authorization` header and answers from the cache when it can. Cheap.
-    pub fn precheck(&self, header: Option<&[u8]>) -> AuthPrecheck {
+    pub(crate) fn precheck(&self, header: Option<&[u8]>) -> AuthPrecheck {
         let Some((user, password)) = header.and_then(parse_basic) else {
             return AuthPrecheck::Denied;
         };
@@ -335,7 +335,7 @@ impl BasicAuth {
     }
 
     /// The bcrypt check. Blocking and deliberately slow: call from a blocking thread.
-    pub fn verify(&self, user: &str, password: &[u8]) -> bool {
+    pub(crate) fn verify(&self, user: &str, password: &[u8]) -> bool {
         let (hash, known) = match self.users.get(user) {
             Some(h) => (h.as_str(), true),
             None => (self.dummy_hash.as_str(), false),

@@ -89,7 +89,7 @@ pub fn v2_mount() -> Result<PathBuf, CgroupError> {
 }
 
 /// [`v2_mount`] from a given mountinfo file.
-pub fn v2_mount_from(mountinfo: &Path) -> Result<PathBuf, CgroupError> {
+pub(crate) fn v2_mount_from(mountinfo: &Path) -> Result<PathBuf, CgroupError> {
     let text = std::fs::read_to_string(mountinfo).map_err(|source| CgroupError::Read {
         path: mountinfo.display().to_string(),
         source,
@@ -98,11 +98,11 @@ pub fn v2_mount_from(mountinfo: &Path) -> Result<PathBuf, CgroupError> {
 }
 
 /// Label value used for a cgroup id that no longer exists and was never seen.
-pub const UNRESOLVED: &str = "(unresolved)";
+pub(crate) const UNRESOLVED: &str = "(unresolved)";
 
 /// What is known of a cgroup id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolution {
+pub(crate) enum Resolution {
     Known(Arc<str>),
     /// Not found by this cycle's walk, which may predate the cgroup: ask again next cycle.
     Pending,
@@ -141,7 +141,7 @@ impl CgroupResolver {
     }
 
     /// Starts a collection cycle: the next unknown id may walk the hierarchy again.
-    pub fn new_cycle(&mut self) {
+    pub(crate) fn new_cycle(&mut self) {
         self.scanned_this_cycle = false;
     }
 
@@ -157,7 +157,7 @@ impl CgroupResolver {
     /// (made now, after the kernel saw the id) does not find it, the cgroup is gone. If the
     /// cycle's walk was made earlier, the cgroup may be newer than the walk: `Pending`, and the
     /// next cycle decides. Gone ids are not looked for again for a while.
-    pub fn lookup(&mut self, id: u64) -> Resolution {
+    pub(crate) fn lookup(&mut self, id: u64) -> Resolution {
         if let Some(known) = self.known(id) {
             return known;
         }
@@ -199,7 +199,7 @@ impl CgroupResolver {
     /// snapshot taken then). Unlike [`Self::lookup`] this never answers `Pending`: a walk
     /// started after `seen_at` finds every cgroup that still exists, so an id it did not find
     /// is gone, and an older walk is simply repeated. At most one walk per `seen_at`.
-    pub fn lookup_seen(&mut self, id: u64, seen_at: Instant) -> Resolution {
+    pub(crate) fn lookup_seen(&mut self, id: u64, seen_at: Instant) -> Resolution {
         if let Some(known) = self.known(id) {
             return known;
         }
@@ -211,7 +211,7 @@ impl CgroupResolver {
 
     /// Walks the hierarchy, adding every cgroup found; ids of removed cgroups are kept so
     /// their last series keep their label until they are retired.
-    pub fn rescan(&mut self) {
+    pub(crate) fn rescan(&mut self) {
         self.scanned_this_cycle = true;
         self.last_walk = Some(Instant::now());
         self.missing
@@ -243,7 +243,7 @@ impl CgroupResolver {
 
     /// Records the path of `id` found by another walk of the hierarchy (e.g. the CPU
     /// collector's), so resolving it does not walk the hierarchy again.
-    pub fn learn(&mut self, id: u64, path: &str) {
+    pub(crate) fn learn(&mut self, id: u64, path: &str) {
         self.missing.remove(&id);
         self.paths.entry(id).or_insert_with(|| Arc::from(path));
     }

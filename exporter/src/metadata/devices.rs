@@ -15,10 +15,10 @@ use std::{
 use sysscope_abi::dev;
 
 /// Label of requests whose disk the probe could not read.
-pub const UNKNOWN_DEVICE: &str = "unknown";
+pub(crate) const UNKNOWN_DEVICE: &str = "unknown";
 
 #[derive(Debug)]
-pub struct DeviceResolver {
+pub(crate) struct DeviceResolver {
     sys_root: PathBuf,
     proc_root: PathBuf,
     ttl: Duration,
@@ -32,7 +32,7 @@ impl Default for DeviceResolver {
 }
 
 impl DeviceResolver {
-    pub fn new(sys_root: PathBuf, proc_root: PathBuf, ttl: Duration) -> Self {
+    pub(crate) fn new(sys_root: PathBuf, proc_root: PathBuf, ttl: Duration) -> Self {
         Self {
             sys_root,
             proc_root,
@@ -42,7 +42,7 @@ impl DeviceResolver {
     }
 
     /// The name of kernel device `dev`; `major:minor` when the device is gone or unknown.
-    pub fn resolve(&mut self, kdev: u32) -> Arc<str> {
+    pub(crate) fn resolve(&mut self, kdev: u32) -> Arc<str> {
         if kdev == 0 {
             return Arc::from(UNKNOWN_DEVICE);
         }
@@ -81,7 +81,7 @@ impl DeviceResolver {
 }
 
 /// `DEVNAME=` of a uevent file (`MAJOR=7\nMINOR=0\nDEVNAME=loop0\nDEVTYPE=disk\n`).
-pub fn parse_uevent_devname(text: &str) -> Option<String> {
+pub(crate) fn parse_uevent_devname(text: &str) -> Option<String> {
     text.lines()
         .find_map(|l| l.strip_prefix("DEVNAME="))
         .map(|n| sanitize(n.trim()))
@@ -89,7 +89,7 @@ pub fn parse_uevent_devname(text: &str) -> Option<String> {
 }
 
 /// The name of `major:minor` in `/proc/partitions` (`major minor #blocks name` rows).
-pub fn parse_partitions(text: &str, major: u32, minor: u32) -> Option<String> {
+pub(crate) fn parse_partitions(text: &str, major: u32, minor: u32) -> Option<String> {
     text.lines().find_map(|l| {
         let mut f = l.split_whitespace();
         let ma: u32 = f.next()?.parse().ok()?;

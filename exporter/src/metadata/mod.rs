@@ -3,8 +3,8 @@
 //! so every family labels the same workload the same way.
 
 pub mod cgroups;
-pub mod devices;
-pub mod kubernetes;
+pub(crate) mod devices;
+pub(crate) mod kubernetes;
 pub mod processes;
 
 use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
@@ -12,11 +12,12 @@ use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
 use crate::series::{CgroupLabels, Workload};
 
 /// Derives extra labels (e.g. `pod_uid`, `container_id`) from a cgroup path.
-pub type CgroupLabelDeriver = Box<dyn Fn(&str) -> Vec<(&'static str, Arc<str>)> + Send + Sync>;
+pub(crate) type CgroupLabelDeriver =
+    Box<dyn Fn(&str) -> Vec<(&'static str, Arc<str>)> + Send + Sync>;
 
 /// Extra labels derived for one cgroup.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Derived {
+pub(crate) struct Derived {
     pub labels: Vec<(&'static str, Arc<str>)>,
     /// False when metadata that may still arrive would add labels (a pod the pod watch has not
     /// reported yet): the labeler asks again once [`CgroupMetadata::generation`] changes.
@@ -25,7 +26,7 @@ pub struct Derived {
 
 /// A source of extra cgroup labels, possibly fed by metadata that arrives later (the pod
 /// watch). Labels of a cgroup never change once complete, so series stay put.
-pub trait CgroupMetadata: Send + Sync {
+pub(crate) trait CgroupMetadata: Send + Sync {
     fn derive(&self, path: &str) -> Derived;
 
     /// Changes whenever `derive` may return more for a path it called incomplete.
@@ -85,14 +86,14 @@ impl Labeler {
     }
 
     /// Adds labels from a metadata source (applied to cgroups resolved from now on).
-    pub fn with_metadata(mut self, metadata: Box<dyn CgroupMetadata>) -> Self {
+    pub(crate) fn with_metadata(mut self, metadata: Box<dyn CgroupMetadata>) -> Self {
         self.derive = Some(metadata);
         self.labels.clear();
         self
     }
 
     /// Starts a collection cycle (unknown cgroup ids may walk the hierarchy once more).
-    pub fn new_cycle(&mut self) {
+    pub(crate) fn new_cycle(&mut self) {
         self.cgroups.new_cycle();
     }
 
@@ -146,7 +147,7 @@ impl Labeler {
     /// `seen_at`: the one policy for cgroup ids of every family. A walk of the hierarchy
     /// started after the snapshot finds every cgroup that still exists, so the id is either
     /// named now or was removed, and is then `(unresolved)`; nothing waits on a timer.
-    pub fn cgroup_seen(&mut self, id: u64, seen_at: Instant) -> Arc<CgroupLabels> {
+    pub(crate) fn cgroup_seen(&mut self, id: u64, seen_at: Instant) -> Arc<CgroupLabels> {
         self.settle_cgroup(id, seen_at);
         self.cgroup(id)
     }
@@ -164,7 +165,7 @@ impl Labeler {
     /// asks again next cycle rather than attribute them to a placeholder. On the `last_chance`
     /// (the entry is about to be reclaimed) the placeholder is used instead. A cgroup removed
     /// before it could be resolved is `(unresolved)`.
-    pub fn try_workload(
+    pub(crate) fn try_workload(
         &mut self,
         cgroup_id: u64,
         tgid: u32,
@@ -183,7 +184,7 @@ impl Labeler {
 
     /// Labels of cgroup `id` whose path (relative to the v2 root) the caller already knows,
     /// e.g. from its own walk of the hierarchy: no walk of the labeler's own.
-    pub fn cgroup_at(&mut self, id: u64, path: &str) -> Arc<CgroupLabels> {
+    pub(crate) fn cgroup_at(&mut self, id: u64, path: &str) -> Arc<CgroupLabels> {
         if !self.labels.contains_key(&id) {
             self.cgroups.learn(id, path);
         }
@@ -201,7 +202,7 @@ impl Labeler {
 
     /// The workload of a kernel (cgroup id, tgid) pair whose process name the probe recorded
     /// itself (no /proc lookup, so it is right even after the process exited).
-    pub fn workload_named(&mut self, cgroup_id: u64, tgid: u32, comm: Arc<str>) -> Workload {
+    pub(crate) fn workload_named(&mut self, cgroup_id: u64, tgid: u32, comm: Arc<str>) -> Workload {
         Workload {
             cgroup: self.cgroup(cgroup_id),
             comm,
@@ -210,7 +211,7 @@ impl Labeler {
     }
 
     /// Drops cached cgroups that `keep` rejects and whose directories are gone.
-    pub fn retain_cgroups(&mut self, keep: impl Fn(u64) -> bool) {
+    pub(crate) fn retain_cgroups(&mut self, keep: impl Fn(u64) -> bool) {
         self.cgroups.retain(&keep);
         self.labels.retain(|id, _| keep(*id));
     }
@@ -220,7 +221,7 @@ impl Labeler {
 pub type SharedLabeler = Arc<std::sync::Mutex<Labeler>>;
 
 /// The cgroup v2 mount the shared labeler walks.
-pub fn cgroup_root(labeler: &SharedLabeler) -> std::path::PathBuf {
+pub(crate) fn cgroup_root(labeler: &SharedLabeler) -> std::path::PathBuf {
     labeler
         .lock()
         .expect("labeler lock")

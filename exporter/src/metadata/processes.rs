@@ -8,7 +8,7 @@ use std::{
 };
 
 /// Label value for a process that exited before its name could be read.
-pub const UNKNOWN_COMM: &str = "(exited)";
+pub(crate) const UNKNOWN_COMM: &str = "(exited)";
 
 #[derive(Debug)]
 pub struct CommResolver {
@@ -40,7 +40,7 @@ impl CommResolver {
 
     /// Like [`Self::resolve`], but `None` instead of the placeholder: a process that exited
     /// between a map read and this lookup has no readable name until its exit record arrives.
-    pub fn lookup(&mut self, tgid: u32) -> Option<Arc<str>> {
+    pub(crate) fn lookup(&mut self, tgid: u32) -> Option<Arc<str>> {
         if let Some((comm, at)) = self.cache.get(&tgid) {
             if at.elapsed() < self.ttl {
                 return Some(comm.clone());
@@ -57,14 +57,14 @@ impl CommResolver {
     }
 
     /// Records the name the kernel saw when the process exited (authoritative from then on).
-    pub fn set_exited(&mut self, tgid: u32, comm: &[u8; 16]) {
+    pub(crate) fn set_exited(&mut self, tgid: u32, comm: &[u8; 16]) {
         let name = comm_from_bytes(comm);
         // Far-future timestamp: never re-read /proc for a pid that may be reused.
         let at = Instant::now() + Duration::from_secs(3600 * 24);
         self.cache.insert(tgid, (name, at));
     }
 
-    pub fn forget(&mut self, tgid: u32) {
+    pub(crate) fn forget(&mut self, tgid: u32) {
         self.cache.remove(&tgid);
     }
 

@@ -22,6 +22,7 @@ use super::{args, clock::WallClock};
 use crate::{
     metadata::{
         cgroups::UNRESOLVED,
+        kubernetes,
         processes::{comm_from_bytes, UNKNOWN_COMM},
         SharedLabeler,
     },
@@ -319,15 +320,9 @@ impl Enricher {
             attrs.push(("process.linux.cgroup", AttrValue::from(line.as_str())));
         }
         for (label, value) in &workload.cgroup.extra {
-            let key = match *label {
-                "container_id" => "container.id",
-                "pod_uid" => "k8s.pod.uid",
-                "pod" => "k8s.pod.name",
-                "namespace" => "k8s.namespace.name",
-                "container" => "k8s.container.name",
-                _ => continue,
-            };
-            attrs.push((key, AttrValue::from(value.clone())));
+            if let Some(key) = kubernetes::span_attribute(label) {
+                attrs.push((key, AttrValue::from(value.clone())));
+            }
         }
         attrs.push(("sysscope.syscall.nr", i64::from(ev.nr).into()));
 

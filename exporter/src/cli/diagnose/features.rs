@@ -66,21 +66,21 @@ pub(super) const MAX_DISTINCT: usize = 10_000;
 
 /// Per-call facts the counters cannot give, aggregated as records arrive (bounded memory).
 #[derive(Debug, Default, Clone)]
-pub struct Features {
+pub(crate) struct Features {
     pub events: u64,
     pub threads: HashSet<u32>,
     /// Successful transfers and their bytes, per syscall number.
     pub bytes: HashMap<u32, (u64, u64)>,
     /// fsync/fdatasync calls whose thread's previous call was a write to the same fd.
-    pub fsync_after_write: u64,
-    pub fsyncs: u64,
+    pub(crate) fsync_after_write: u64,
+    pub(crate) fsyncs: u64,
     /// How often each path was opened / looked up (stat family), and failed opens' paths.
-    pub open_paths: HashMap<String, u64>,
-    pub lookup_paths: HashMap<String, u64>,
-    pub failed_paths: HashMap<String, u64>,
+    pub(crate) open_paths: HashMap<String, u64>,
+    pub(crate) lookup_paths: HashMap<String, u64>,
+    pub(crate) failed_paths: HashMap<String, u64>,
     /// Distinct futex words waited on.
-    pub futex_addresses: HashSet<u64>,
-    pub futex_waits: u64,
+    pub(crate) futex_addresses: HashSet<u64>,
+    pub(crate) futex_waits: u64,
     last_call: HashMap<u32, (u32, u64)>,
 }
 
@@ -94,7 +94,7 @@ pub(super) fn bump(map: &mut HashMap<String, u64>, key: String) {
 
 impl Features {
     /// Bytes and successful calls of a group.
-    pub fn transfer(&self, group: &[&str]) -> (u64, u64) {
+    pub(super) fn transfer(&self, group: &[&str]) -> (u64, u64) {
         self.bytes
             .iter()
             .filter(|(nr, _)| in_group(group, **nr))
@@ -166,8 +166,8 @@ impl EventSink for Features {
 
 /// What the rules look at.
 #[derive(Debug, Clone, Copy)]
-pub struct Context<'a> {
-    pub profile: &'a Profile,
+pub(crate) struct Context<'a> {
+    pub(crate) profile: &'a Profile,
     pub features: Option<&'a Features>,
     pub wall: Duration,
     pub cpu: Option<CpuUsage>,
@@ -187,26 +187,26 @@ impl Context<'_> {
             .sum()
     }
 
-    pub fn time_ns(&self, group: &[&str]) -> u64 {
+    pub(crate) fn time_ns(&self, group: &[&str]) -> u64 {
         self.sum(group, |r| r.total_ns)
     }
 
-    pub fn calls(&self, group: &[&str]) -> u64 {
+    pub(super) fn calls(&self, group: &[&str]) -> u64 {
         self.sum(group, |r| r.calls)
     }
 
-    pub fn errors(&self, group: &[&str]) -> u64 {
+    pub(super) fn errors(&self, group: &[&str]) -> u64 {
         self.sum(group, |r| r.errors)
     }
 
     /// Syscall time the shares are relative to: everything but parents waiting on children.
-    pub fn active_ns(&self) -> u64 {
+    pub(crate) fn active_ns(&self) -> u64 {
         self.profile
             .total_ns()
             .saturating_sub(self.time_ns(WAIT_CHILD))
     }
 
-    pub fn share(&self, group: &[&str]) -> f64 {
+    pub(super) fn share(&self, group: &[&str]) -> f64 {
         let active = self.active_ns();
         if active == 0 {
             0.0

@@ -20,11 +20,7 @@ use std::{io::Write, path::PathBuf};
 
 use serde_json::json;
 
-pub use self::{
-    features::Features,
-    rules::{diagnose, Verdict},
-};
-use self::{features::*, render::*};
+use self::{features::*, render::*, rules::diagnose};
 use super::{
     measure::{self, Wants},
     open_output, parse_bytes,
@@ -60,11 +56,11 @@ pub struct DiagnoseArgs {
     /// Use the counters only: no per-call stream (cheaper, but no bytes per transfer, thread
     /// counts, lock addresses or paths in the evidence).
     #[arg(long)]
-    pub no_trace: bool,
+    pub(crate) no_trace: bool,
 
     /// Kernel ring buffer size for the per-call stream.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, default_value = "16MiB")]
-    pub buffer_size: u64,
+    pub(crate) buffer_size: u64,
 }
 
 pub fn run(args: &DiagnoseArgs, config: &Config) -> Result<u8, CliError> {

@@ -71,7 +71,7 @@ pub(super) fn top_syscalls(c: &Context, n: usize) -> String {
 }
 
 /// The diagnosis as text.
-pub fn render_text(
+pub(crate) fn render_text(
     c: &Context,
     verdicts: &[Verdict],
     m: Option<&Measurement>,

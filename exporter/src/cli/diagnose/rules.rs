@@ -16,80 +16,80 @@ use crate::cli::{
 // ---- Thresholds (documented in docs/cli.md) ----
 
 /// futex must take at least this share of syscall time to be called dominant.
-pub const FUTEX_DOMINANT_SHARE: f64 = 0.50;
+pub(crate) const FUTEX_DOMINANT_SHARE: f64 = 0.50;
 /// At least this many futex calls (a few waits at exit are normal).
-pub const FUTEX_MIN_CALLS: u64 = 10;
+pub(crate) const FUTEX_MIN_CALLS: u64 = 10;
 /// futex time at least this many times the wall time means threads waited at once:
 /// lock amplification (time is summed over threads, like `strace -f -c`).
-pub const LOCK_AMPLIFICATION_FACTOR: f64 = 2.0;
+pub(crate) const LOCK_AMPLIFICATION_FACTOR: f64 = 2.0;
 /// A filesystem call slower than this on average is "slow" (e.g. network storage).
-pub const SLOW_FS_CALL_NS: f64 = 100_000.0;
+pub(crate) const SLOW_FS_CALL_NS: f64 = 100_000.0;
 /// openat + stat-family calls needed for a metadata storm...
-pub const METADATA_MIN_CALLS: u64 = 1000;
+pub(crate) const METADATA_MIN_CALLS: u64 = 1000;
 /// ...and the share of syscall time they must take.
-pub const METADATA_MIN_SHARE: f64 = 0.25;
+pub(crate) const METADATA_MIN_SHARE: f64 = 0.25;
 /// Failed lookups above this ratio point at search paths.
-pub const METADATA_FAILED_RATIO: f64 = 0.5;
+pub(crate) const METADATA_FAILED_RATIO: f64 = 0.5;
 /// read-family share of syscall time above which reads dominate.
-pub const READ_DOMINANT_SHARE: f64 = 0.50;
+pub(crate) const READ_DOMINANT_SHARE: f64 = 0.50;
 /// mmap/mprotect/munmap/mremap/brk calls needed for mmap-heavy start-up...
-pub const MMAP_MIN_CALLS: u64 = 100;
+pub(crate) const MMAP_MIN_CALLS: u64 = 100;
 /// ...and their share of syscall time.
-pub const MMAP_MIN_SHARE: f64 = 0.25;
+pub(crate) const MMAP_MIN_SHARE: f64 = 0.25;
 /// epoll_wait/poll/select share of syscall time above which the target is mostly idle.
-pub const POLL_IDLE_SHARE: f64 = 0.50;
+pub(crate) const POLL_IDLE_SHARE: f64 = 0.50;
 /// nanosleep/clock_nanosleep calls needed for a sleep loop...
-pub const SLEEP_MIN_CALLS: u64 = 10;
+pub(crate) const SLEEP_MIN_CALLS: u64 = 10;
 /// ...and their share of syscall time.
-pub const SLEEP_MIN_SHARE: f64 = 0.25;
+pub(crate) const SLEEP_MIN_SHARE: f64 = 0.25;
 /// Successful opens needed for open/close churn...
-pub const CHURN_MIN_OPENS: u64 = 500;
+pub(crate) const CHURN_MIN_OPENS: u64 = 500;
 /// ...closes per successful open...
-pub const CHURN_CLOSE_RATIO: f64 = 0.8;
+pub(crate) const CHURN_CLOSE_RATIO: f64 = 0.8;
 /// ...and at most this many reads + writes per open (little work per file).
-pub const CHURN_MAX_IO_PER_OPEN: f64 = 4.0;
+pub(crate) const CHURN_MAX_IO_PER_OPEN: f64 = 4.0;
 /// fsync/fdatasync calls needed for fsync-per-write...
-pub const FSYNC_MIN_CALLS: u64 = 50;
+pub(crate) const FSYNC_MIN_CALLS: u64 = 50;
 /// ...syncs per write...
-pub const FSYNC_PER_WRITE_RATIO: f64 = 0.5;
+pub(crate) const FSYNC_PER_WRITE_RATIO: f64 = 0.5;
 /// ...and the share of syscall time the syncs take.
-pub const FSYNC_MIN_SHARE: f64 = 0.10;
+pub(crate) const FSYNC_MIN_SHARE: f64 = 0.10;
 /// Transfers averaging fewer bytes than this are tiny...
-pub const TINY_TRANSFER_BYTES: f64 = 512.0;
+pub(crate) const TINY_TRANSFER_BYTES: f64 = 512.0;
 /// ...when there are at least this many...
-pub const TINY_MIN_CALLS: u64 = 1000;
+pub(crate) const TINY_MIN_CALLS: u64 = 1000;
 /// ...and they take this share of syscall time.
-pub const TRANSFER_MIN_SHARE: f64 = 0.25;
+pub(crate) const TRANSFER_MIN_SHARE: f64 = 0.25;
 /// Transfers averaging more bytes than this are huge...
-pub const HUGE_TRANSFER_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
+pub(crate) const HUGE_TRANSFER_BYTES: f64 = 64.0 * 1024.0 * 1024.0;
 /// ...when each takes at least this long on average.
-pub const HUGE_MIN_CALL_NS: f64 = 10_000_000.0;
+pub(crate) const HUGE_MIN_CALL_NS: f64 = 10_000_000.0;
 /// A syscall failing at least this many times...
-pub const ERROR_MIN_CALLS: u64 = 100;
+pub(crate) const ERROR_MIN_CALLS: u64 = 100;
 /// ...and at least this often is reported as failing.
-pub const ERROR_MIN_RATIO: f64 = 0.5;
+pub(crate) const ERROR_MIN_RATIO: f64 = 0.5;
 /// CPU-bound: syscall time below this share of the cgroup's CPU time...
-pub const CPU_BOUND_MAX_SYSCALL_SHARE: f64 = 0.10;
+pub(crate) const CPU_BOUND_MAX_SYSCALL_SHARE: f64 = 0.10;
 /// ...while the cgroup used at least this much CPU per second of wall time.
-pub const CPU_BOUND_MIN_CPU_PER_WALL: f64 = 0.5;
+pub(crate) const CPU_BOUND_MIN_CPU_PER_WALL: f64 = 0.5;
 /// Weight of patterns that are usually expected (an idle event loop).
-pub const EXPECTED_WEIGHT: f64 = 0.5;
+pub(crate) const EXPECTED_WEIGHT: f64 = 0.5;
 /// Weight of patterns that explain another one more precisely (tiny transfers explain
 /// read-dominated time), so they come first on equal shares.
-pub const SPECIFIC_WEIGHT: f64 = 1.05;
+pub(crate) const SPECIFIC_WEIGHT: f64 = 1.05;
 /// Weight of failing calls (a symptom more often than a cause).
-pub const ERROR_WEIGHT: f64 = 0.5;
+pub(crate) const ERROR_WEIGHT: f64 = 0.5;
 /// Score of the CPU-bound verdict (informational; any real pattern above 20% beats it).
-pub const CPU_BOUND_SCORE: f64 = 0.2;
+pub(crate) const CPU_BOUND_SCORE: f64 = 0.2;
 
 /// One diagnosis.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// Stable identifier of the rule (`futex-contention`, `metadata-storm`, ...).
     pub id: &'static str,
-    pub title: String,
+    pub(crate) title: String,
     /// Importance: the share of syscall time explained, weighted.
-    pub score: f64,
+    pub(crate) score: f64,
     pub evidence: Vec<String>,
     pub fix: String,
 }
@@ -695,7 +695,7 @@ pub(super) fn cpu_rule(c: &Context) -> Option<Verdict> {
 }
 
 /// Applies every rule; verdicts sorted most important first.
-pub fn diagnose(c: &Context) -> Vec<Verdict> {
+pub(crate) fn diagnose(c: &Context) -> Vec<Verdict> {
     let mut out: Vec<Verdict> = [
         futex_rule(c),
         metadata_rule(c),

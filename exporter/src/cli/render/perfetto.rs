@@ -32,11 +32,11 @@ use crate::{
 };
 
 /// Pid of the synthetic process that carries the node's counter tracks.
-pub const NODE_PID: u32 = 0;
+pub(crate) const NODE_PID: u32 = 0;
 
 /// Pid of the synthetic process that carries the target's block I/O tracks: above any pid
 /// the kernel hands out (`pid_max` is at most 2^22), within an i32 as viewers expect.
-pub const BLOCK_PID: u32 = 0x7fff_0000;
+pub(crate) const BLOCK_PID: u32 = 0x7fff_0000;
 
 /// Tracks per device for requests in flight at once; beyond, slices may overlap.
 const MAX_LANES_PER_DEVICE: usize = 64;
@@ -112,7 +112,7 @@ impl BlockTracks {
 
 /// The output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     TraceEventJson,
     Text,
 }
@@ -126,20 +126,20 @@ struct ThreadInfo {
 
 /// Samples the node's CPU utilisation from /proc/stat.
 #[derive(Debug, Default)]
-pub struct CpuSampler {
+pub(crate) struct CpuSampler {
     /// Per line ("cpu", "cpu0", ...): the jiffies of each mode at the previous sample.
     last: HashMap<String, Vec<u64>>,
 }
 
 /// Modes of a /proc/stat cpu line, in order.
-pub const CPU_MODES: [&str; 8] = [
+pub(crate) const CPU_MODES: [&str; 8] = [
     "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
 ];
 
 impl CpuSampler {
     /// Utilisation (%) per mode of every cpu line since the previous call (empty the first
     /// time): `("cpu", [("user", 12.5), ...])`, then one line per CPU.
-    pub fn sample(&mut self, proc_stat: &str) -> Vec<(String, Vec<(&'static str, f64)>)> {
+    pub(crate) fn sample(&mut self, proc_stat: &str) -> Vec<(String, Vec<(&'static str, f64)>)> {
         let mut out = Vec::new();
         for line in proc_stat.lines().filter(|l| l.starts_with("cpu")) {
             let mut fields = line.split_whitespace();
@@ -174,21 +174,21 @@ impl CpuSampler {
 }
 
 /// GPU utilisation through NVML, when the library and a GPU are present.
-pub struct GpuSampler {
+pub(crate) struct GpuSampler {
     nvml: nvml_wrapper::Nvml,
     devices: u32,
 }
 
 impl GpuSampler {
     /// `None` when NVML cannot be loaded (no NVIDIA driver) or sees no GPU.
-    pub fn open() -> Option<Self> {
+    pub(crate) fn open() -> Option<Self> {
         let nvml = nvml_wrapper::Nvml::init().ok()?;
         let devices = nvml.device_count().ok()?;
         (devices > 0).then_some(Self { nvml, devices })
     }
 
     /// (gpu index, utilisation %, memory-controller utilisation %).
-    pub fn sample(&self) -> Vec<(u32, f64, f64)> {
+    pub(crate) fn sample(&self) -> Vec<(u32, f64, f64)> {
         (0..self.devices)
             .filter_map(|i| {
                 let d = self.nvml.device_by_index(i).ok()?;
@@ -201,21 +201,21 @@ impl GpuSampler {
 
 /// Counts kept by the writer, for the summary line and `otherData`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriterStats {
+pub(crate) struct WriterStats {
     /// Syscall slices written.
     pub written: u64,
     /// Records received beyond `--max-events`.
-    pub over_limit: u64,
+    pub(crate) over_limit: u64,
     /// Counter samples written.
-    pub counter_samples: u64,
+    pub(crate) counter_samples: u64,
     /// Block request slices written.
-    pub block_written: u64,
+    pub(crate) block_written: u64,
     /// Block requests received beyond `--max-events` (a budget of their own).
-    pub block_over_limit: u64,
+    pub(crate) block_over_limit: u64,
 }
 
 /// The trace writer: an [`EventSink`] streaming to `out`.
-pub struct TraceWriter {
+pub(crate) struct TraceWriter {
     out: Box<dyn Write>,
     format: Format,
     base_ns: u64,
@@ -253,7 +253,7 @@ fn json_str(s: &str) -> String {
 
 impl TraceWriter {
     /// `counters_every_ns`: CPU (and GPU) sampling period, 0 for none.
-    pub fn new(
+    pub(crate) fn new(
         out: Box<dyn Write>,
         format: Format,
         max_events: u64,
@@ -284,10 +284,6 @@ impl TraceWriter {
             w.raw("{\"traceEvents\":[\n");
         }
         w
-    }
-
-    pub fn stats(&self) -> WriterStats {
-        self.stats
     }
 
     fn raw(&mut self, s: &str) {
@@ -444,7 +440,7 @@ impl TraceWriter {
     }
 
     /// (device, op, bytes, requests) of the target's block I/O so far, by device then op.
-    pub fn block_summary(&mut self) -> Vec<(Arc<str>, &'static str, u64, u64)> {
+    pub(crate) fn block_summary(&mut self) -> Vec<(Arc<str>, &'static str, u64, u64)> {
         self.block
             .as_mut()
             .map(BlockTracks::summary)
@@ -500,7 +496,10 @@ impl TraceWriter {
 
     /// Writes the metadata and the closing part, and flushes. `other` is merged into
     /// `otherData`.
-    pub fn finish(mut self, other: serde_json::Value) -> Result<WriterStats, std::io::Error> {
+    pub(crate) fn finish(
+        mut self,
+        other: serde_json::Value,
+    ) -> Result<WriterStats, std::io::Error> {
         if self.sample_every_ns > 0 {
             // One last sample, so even a run shorter than the period has its counters.
             let now = crate::cli::monotonic_ns();

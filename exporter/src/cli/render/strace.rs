@@ -119,7 +119,7 @@ const ARITY: &[(&str, usize)] = &[
 ];
 
 /// How many arguments syscall `nr` takes (6 when unknown).
-pub fn arity(nr: u32) -> usize {
+pub(crate) fn arity(nr: u32) -> usize {
     syscall_table::name(nr)
         .and_then(|n| ARITY.iter().find(|(name, _)| *name == n))
         .map(|(_, k)| *k)
@@ -128,7 +128,7 @@ pub fn arity(nr: u32) -> usize {
 
 /// One register as strace would roughly show it: small and negative numbers in decimal
 /// (`-100` is `AT_FDCWD`), everything else (pointers, flags) in hex.
-pub fn format_register(v: u64) -> String {
+pub(crate) fn format_register(v: u64) -> String {
     let signed = v as i64;
     if (-4096..=65535).contains(&signed) {
         return signed.to_string();
@@ -141,7 +141,7 @@ pub fn format_register(v: u64) -> String {
 }
 
 /// The path argument of a record, when the probe copied it.
-pub fn path_of(e: &TraceEvent) -> Option<String> {
+pub(crate) fn path_of(e: &TraceEvent) -> Option<String> {
     if e.flags & trace_flags::PATH == 0 {
         return None;
     }
@@ -150,7 +150,7 @@ pub fn path_of(e: &TraceEvent) -> Option<String> {
 }
 
 /// `"/etc/passwd"` with quotes and escapes, as a C string literal.
-pub fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -167,7 +167,7 @@ pub fn quote(s: &str) -> String {
 }
 
 /// The arguments of a record, comma-separated, with the path argument quoted.
-pub fn format_args(e: &TraceEvent) -> String {
+pub(crate) fn format_args(e: &TraceEvent) -> String {
     let n = arity(e.nr);
     let path = path_of(e);
     let path_index = path_arg(e.nr);
@@ -181,12 +181,12 @@ pub fn format_args(e: &TraceEvent) -> String {
 }
 
 /// The errno of a failed call (`ret` in -4095..=-1).
-pub fn errno_of(ret: i64) -> Option<u16> {
+pub(crate) fn errno_of(ret: i64) -> Option<u16> {
     (-4095..=-1).contains(&ret).then_some((-ret) as u16)
 }
 
 /// strerror(errno) without Rust's " (os error N)" suffix.
-pub fn errno_message(errno: u16) -> String {
+pub(crate) fn errno_message(errno: u16) -> String {
     let s = std::io::Error::from_raw_os_error(errno as i32).to_string();
     match s.rfind(" (os error") {
         Some(i) => s[..i].to_string(),
@@ -195,13 +195,13 @@ pub fn errno_message(errno: u16) -> String {
 }
 
 /// The name of a record's syscall.
-pub fn name_of(e: &TraceEvent) -> String {
+pub(crate) fn name_of(e: &TraceEvent) -> String {
     syscall_table::label(e.nr).into_owned()
 }
 
 /// A record as one `strace -f -T -ttt`-like line: `tid  seconds name(args) = ret <dur>`,
 /// with `seconds` relative to `base_ns`.
-pub fn strace_line(e: &TraceEvent, base_ns: u64) -> String {
+pub(crate) fn strace_line(e: &TraceEvent, base_ns: u64) -> String {
     let ts = e.start_ns.saturating_sub(base_ns) as f64 / 1e9;
     let call = format!("{}({})", name_of(e), format_args(e));
     let result = if e.flags & trace_flags::NO_RETURN != 0 {
@@ -224,7 +224,7 @@ pub fn strace_line(e: &TraceEvent, base_ns: u64) -> String {
 }
 
 /// Return values that are addresses (`mmap`, `brk`) in hex, others in decimal.
-pub fn format_return(nr: u32, ret: i64) -> String {
+pub(crate) fn format_return(nr: u32, ret: i64) -> String {
     match syscall_table::name(nr) {
         Some("mmap" | "brk" | "mremap" | "shmat") => format!("{ret:#x}"),
         _ => ret.to_string(),
@@ -232,7 +232,7 @@ pub fn format_return(nr: u32, ret: i64) -> String {
 }
 
 /// The thread's comm in a record.
-pub fn comm_of(e: &TraceEvent) -> String {
+pub(crate) fn comm_of(e: &TraceEvent) -> String {
     comm_from_bytes(&e.comm).to_string()
 }
 

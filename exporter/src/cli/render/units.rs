@@ -1,7 +1,7 @@
 //! Units for people: durations as the tools print them.
 
 /// A duration in ns, readable: "850 ns", "12.3 µs", "4.56 ms", "1.23 s".
-pub fn secs(ns: f64) -> String {
+pub(crate) fn secs(ns: f64) -> String {
     if ns < 1e3 {
         format!("{ns:.0} ns")
     } else if ns < 1e6 {

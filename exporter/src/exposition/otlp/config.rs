@@ -47,7 +47,7 @@ impl Protocol {
     }
 
     /// Whether requests go over OTLP/HTTP (either encoding).
-    pub fn is_http(self) -> bool {
+    pub(crate) fn is_http(self) -> bool {
         self != Protocol::Grpc
     }
 }
@@ -99,9 +99,9 @@ pub struct Settings {
     /// plus `OTEL_RESOURCE_ATTRIBUTES`.
     pub resource: Vec<(String, String)>,
     /// `OTEL_BSP_SCHEDULE_DELAY`: longest wait before a partial batch of spans is sent.
-    pub schedule_delay: Duration,
+    pub(crate) schedule_delay: Duration,
     /// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`: spans per export request at most.
-    pub max_batch: usize,
+    pub(crate) max_batch: usize,
     /// `OTEL_METRIC_EXPORT_INTERVAL`: time between two metric pushes.
     pub metric_interval: Duration,
     /// `OTEL_METRIC_EXPORT_TIMEOUT`: time one push may take, retries included.
@@ -169,9 +169,9 @@ pub struct OtlpConfig {
     /// "https://otel-collector:4318"; with HTTP, `/v1/traces` and `/v1/metrics` are appended.
     pub endpoint: Option<String>,
     /// URL of the traces, used as is (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
-    pub traces_endpoint: Option<String>,
+    pub(crate) traces_endpoint: Option<String>,
     /// URL of the metrics, used as is (`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`).
-    pub metrics_endpoint: Option<String>,
+    pub(crate) metrics_endpoint: Option<String>,
     /// "grpc", "http/protobuf" (the default) or "http/json" (`OTEL_EXPORTER_OTLP_PROTOCOL`).
     pub protocol: Option<String>,
     /// Headers (HTTP) or metadata (gRPC) of every request (`OTEL_EXPORTER_OTLP_HEADERS`).
@@ -180,15 +180,15 @@ pub struct OtlpConfig {
     /// Timeout of one request (`OTEL_EXPORTER_OTLP_TIMEOUT`), default "10s".
     pub timeout: Option<String>,
     /// A scheme-less gRPC endpoint is plain text when true (`OTEL_EXPORTER_OTLP_INSECURE`).
-    pub insecure: Option<bool>,
+    pub(crate) insecure: Option<bool>,
     /// `gzip` or `none` (`OTEL_EXPORTER_OTLP_COMPRESSION`), default none.
-    pub compression: Option<String>,
+    pub(crate) compression: Option<String>,
     /// PEM file of the CA certificates that sign the collector's certificate, trusted instead
     /// of the system roots (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
     pub certificate: Option<String>,
     /// PEM file of the client certificate chain for mutual TLS
     /// (`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`).
-    pub client_certificate: Option<String>,
+    pub(crate) client_certificate: Option<String>,
     /// PEM file of the client's private key (`OTEL_EXPORTER_OTLP_CLIENT_KEY`).
     pub client_key: Option<String>,
     /// `service.name` (`OTEL_SERVICE_NAME`), default "sysscope".
@@ -201,14 +201,14 @@ pub struct OtlpConfig {
     /// Pushes metrics when an endpoint is set; false turns them off (`OTEL_METRICS_EXPORTER`).
     pub metrics: Option<bool>,
     /// Time between two metric pushes (`OTEL_METRIC_EXPORT_INTERVAL`), default "60s".
-    pub metrics_interval: Option<String>,
+    pub(crate) metrics_interval: Option<String>,
     /// Time one push may take, retries included (`OTEL_METRIC_EXPORT_TIMEOUT`), default "30s".
-    pub metrics_timeout: Option<String>,
+    pub(crate) metrics_timeout: Option<String>,
     /// Longest wait before a partial batch of spans is sent (`OTEL_BSP_SCHEDULE_DELAY`),
     /// default "5s".
     pub span_batch_delay: Option<String>,
     /// Spans per export request at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`), default 512.
-    pub span_batch_size: Option<usize>,
+    pub(crate) span_batch_size: Option<usize>,
 }
 
 /// Characters that would break the `key=value,...` form: percent-encoded.
@@ -273,7 +273,7 @@ fn check_url(key: &str, url: &str, protocol: Option<&str>) -> Result<(), (String
 
 impl OtlpConfig {
     /// Checks every key; the error is (key, problem).
-    pub fn validate(&self) -> Result<(), (String, String)> {
+    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
         let protocol = self.protocol.as_deref().map(str::trim);
         if let Some(p) = protocol {
             if Protocol::parse(p).is_none() {
@@ -508,7 +508,8 @@ impl Settings {
     }
 
     /// Resolves the settings from environment variables only (empty values count as unset).
-    pub fn from_vars(
+    #[cfg(test)]
+    fn from_vars(
         get: impl Fn(&str) -> Option<String>,
         node_name: Option<&str>,
         host_name: &str,
@@ -808,7 +809,7 @@ fn parse_compression(value: &str) -> Option<bool> {
 
 /// Parses the W3C-baggage-like lists of `OTEL_EXPORTER_OTLP_HEADERS` and
 /// `OTEL_RESOURCE_ATTRIBUTES`: `key=value,key2=value2`, values percent-encoded.
-pub fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String> {
     let mut out = Vec::new();
     for item in s.split(',') {
         let item = item.trim();
@@ -883,7 +884,7 @@ fn resource(
 }
 
 /// This machine's host name (what `uname -n` prints).
-pub fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()

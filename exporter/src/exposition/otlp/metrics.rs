@@ -128,7 +128,7 @@ fn otlp_exemplar(e: &openmetrics::Exemplar) -> OtlpExemplar {
 
 /// Turns expositions into OTLP requests, tracking cumulative start times per series.
 #[derive(Debug)]
-pub struct Converter {
+pub(crate) struct Converter {
     resource: Resource,
     scope: InstrumentationScope,
     started_ns: u64,
@@ -138,7 +138,7 @@ pub struct Converter {
 }
 
 impl Converter {
-    pub fn new(resource: &[(String, String)], started: SystemTime) -> Self {
+    pub(crate) fn new(resource: &[(String, String)], started: SystemTime) -> Self {
         Self {
             resource: Resource {
                 attributes: resource.iter().map(|(k, v)| kv(k, v)).collect(),
@@ -156,7 +156,8 @@ impl Converter {
     }
 
     /// Series tracked for start times (bounded by what the exposition holds).
-    pub fn tracked_series(&self) -> usize {
+    #[cfg(test)]
+    fn tracked_series(&self) -> usize {
         self.series.len()
     }
 
@@ -174,7 +175,7 @@ impl Converter {
     }
 
     /// One OTLP request for the families of an OpenMetrics exposition, as of `now`.
-    pub fn convert(&mut self, text: &str, now: SystemTime) -> ExportMetricsServiceRequest {
+    pub(crate) fn convert(&mut self, text: &str, now: SystemTime) -> ExportMetricsServiceRequest {
         let now_ns = unix_ns(now);
         let families = openmetrics::parse_families(text);
         let mut seen = HashSet::new();

@@ -15,9 +15,9 @@
 
 pub mod config;
 pub mod metrics;
-pub mod openmetrics;
-pub mod tls;
-pub mod traces;
+pub(crate) mod openmetrics;
+pub(crate) mod tls;
+pub(crate) mod traces;
 
 use std::sync::{
     atomic::{AtomicU64, Ordering},
@@ -35,23 +35,23 @@ use crate::collectors::Health;
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Spans accepted by the OTLP endpoint.
-    pub exported_otlp: AtomicU64,
+    pub(crate) exported_otlp: AtomicU64,
     /// Spans kept for the local JSON endpoint.
-    pub exported_local: AtomicU64,
+    pub(crate) exported_local: AtomicU64,
     /// Spans refused because the export queue was full (endpoint down or slow).
-    pub dropped_queue_full: AtomicU64,
+    pub(crate) dropped_queue_full: AtomicU64,
     /// Spans given up after repeated failed export attempts.
-    pub dropped_export_failed: AtomicU64,
+    pub(crate) dropped_export_failed: AtomicU64,
     /// Ring-buffer records too short to decode (never expected).
-    pub dropped_malformed: AtomicU64,
+    pub(crate) dropped_malformed: AtomicU64,
     /// Spans waiting in the export queue (gauge).
     pub queued: AtomicU64,
-    pub trace_requests_ok: AtomicU64,
-    pub trace_requests_failed: AtomicU64,
-    pub metric_requests_ok: AtomicU64,
-    pub metric_requests_failed: AtomicU64,
+    pub(crate) trace_requests_ok: AtomicU64,
+    pub(crate) trace_requests_failed: AtomicU64,
+    pub(crate) metric_requests_ok: AtomicU64,
+    pub(crate) metric_requests_failed: AtomicU64,
     /// Which destinations exist: OTLP traces, local.
-    pub otlp_traces: std::sync::atomic::AtomicBool,
+    pub(crate) otlp_traces: std::sync::atomic::AtomicBool,
     pub local: std::sync::atomic::AtomicBool,
 }
 

@@ -5,7 +5,7 @@
 
 /// Metric types of the OpenMetrics text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Counter,
     Gauge,
     Histogram,
@@ -27,15 +27,15 @@ impl Kind {
 
 /// An exemplar attached to a sample (` # {labels} value [timestamp]`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Exemplar {
+pub(crate) struct Exemplar {
     pub labels: Vec<(String, String)>,
     pub value: f64,
-    pub timestamp: Option<f64>,
+    pub(crate) timestamp: Option<f64>,
 }
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub name: String,
     pub labels: Vec<(String, String)>,
     pub value: f64,
@@ -43,7 +43,7 @@ pub struct Sample {
 }
 
 impl Sample {
-    pub fn label(&self, name: &str) -> Option<&str> {
+    pub(crate) fn label(&self, name: &str) -> Option<&str> {
         self.labels
             .iter()
             .find_map(|(k, v)| (k == name).then_some(v.as_str()))
@@ -52,7 +52,7 @@ impl Sample {
 
 /// A metric family: its descriptor lines and samples.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Family {
+pub(crate) struct Family {
     pub name: String,
     pub kind: Kind,
     pub help: String,
@@ -100,7 +100,7 @@ fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
 }
 
 /// Parses one sample line (not a comment).
-pub fn parse_sample(line: &str) -> Option<Sample> {
+pub(crate) fn parse_sample(line: &str) -> Option<Sample> {
     let line = line.trim_end_matches(['\n', '\r']);
     let name_end = line.find(['{', ' '])?;
     let name = line[..name_end].to_string();
@@ -135,7 +135,7 @@ pub fn parse_sample(line: &str) -> Option<Sample> {
 }
 
 /// Parses a whole exposition into families, in order. Samples that do not parse are skipped.
-pub fn parse_families(text: &str) -> Vec<Family> {
+pub(crate) fn parse_families(text: &str) -> Vec<Family> {
     let mut families: Vec<Family> = Vec::new();
     let family_named = |families: &mut Vec<Family>, name: &str| -> usize {
         if let Some(i) = families.iter().rposition(|f| f.name == name) {
@@ -193,7 +193,7 @@ pub fn parse_families(text: &str) -> Vec<Family> {
 }
 
 /// Escapes a label value the way the text formats quote it.
-pub fn escape_label_value(v: &str) -> String {
+pub(crate) fn escape_label_value(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     for c in v.chars() {
         match c {
@@ -207,7 +207,7 @@ pub fn escape_label_value(v: &str) -> String {
 }
 
 /// A canonical text key for a label set: sorted by name, values escaped and quoted.
-pub fn label_key<'a>(labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+pub(crate) fn label_key<'a>(labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut pairs: Vec<(&str, &str)> = labels.into_iter().collect();
     pairs.sort_unstable();
     let mut key = String::new();

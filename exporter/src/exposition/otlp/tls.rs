@@ -35,7 +35,7 @@ fn certificates(path: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, 
 }
 
 /// The rustls client configuration of an HTTPS endpoint.
-pub fn rustls_config(tls: &TlsSettings) -> Result<rustls::ClientConfig, TlsError> {
+pub(crate) fn rustls_config(tls: &TlsSettings) -> Result<rustls::ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     match &tls.ca {
@@ -77,7 +77,7 @@ pub fn rustls_config(tls: &TlsSettings) -> Result<rustls::ClientConfig, TlsError
 }
 
 /// The tonic TLS configuration of an HTTPS gRPC endpoint.
-pub fn tonic_config(tls: &TlsSettings) -> tonic::transport::ClientTlsConfig {
+pub(crate) fn tonic_config(tls: &TlsSettings) -> tonic::transport::ClientTlsConfig {
     let config = tonic::transport::ClientTlsConfig::new();
     let mut config = match &tls.ca {
         Some(ca) => config.ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem)),
@@ -91,7 +91,9 @@ pub fn tonic_config(tls: &TlsSettings) -> tonic::transport::ClientTlsConfig {
 
 /// The blocking HTTP client of one signal: TLS as configured, the request timeout. Must be
 /// built, used and dropped outside the tokio runtime.
-pub fn http_client(settings: &SignalSettings) -> Result<reqwest::blocking::Client, TlsError> {
+pub(crate) fn http_client(
+    settings: &SignalSettings,
+) -> Result<reqwest::blocking::Client, TlsError> {
     let mut builder = reqwest::blocking::Client::builder().timeout(settings.timeout);
     if let Some(tls) = &settings.tls {
         builder = builder.use_preconfigured_tls(rustls_config(tls)?);
@@ -102,7 +104,7 @@ pub fn http_client(settings: &SignalSettings) -> Result<reqwest::blocking::Clien
 /// The span exporter's HTTP client: opentelemetry-otlp's `HttpClient` over the same
 /// blocking reqwest client (and TLS) as the metrics push.
 #[derive(Debug)]
-pub struct BlockingHttpClient(pub reqwest::blocking::Client);
+pub(crate) struct BlockingHttpClient(pub reqwest::blocking::Client);
 
 #[async_trait::async_trait]
 impl opentelemetry_http::HttpClient for BlockingHttpClient {

@@ -35,11 +35,11 @@ use super::{
 };
 
 /// Pause after the first failed request.
-pub const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
+pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
 /// Longest pause between two attempts.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Attempts per batch before it is dropped.
-pub const MAX_ATTEMPTS: u32 = 5;
+pub(crate) const MAX_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceExportError {

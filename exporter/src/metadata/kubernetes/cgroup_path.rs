@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 /// What a cgroup path says about Kubernetes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubernetesIds {
+pub(crate) struct KubernetesIds {
     /// The pod UID as the kubelet knows it: `metadata.uid` for API pods, the config hash for
     /// static pods (which their mirror pod carries as the `kubernetes.io/config.mirror`
     /// annotation). Dashed form, as the API prints it.
@@ -32,7 +32,7 @@ pub struct KubernetesIds {
 }
 
 /// Parses a cgroup v2 path relative to the hierarchy root (e.g. `/kubepods.slice/...`).
-pub fn parse(path: &str) -> Option<KubernetesIds> {
+pub(crate) fn parse(path: &str) -> Option<KubernetesIds> {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     let (index, pod_uid) = parts
         .iter()

@@ -6,31 +6,30 @@
 //! Touches no probe or map; the watch reports `sysscope_collector_up{collector="kubernetes"}`
 //! and `sysscope_kubernetes_*` (see docs/metrics.md).
 
-pub mod cgroup_path;
-pub mod pods;
-pub mod watch;
+pub(crate) mod cgroup_path;
+pub(crate) mod pods;
+pub(crate) mod watch;
 
 use std::sync::Arc;
 
-pub use cgroup_path::{parse as parse_cgroup_path, KubernetesIds};
-pub use pods::PodStore;
+use cgroup_path::parse as parse_cgroup_path;
+pub(crate) use pods::PodStore;
 
 use super::{CgroupMetadata, Derived};
-use crate::series::CgroupLabels;
 
 /// Label: the pod UID parsed from the cgroup path (config `labels.kubernetes_ids`).
-pub const POD_UID: &str = "pod_uid";
+pub(crate) const POD_UID: &str = "pod_uid";
 /// Label: the container id parsed from the cgroup path (config `labels.kubernetes_ids`).
-pub const CONTAINER_ID: &str = "container_id";
+pub(crate) const CONTAINER_ID: &str = "container_id";
 /// Label: the pod's namespace (pod watch).
-pub const NAMESPACE: &str = "namespace";
+pub(crate) const NAMESPACE: &str = "namespace";
 /// Label: the pod's name (pod watch).
-pub const POD: &str = "pod";
+pub(crate) const POD: &str = "pod";
 /// Label: the container's name (pod watch).
-pub const CONTAINER: &str = "container";
+pub(crate) const CONTAINER: &str = "container";
 
 /// Metric label -> OpenTelemetry semantic-convention attribute, for slow-call spans.
-pub const SPAN_ATTRIBUTES: &[(&str, &str)] = &[
+const SPAN_ATTRIBUTES: &[(&str, &str)] = &[
     (POD_UID, "k8s.pod.uid"),
     (CONTAINER_ID, "container.id"),
     (NAMESPACE, "k8s.namespace.name"),
@@ -38,32 +37,25 @@ pub const SPAN_ATTRIBUTES: &[(&str, &str)] = &[
     (CONTAINER, "k8s.container.name"),
 ];
 
-/// The span attributes of a cgroup's labels (as [`Labeler::cgroup`](super::Labeler::cgroup)
-/// returns them): `k8s.pod.uid`, `container.id`, `k8s.namespace.name`, `k8s.pod.name` and
-/// `k8s.container.name`, for those the cgroup has.
-pub fn span_attributes(labels: &CgroupLabels) -> Vec<(&'static str, Arc<str>)> {
+/// The span attribute of a Kubernetes label (`pod_uid` is `k8s.pod.uid`, ...); `None` for
+/// any other label.
+pub(crate) fn span_attribute(label: &str) -> Option<&'static str> {
     SPAN_ATTRIBUTES
         .iter()
-        .filter_map(|(label, attr)| {
-            labels
-                .extra
-                .iter()
-                .find(|(k, _)| k == label)
-                .map(|(_, v)| (*attr, v.clone()))
-        })
-        .collect()
+        .find(|(l, _)| *l == label)
+        .map(|(_, attribute)| *attribute)
 }
 
 /// Kubernetes labels of a cgroup: ids from its path, names from the pod cache.
 #[derive(Debug, Clone)]
-pub struct KubernetesLabels {
+pub(crate) struct KubernetesLabels {
     ids: bool,
     pods: Option<Arc<PodStore>>,
 }
 
 impl KubernetesLabels {
     /// `ids`: add `pod_uid` and `container_id`; `pods`: add names from this cache.
-    pub fn new(ids: bool, pods: Option<Arc<PodStore>>) -> Self {
+    pub(crate) fn new(ids: bool, pods: Option<Arc<PodStore>>) -> Self {
         Self { ids, pods }
     }
 }
@@ -217,18 +209,21 @@ mod tests {
         assert!(store.lookup(UID, None).is_none());
         assert!(Arc::ptr_eq(&named, &labeler.cgroup(id)));
 
-        let attrs = span_attributes(&named);
-        let names: Vec<_> = attrs.iter().map(|(k, _)| *k).collect();
+        let mut attributes: Vec<_> = named
+            .extra
+            .iter()
+            .filter_map(|(label, value)| Some((span_attribute(label)?, &**value)))
+            .collect();
+        attributes.sort();
         assert_eq!(
-            names,
+            attributes,
             [
-                "k8s.pod.uid",
-                "container.id",
-                "k8s.namespace.name",
-                "k8s.pod.name",
-                "k8s.container.name"
+                ("container.id", CID),
+                ("k8s.container.name", "app"),
+                ("k8s.namespace.name", "shop"),
+                ("k8s.pod.name", "cart-0"),
+                ("k8s.pod.uid", UID),
             ]
         );
-        assert_eq!(&*attrs[0].1, UID);
     }
 }

@@ -18,14 +18,14 @@ use std::{
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
 /// How long a deleted pod keeps naming its cgroups.
-pub const DELETED_GRACE: Duration = Duration::from_secs(60);
+pub(crate) const DELETED_GRACE: Duration = Duration::from_secs(60);
 
 /// The annotation a static pod's mirror carries: the UID the kubelet (and the cgroup) uses.
 const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Names of a pod and, when known, of one of its containers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodNames {
+pub(crate) struct PodNames {
     pub namespace: Arc<str>,
     pub pod: Arc<str>,
     pub container: Option<Arc<str>>,
@@ -68,7 +68,7 @@ impl PodStore {
         Self::with_grace(max_pods, DELETED_GRACE)
     }
 
-    pub fn with_grace(max_pods: usize, grace: Duration) -> Self {
+    pub(crate) fn with_grace(max_pods: usize, grace: Duration) -> Self {
         Self {
             max_pods: max_pods.max(1),
             grace,
@@ -82,7 +82,7 @@ impl PodStore {
     }
 
     /// Names for pod `uid` and, if given and known, container `container_id`.
-    pub fn lookup(&self, uid: &str, container_id: Option<&str>) -> Option<PodNames> {
+    pub(crate) fn lookup(&self, uid: &str, container_id: Option<&str>) -> Option<PodNames> {
         let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let meta = &inner.pods.get(uid)?.meta;
         let container = container_id.and_then(|id| {
@@ -99,7 +99,7 @@ impl PodStore {
     }
 
     /// Changes when a lookup may find more than it did before.
-    pub fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
 
@@ -165,7 +165,7 @@ impl PodStore {
     }
 
     /// A pod was deleted: it names its cgroups for the grace period more, then is dropped.
-    pub fn delete(&self, pod: &Pod, now: Instant) {
+    pub(crate) fn delete(&self, pod: &Pod, now: Instant) {
         let Some((uid, _)) = describe(pod) else {
             return;
         };
@@ -177,12 +177,12 @@ impl PodStore {
     }
 
     /// The watch starts a full list: pods it does not list again were deleted meanwhile.
-    pub fn begin_resync(&self) {
+    pub(crate) fn begin_resync(&self) {
         self.write().resync = Some(HashSet::new());
     }
 
     /// The full list is complete.
-    pub fn end_resync(&self, now: Instant) {
+    pub(crate) fn end_resync(&self, now: Instant) {
         let mut inner = self.write();
         let Some(seen) = inner.resync.take() else {
             return;
@@ -196,7 +196,7 @@ impl PodStore {
     }
 
     /// Drops deleted pods whose grace period is over.
-    pub fn purge(&self, now: Instant) {
+    pub(crate) fn purge(&self, now: Instant) {
         purge_expired(&mut self.write(), now, self.grace);
     }
 
@@ -270,7 +270,7 @@ fn collect_ids(s: &ContainerStatus, out: &mut Vec<(Arc<str>, Arc<str>)>) {
 }
 
 /// "containerd://<id>" -> "<id>" (also cri-o://, docker://).
-pub fn strip_runtime(container_id: &str) -> Option<&str> {
+pub(crate) fn strip_runtime(container_id: &str) -> Option<&str> {
     let id = match container_id.split_once("://") {
         Some((_, id)) => id,
         None => container_id,
@@ -283,7 +283,7 @@ pub(crate) mod tests {
     use super::*;
 
     /// A pod as the API serves it (JSON), with `(name, containerID)` statuses.
-    pub fn pod_json(
+    pub(crate) fn pod_json(
         ns: &str,
         name: &str,
         uid: &str,

@@ -44,13 +44,13 @@ use crate::{
 };
 
 /// The `collector` label of the pod watch.
-pub const NAME: &str = "kubernetes";
+pub(crate) const NAME: &str = "kubernetes";
 
 /// Where a pod's service-account token is mounted.
-pub const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub(crate) const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 #[derive(Debug, thiserror::Error)]
-pub enum WatchError {
+pub(crate) enum WatchError {
     #[error(
         "the pod watch needs this node's name: set kubernetes.node_name in the config file or \
          the NODE_NAME environment variable (in a DaemonSet, from the downward API: \
@@ -69,7 +69,7 @@ pub enum WatchError {
 
 /// Whether the pod watch runs with this configuration. "auto" means: when this process runs
 /// in a pod (KUBERNETES_SERVICE_HOST set and a service-account token mounted).
-pub fn enabled(config: &KubernetesConfig) -> bool {
+pub(crate) fn enabled(config: &KubernetesConfig) -> bool {
     match config.pod_watch.as_str() {
         "on" => true,
         "off" => false,
@@ -78,13 +78,13 @@ pub fn enabled(config: &KubernetesConfig) -> bool {
 }
 
 /// Whether this process runs in a Kubernetes pod with API credentials.
-pub fn in_cluster() -> bool {
+pub(crate) fn in_cluster() -> bool {
     std::env::var("KUBERNETES_SERVICE_HOST").is_ok_and(|h| !h.is_empty())
         && std::path::Path::new(TOKEN_PATH).exists()
 }
 
 /// The node whose pods are watched: `kubernetes.node_name`, else `$NODE_NAME`.
-pub fn node_name(config: &KubernetesConfig) -> Option<String> {
+pub(crate) fn node_name(config: &KubernetesConfig) -> Option<String> {
     config
         .node_name
         .clone()
@@ -95,24 +95,25 @@ pub fn node_name(config: &KubernetesConfig) -> Option<String> {
 
 /// How the API client is configured.
 #[derive(Debug)]
-pub enum ClientSource {
+pub(crate) enum ClientSource {
     /// The service account of the pod this runs in, else the kubeconfig (`KUBECONFIG`,
     /// `~/.kube/config`).
     Infer,
-    /// A given configuration (tests, tools).
+    /// A given configuration (the tests' fake API server).
+    #[cfg(test)]
     Explicit(Box<kube::Config>),
 }
 
 /// Retry delays after failed API requests: exponential with jitter, reset on success.
 #[derive(Debug, Clone)]
-pub struct RetryBackoff {
+pub(crate) struct RetryBackoff {
     min: Duration,
     max: Duration,
     next: Duration,
 }
 
 impl RetryBackoff {
-    pub fn new(min: Duration, max: Duration) -> Self {
+    pub(crate) fn new(min: Duration, max: Duration) -> Self {
         Self {
             min,
             max,
@@ -147,7 +148,7 @@ impl Backoff for RetryBackoff {
 
 /// What the watch reports about itself, shared with the collector.
 #[derive(Debug, Default)]
-pub struct WatchHealth {
+pub(crate) struct WatchHealth {
     /// A complete list of the node's pods has been received at least once.
     synced: AtomicBool,
     /// The last API request (or the open watch stream) failed.
@@ -157,20 +158,20 @@ pub struct WatchHealth {
 }
 
 impl WatchHealth {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
     }
 
-    pub fn failing(&self) -> bool {
+    pub(crate) fn failing(&self) -> bool {
         self.failing.load(Ordering::Acquire)
     }
 
     /// API requests and watch streams that failed so far.
-    pub fn errors(&self) -> u64 {
+    pub(crate) fn errors(&self) -> u64 {
         self.errors.load(Ordering::Acquire)
     }
 
-    pub fn last_error(&self) -> String {
+    pub(crate) fn last_error(&self) -> String {
         self.last_error
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -246,7 +247,7 @@ where
 
 /// A running pod watch; dropping it stops the watch.
 #[derive(Debug)]
-pub struct PodWatch {
+pub(crate) struct PodWatch {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -261,7 +262,7 @@ impl Drop for PodWatch {
 impl PodWatch {
     /// Builds the API client and starts watching `node`'s pods into `store`. Returns once the
     /// client is built (local configuration only; no request has been made yet).
-    pub fn spawn(
+    pub(crate) fn spawn(
         source: ClientSource,
         node: String,
         store: Arc<PodStore>,
@@ -308,6 +309,7 @@ async fn build_client(
     health: Arc<WatchHealth>,
 ) -> Result<Client, WatchError> {
     let config = match source {
+        #[cfg(test)]
         ClientSource::Explicit(c) => *c,
         ClientSource::Infer => kube::Config::infer()
             .await
@@ -379,7 +381,7 @@ fn stream_error(health: &WatchHealth, e: watcher::Error) {
 
 /// Starts the pod watch if the configuration enables it: `Ok(None)` when it is off (or
 /// "auto" outside a cluster).
-pub fn start(config: &KubernetesConfig) -> Result<Option<PodWatchCollector>, WatchError> {
+pub(crate) fn start(config: &KubernetesConfig) -> Result<Option<PodWatchCollector>, WatchError> {
     if !enabled(config) {
         tracing::debug!(
             collector = NAME,
@@ -398,7 +400,7 @@ const FIRST_LIST_GRACE: Duration = Duration::from_secs(10);
 
 /// The `kubernetes` collector: owns the watch and reports its health and cache.
 #[derive(Debug)]
-pub struct PodWatchCollector {
+pub(crate) struct PodWatchCollector {
     store: Arc<PodStore>,
     health: Arc<WatchHealth>,
     started: Instant,
@@ -406,7 +408,7 @@ pub struct PodWatchCollector {
 }
 
 impl PodWatchCollector {
-    pub fn start(
+    pub(crate) fn start(
         source: ClientSource,
         node: String,
         store: Arc<PodStore>,
@@ -423,12 +425,8 @@ impl PodWatchCollector {
     }
 
     /// The cache the labeler reads names from.
-    pub fn store(&self) -> Arc<PodStore> {
+    pub(crate) fn store(&self) -> Arc<PodStore> {
         self.store.clone()
-    }
-
-    pub fn health(&self) -> &WatchHealth {
-        &self.health
     }
 }
 
