@@ -3,10 +3,11 @@
 //! They answer what people use `strace -c`, `strace -f -T` and bpftrace for, from the same
 //! probes as the exporter but loaded by the tool itself, for one target: a command run in a
 //! fresh cgroup of its own (`-- CMD`), a process (`--pid`) or a cgroup (`--cgroup`).
-//! [`session`] owns the target (spawning, waiting, stopping, the cgroup's removal),
-//! [`profile`] reads the syscall maps (`SYSCALL_STATS`, `SYSCALL_ERRORS`, `PROCESS_EXITS`)
-//! into per-syscall totals, [`events`] streams `TRACE_EVENTS`; one module per subcommand
-//! renders the result.
+//! `session` owns the target (spawning, waiting, stopping, the cgroup's removal),
+//! `profile` reads the syscall maps (`SYSCALL_STATS`, `SYSCALL_ERRORS`, `PROCESS_EXITS`)
+//! into per-syscall totals, `events` streams `TRACE_EVENTS` and `block` the target's block
+//! requests into `sink`, the leaf every tool implements (the streams never import a tool); one
+//! module per subcommand renders the result.
 
 pub(crate) mod block;
 pub mod diagnose;

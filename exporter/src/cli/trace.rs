@@ -1,7 +1,7 @@
 //! `sysscope trace`: every syscall of a command, process or cgroup, filtered in the kernel and
 //! streamed through the `TRACE_EVENTS` ring buffer, written as Trace Event Format JSON for
 //! Perfetto UI / `chrome://tracing` (with the node's CPU utilisation and the target's block
-//! I/O as counter tracks, and its block requests as slices, see [`super::block`]), or as a
+//! I/O as counter tracks, and its block requests as slices, see `cli::block`), or as a
 //! `strace -f -T`-like text log with `--text`. Bounded by `--max-events` and `--duration`;
 //! what was dropped is counted in the output and on stderr.
 

@@ -145,7 +145,7 @@ impl CgroupResolver {
         self.scanned_this_cycle = false;
     }
 
-    /// The path of cgroup `id`, or `UNRESOLVED` while it is not known (see [`Self::lookup`]).
+    /// The path of cgroup `id`, or `UNRESOLVED` while it is not known (see `lookup`).
     pub fn resolve(&mut self, id: u64) -> Arc<str> {
         match self.lookup(id) {
             Resolution::Known(p) => p,
@@ -196,7 +196,7 @@ impl CgroupResolver {
     }
 
     /// Looks up cgroup `id`, which was in use at `seen_at` (e.g. it keys an entry of a map
-    /// snapshot taken then). Unlike [`Self::lookup`] this never answers `Pending`: a walk
+    /// snapshot taken then). Unlike `lookup` this never answers `Pending`: a walk
     /// started after `seen_at` finds every cgroup that still exists, so an id it did not find
     /// is gone, and an older walk is simply repeated. At most one walk per `seen_at`.
     pub(crate) fn lookup_seen(&mut self, id: u64, seen_at: Instant) -> Resolution {

@@ -1,7 +1,7 @@
 //! OTLP metrics push: every `OTEL_METRIC_EXPORT_INTERVAL`, the exposition Prometheus scrapes
 //! (OpenMetrics, from [`Scraper::scrape`]) is read back and sent as one OTLP request, over gRPC
 //! (tonic `MetricsService`) or OTLP/HTTP (`POST /v1/metrics`, protobuf or JSON body), with TLS
-//! for `https://` endpoints as [`super::tls`] builds it.
+//! for `https://` endpoints as `otlp::tls` builds it.
 //!
 //! JSON bodies are opentelemetry-proto's serde encoding of the same request, which follows the
 //! OTLP/JSON mapping: lowerCamelCase field names, trace and span ids as hex strings, 64-bit

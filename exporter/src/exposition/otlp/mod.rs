@@ -2,11 +2,11 @@
 //!
 //! Configured by the standard `OTEL_*` environment variables over the config file's `[otlp]`
 //! section ([`config`]); with no endpoint set nothing is sent. TLS (system roots or a CA file,
-//! optional client certificates) and the shared blocking HTTP client are in [`tls`].
-//! Spans go through [`traces`] (opentelemetry-otlp's exporter behind sysscope's own bounded
+//! optional client certificates) and the shared blocking HTTP client are in `tls`.
+//! Spans go through `traces` (opentelemetry-otlp's exporter behind sysscope's own bounded
 //! queue, batching and backoff, so every drop is counted).
 //! Metrics go through [`metrics`]: the same OpenMetrics exposition Prometheus scrapes is read
-//! back ([`openmetrics`]) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
+//! back (`openmetrics`) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
 //! outputs always carry the same numbers and bucket bounds.
 //!
 //! Self-metrics ([`Stats`]): `sysscope_spans_exported_total{destination}`,
