@@ -426,6 +426,9 @@ class Bench:
             step = ["loop-getppid", s, str(threads)]
         elif workload == "dd":
             step = ["loop-dd", s, str(threads), "512"]
+        elif workload == "pingpong":
+            # Pairs of threads: every read blocks, so every call is switched out mid-call.
+            step = ["loop-pingpong", s, str(threads)]
         elif workload == "read":
             step = ["loop-read-file", str(self.read_file), s, str(threads), "4096"]
         else:

@@ -69,7 +69,10 @@ pub mod hist {
 
 /// Names of the maps, as user space looks them up in the loaded object.
 pub mod maps {
+    /// Task-local storage: the calls in flight of tasks switched out mid-call ([`crate::ThreadSpill`]).
     pub const SYSCALL_THREADS: &str = "SYSCALL_THREADS";
+    /// Per-CPU: the running task's call in flight and cached identity ([`crate::CpuState`]).
+    pub const SYSCALL_CPU: &str = "SYSCALL_CPU";
     pub const SYSCALL_STATS: &str = "SYSCALL_STATS";
     pub const SYSCALL_SLOTS: &str = "SYSCALL_SLOTS";
     pub const FREE_SLOTS: &str = "FREE_SLOTS";
@@ -102,6 +105,9 @@ pub mod programs {
     pub const PROCESS_EXIT: &str = "sched_process_exit";
     /// On `cgroup:cgroup_attach_task`: invalidates the cached cgroup ids.
     pub const CGROUP_ATTACH: &str = "cgroup_attach_task";
+    /// On `sched:sched_switch`: moves a call in flight of a task switched out mid-call from its
+    /// CPU's `SYSCALL_CPU` to its `SYSCALL_THREADS` value.
+    pub const SCHED_SWITCH: &str = "sched_switch";
     pub const EMPTY_SYS_ENTER: &str = "empty_sys_enter";
     pub const EMPTY_SYS_EXIT: &str = "empty_sys_exit";
     pub const TRACE_SYS_ENTER: &str = "trace_sys_enter";
@@ -149,10 +155,12 @@ pub mod counters {
     pub const SYSCALL_STATS_FULL: u32 = 0;
     /// An insert into `SYSCALL_ERRORS` failed because the map is full.
     pub const SYSCALL_ERRORS_FULL: u32 = 1;
-    /// A thread's entry time could not be stored: the kernel could not give the thread its
-    /// `SYSCALL_THREADS` task storage (out of memory, or the storage busy on this CPU).
+    /// A call in flight of a task switched out mid-call could not be kept: the kernel could not
+    /// give the thread its `SYSCALL_THREADS` task storage (out of memory, or the storage busy on
+    /// this CPU). The call is then counted as a `SYSCALL_EXIT_WITHOUT_ENTER` at its exit.
     pub const SYSCALL_THREADS_FULL: u32 = 2;
-    /// A syscall returned without a recorded entry (attached mid-call, or the thread map was full).
+    /// A syscall returned without a recorded entry (attached mid-call, a new task's first return
+    /// from `fork`/`clone`, or its entry could not be kept).
     pub const SYSCALL_EXIT_WITHOUT_ENTER: u32 = 3;
     /// A process exit could not be queued for reclaim: `PROCESS_EXITS` is full.
     pub const PROCESS_EXITS_FULL: u32 = 4;
@@ -395,47 +403,68 @@ impl FdProbeConfig {
     };
 }
 
-/// Per-thread state kept between `sys_enter` and `sys_exit` in `SYSCALL_THREADS`, a task-local
-/// storage map (one value per thread, found from the task itself and freed with it).
+/// What each CPU keeps between `sys_enter` and `sys_exit` (`SYSCALL_CPU`, a one-entry per-CPU
+/// array): the call in flight of the task running on it, and what is the same for every call
+/// of that task, cached so the common path makes no helper call and no hash or task-storage
+/// lookup for it.
 ///
-/// Besides the call in flight it caches what is the same for every call of the thread, so
-/// the hot path makes no helper call and no hash lookup for it: the tgid; the cgroup id, valid
-/// while `cgroup_generation` equals the probes' count of cgroup migrations; and the
-/// `SYSCALL_STATS` slots of the thread's recent syscalls ([`slot_cache`]).
+/// A call in flight stays here only while its task keeps the CPU: `sched_switch` moves it to
+/// the task's [`ThreadSpill`] when the task is switched out mid-call, so an entry here always
+/// belongs to `task`. The identity (`tgid`, `cgroup_id`) is valid while `task` is the current
+/// task and `generation` equals the probes' count of cgroup migrations and task exits (a task
+/// exit may free the `task_struct` for another task to reuse).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ThreadState {
-    /// `bpf_ktime_get_ns()` at entry; 0 when no call is in flight.
-    pub start_ns: u64,
-    /// Cached cgroup v2 id of the thread.
+pub struct CpuState {
+    /// The task (its `task_struct` address) the identity and the call in flight belong to.
+    pub task: u64,
+    /// The identity count when `tgid` and `cgroup_id` were read ([`CpuState::NO_IDENTITY`]: never).
+    pub generation: u64,
+    /// cgroup v2 id of `task`.
     pub cgroup_id: u64,
-    /// Migration count when `cgroup_id` was read ([`ThreadState::NO_CGROUP`]: not read yet).
-    pub cgroup_generation: u64,
-    /// Cached tgid (0 until the thread's first call fills it in).
+    /// `bpf_ktime_get_ns()` at entry; 0 when no call is in flight on this CPU.
+    pub start_ns: u64,
+    /// tgid of `task`.
     pub tgid: u32,
     /// Syscall number at entry.
     pub nr: u32,
     /// The descriptor of the call in flight, classified at entry.
     pub fd: FdClass,
-    /// The thread's last classified descriptor.
+    /// The last descriptor classified on this CPU.
     pub fd_cache: FdCache,
-    /// The thread's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
+    /// The CPU's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
     pub slots: [u64; slot_cache::ENTRIES],
 }
 
-impl ThreadState {
-    /// `cgroup_generation` of a thread whose cgroup id was never read.
-    pub const NO_CGROUP: u64 = u64::MAX;
+impl CpuState {
+    /// `generation` of a CPU whose identity was never read.
+    pub const NO_IDENTITY: u64 = u64::MAX;
 }
 
-/// A thread's cache of (syscall number -> `SYSCALL_STATS` slot), two-way set-associative.
+/// A call in flight whose task was switched out mid-call (it blocked, or was preempted), kept
+/// in the thread's `SYSCALL_THREADS` value (task-local storage, freed with the thread) until
+/// its `sys_exit`, which may run on another CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadSpill {
+    /// `bpf_ktime_get_ns()` at entry; 0 when nothing is kept.
+    pub start_ns: u64,
+    /// Syscall number at entry.
+    pub nr: u32,
+    pub _pad: u32,
+    /// The descriptor of the call, classified at entry.
+    pub fd: FdClass,
+}
+
+/// A CPU's cache of (syscall number -> `SYSCALL_STATS` slot), two-way set-associative.
 ///
 /// The set of a syscall is its number modulo [`SETS`]; a set holds the two syscalls of that set
 /// used last, so pairs that a direct-mapped cache would thrash (`read` and `ioctl`, `write` and
 /// `openat`, `read` and `getdents64`, ...) both stay cached. An entry is tagged with the syscall number and the low
 /// bits of `SLOT_EPOCH`: when user space frees slots it bumps the epoch, and every entry made
 /// before turns into a miss without the probe clearing anything. A wrong hit (a tag that comes
-/// round again after 65,536 bumps, a thread that changed cgroup) is harmless: the probe uses a
+/// round again after 65,536 bumps, another task's call on the same CPU, a task that changed
+/// cgroup) is harmless: the probe uses a
 /// slot only if the slot's copy names the caller's key.
 pub mod slot_cache {
     /// Sets (a power of two).
@@ -962,7 +991,8 @@ mod pod {
     use super::*;
     // SAFETY: every type below is #[repr(C)], made only of integers and integer arrays, with
     // explicit padding fields, so any bit pattern is a valid value.
-    unsafe impl aya::Pod for ThreadState {}
+    unsafe impl aya::Pod for ThreadSpill {}
+    unsafe impl aya::Pod for CpuState {}
     unsafe impl aya::Pod for SyscallKey {}
     unsafe impl aya::Pod for LatencyHistogram {}
     unsafe impl aya::Pod for SlotStats {}
@@ -1158,5 +1188,7 @@ const _: () = {
     assert!(size_of::<BlockTraceEvent>() == 80);
     assert!(size_of::<TraceThread>() == 96);
     assert!(size_of::<FdCache>() == 24);
+    assert!(size_of::<ThreadSpill>() == 24);
+    assert!(size_of::<CpuState>() == 48 + 24 + 8 * slot_cache::ENTRIES);
     assert!(size_of::<TraceEvent>() == 248);
 };

@@ -1,26 +1,31 @@
 //! Syscall probes: counts, errors by errno, latency histograms, slow-call samples.
 //!
-//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_process_exit`
-//! and `cgroup:cgroup_attach_task` (raw_tp).
-//! Maps: `SYSCALL_THREADS` (task-local storage: entry time, cached tgid, cgroup id and slots),
-//! the statistics table (`SYSCALL_SLOTS`: (cgroup, tgid, nr) -> slot; `SYSCALL_STATS`: an array
-//! of a few copies per slot, each an owner key + sum + log2 buckets, updated with atomic adds;
-//! `FREE_SLOTS`; `SLOT_EPOCH`; `CGROUP_TAKEN`/`CGROUP_RETURNED` for the per-cgroup
-//! quota; user space's side is `exporter/src/syscall_stats.rs`), `SYSCALL_ERRORS` ((cgroup,
-//! tgid, nr, errno) -> count, atomic adds), `PROCESS_EXITS` (tgid -> comm at exit, for
-//! reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate window), `SLOW_EVENTS`
-//! (ring buffer).
+//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_switch`,
+//! `sched:sched_process_exit` and `cgroup:cgroup_attach_task` (raw_tp).
+//! Maps: `SYSCALL_CPU` (per CPU: the running task's call in flight, its cached tgid, cgroup id
+//! and slots), `SYSCALL_THREADS` (task-local storage: a call in flight whose task was switched
+//! out mid-call), the statistics table (`SYSCALL_SLOTS`: (cgroup, tgid, nr) -> slot;
+//! `SYSCALL_STATS`: an array of a few copies per slot, each an owner key + sum + log2 buckets,
+//! updated with atomic adds; `FREE_SLOTS`; `SLOT_EPOCH`; `CGROUP_TAKEN`/`CGROUP_RETURNED` for
+//! the per-cgroup quota; user space's side is `exporter/src/kernel/syscalls.rs`),
+//! `SYSCALL_ERRORS` ((cgroup, tgid, nr, errno) -> count, atomic adds), `PROCESS_EXITS` (tgid ->
+//! comm at exit, for reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate
+//! window), `SLOW_EVENTS` (ring buffer).
 //!
 //! The hot path (docs/performance.md) per syscall: two clock reads (unavoidable for a
-//! duration), two task-storage lookups for the thread's state (cheaper than a hash lookup by
-//! tid, and freed by the kernel with the thread, so process churn never fills a thread map),
-//! an inlined array lookup for the (cgroup, process, syscall) statistics, whose slot the
-//! thread's cache names (a hash lookup only on a miss), two atomic adds, and an inlined array
-//! lookup for the slow-call threshold. The tgid and the cgroup id are cached in the thread's
-//! state: the cgroup id stays valid until a `cgroup_attach_task` bumps `CGROUP_GENERATION`, so
-//! no helper call is made for them on the common path. No map is per CPU but the tiny drop
-//! counters and rate window, so kernel memory does not grow with the CPU count. Errors and
-//! samples are off the common path.
+//! duration); the call in flight kept in the CPU's own `SYSCALL_CPU` value (an inlined array
+//! lookup) rather than looked up by thread, because a task that enters a syscall nearly always
+//! leaves it on the same CPU without being switched out; an inlined array lookup for the
+//! (cgroup, process, syscall) statistics, whose slot the CPU's cache names (a hash lookup only
+//! on a miss), two atomic adds, and an inlined array lookup for the slow-call threshold. A task
+//! switched out mid-call (it blocked, or was preempted) has its call moved to its task-local
+//! storage by `sched_switch`, where its `sys_exit` finds it on whichever CPU it returns; the
+//! storage is freed by the kernel with the thread, so process churn never fills a thread map.
+//! The tgid and the cgroup id of the task on the CPU are cached beside the call and read again
+//! only when another task runs there or after a `cgroup_attach_task` or a task exit bumps
+//! `IDENTITY_GENERATION`. Per-CPU state is one small value per CPU; the statistics are shared,
+//! so kernel memory does not grow with the CPU count. Errors and samples are off the common
+//! path.
 //!
 //! What a tenant controls is bounded here: a syscall number out of the table counts as
 //! `INVALID_NR`, and a cgroup whose keys hold `SYSCALL_CGROUP_QUOTA` slots (or that finds none
@@ -46,16 +51,16 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
         bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        generated::{bpf_get_current_task_btf, bpf_task_storage_get},
+        generated::{bpf_get_current_task, bpf_get_current_task_btf, bpf_task_storage_get},
     },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf, Stack},
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    bounded_nr, counters, fd_class, hist, noreturn, slot_cache, ErrnoKey, FdClass, ProcessExit,
-    RateWindow, SlotStats, SlowCallEvent, SyscallKey, ThreadState, FOLDED_TGID, INVALID_NR,
-    MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    bounded_nr, counters, fd_class, hist, noreturn, slot_cache, CpuState, ErrnoKey, FdClass,
+    ProcessExit, RateWindow, SlotStats, SlowCallEvent, SyscallKey, ThreadSpill, FOLDED_TGID,
+    INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_args, EEXIST};
@@ -108,9 +113,14 @@ impl<V> TaskStorage<V> {
     }
 }
 
+/// Calls in flight of tasks switched out mid-call, one value per thread that ever was.
 #[unsafe(link_section = ".maps")]
 #[unsafe(export_name = "SYSCALL_THREADS")]
-static SYSCALL_THREADS: TaskStorage<ThreadState> = TaskStorage::new();
+static SYSCALL_THREADS: TaskStorage<ThreadSpill> = TaskStorage::new();
+
+/// The running task's call in flight and cached identity, per CPU (see `CpuState`).
+#[map(name = "SYSCALL_CPU")]
+static SYSCALL_CPU: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
 
@@ -186,10 +196,12 @@ fn target_only() -> bool {
     unsafe { core::ptr::read_volatile(&SYSCALL_TARGET_ONLY) != 0 }
 }
 
-/// Cgroup migrations seen (in `.bss`): a thread's cached cgroup id is valid while the count it
-/// was read at is still current. Migrations are rare, so the count is almost always unchanged
-/// and re-reading after one is cheap.
-static CGROUP_GENERATION: Counter = Counter(UnsafeCell::new(0));
+/// Cgroup migrations and task exits seen (in `.bss`): a CPU's cached identity of its task is
+/// valid while the count it was read at is still current. A migration changes a task's cgroup;
+/// an exit may free a `task_struct` whose address a new task (of another process) then gets.
+/// Both are rare next to syscalls, so the count is almost always unchanged and re-reading
+/// after one is cheap.
+static IDENTITY_GENERATION: Counter = Counter(UnsafeCell::new(0));
 
 /// A global `u64` updated with atomic adds (several CPUs may count at once).
 #[repr(transparent)]
@@ -216,29 +228,46 @@ impl Counter {
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 const MAX_ERRNO: i64 = 4095;
 
-/// The thread's stats key for syscall `nr` on a descriptor of class `fd`: the (cgroup,
-/// process) part from its cached state.
+/// The current task (`task_struct` address), the identity of whatever the CPU caches.
 #[inline(always)]
-fn key_of(state: &mut ThreadState, nr: u32, fd: FdClass) -> SyscallKey {
-    // Read the count before the id: a migration moves the task first and counts afterwards,
+fn current_task() -> u64 {
+    // SAFETY: the helper has no preconditions.
+    unsafe { bpf_get_current_task() }
+}
+
+/// Makes the CPU's cached identity that of `task` (the current task): read again when another
+/// task's is cached, or after a migration or an exit counted since it was read.
+#[inline(always)]
+fn identify(cpu: &mut CpuState, task: u64) {
+    // Read the count before the ids: a migration moves the task first and counts afterwards,
     // so an id read after a count that is already stale is re-read on the next call.
-    let generation = CGROUP_GENERATION.get();
-    if state.cgroup_generation != generation {
-        // The cached slots stay: those of the old cgroup's keys are refused by their copies'
-        // owner check and replaced on first use.
-        // SAFETY: the helper has no preconditions.
-        state.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-        // A migration counted meanwhile may have moved this thread after the read: then the
-        // id is used for this call only, and read again on the next.
-        state.cgroup_generation = if CGROUP_GENERATION.get() == generation {
-            generation
-        } else {
-            ThreadState::NO_CGROUP
-        };
+    let generation = IDENTITY_GENERATION.get();
+    if cpu.task == task && cpu.generation == generation {
+        return;
     }
+    if cpu.task != task {
+        // The cached slots stay: those of the other task's keys are refused by their copies'
+        // owner check and replaced on first use.
+        cpu.task = task;
+        cpu.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    }
+    // SAFETY: the helper has no preconditions.
+    cpu.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    // A migration or exit counted meanwhile may have changed what was read: then the ids are
+    // used for this call only, and read again on the next.
+    cpu.generation = if IDENTITY_GENERATION.get() == generation {
+        generation
+    } else {
+        CpuState::NO_IDENTITY
+    };
+}
+
+/// The stats key of the CPU's task for syscall `nr` on a descriptor of class `fd`.
+#[inline(always)]
+fn key_of(cpu: &CpuState, nr: u32, fd: FdClass) -> SyscallKey {
     SyscallKey {
-        cgroup_id: state.cgroup_id,
-        tgid: state.tgid,
+        cgroup_id: cpu.cgroup_id,
+        tgid: cpu.tgid,
         nr,
         fd,
     }
@@ -254,36 +283,32 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     if nr == INVALID_NR {
         count_drop(counters::SYSCALL_INVALID_NR);
     }
-    let state = SYSCALL_THREADS.current(true);
-    if state.is_null() {
-        count_drop(counters::SYSCALL_THREADS_FULL);
+    let Some(cpu) = SYSCALL_CPU.get_ptr_mut(0) else {
         return 0;
-    }
-    // SAFETY: a non-null task-storage value of the current task, ours until the program ends.
-    let state = unsafe { &mut *state };
-    if state.tgid == 0 {
-        // First call of this thread (tgid 0 is the idle task, which makes no syscalls).
-        state.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        state.cgroup_generation = ThreadState::NO_CGROUP;
-    }
+    };
+    // SAFETY: this CPU's value of a per-CPU array, valid while the program runs; programs do
+    // not nest on a CPU, and `sched_switch` (which also writes it) runs only between programs.
+    let cpu = unsafe { &mut *cpu };
+    identify(cpu, current_task());
     if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
         // No sys_exit will follow: count the call now, with no duration.
-        let key = key_of(state, nr, FdClass::NONE);
-        record_duration(state, &key, 0);
+        cpu.start_ns = 0;
+        let key = key_of(cpu, nr, FdClass::NONE);
+        record_duration(cpu, &key, 0);
         return 0;
     }
-    state.nr = nr;
-    state.fd = if fd_class::classified(nr) {
+    cpu.nr = nr;
+    cpu.fd = if fd_class::classified(nr) {
         // The descriptor is the first argument, in the `pt_regs` of the tracepoint.
         crate::fd_class::unpack(crate::fd_class::classify(
             ctx.arg::<*const u8>(0),
-            &mut state.fd_cache,
+            &mut cpu.fd_cache,
         ))
     } else {
         FdClass::NONE
     };
     // SAFETY: the helper has no preconditions.
-    state.start_ns = unsafe { bpf_ktime_get_ns() };
+    cpu.start_ns = unsafe { bpf_ktime_get_ns() };
     0
 }
 
@@ -291,25 +316,33 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
 pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     // SAFETY: the helper has no preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
-    let state = SYSCALL_THREADS.current(false);
-    if state.is_null() {
-        // With a target, every other thread's calls end here: not a miss.
-        if !target_only() {
-            count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
-        }
+    let Some(cpu) = SYSCALL_CPU.get_ptr_mut(0) else {
         return 0;
-    }
+    };
     // SAFETY: as in sys_enter.
-    let state = unsafe { &mut *state };
-    let start_ns = state.start_ns;
-    if start_ns == 0 {
-        count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
-        return 0;
-    }
-    state.start_ns = 0;
+    let cpu = unsafe { &mut *cpu };
+    let task = current_task();
+    let (start_ns, nr, fd) = if cpu.task == task && cpu.start_ns != 0 {
+        // The common case: the task kept the CPU since its entry.
+        let start = cpu.start_ns;
+        cpu.start_ns = 0;
+        (start, cpu.nr, cpu.fd)
+    } else {
+        // Switched out mid-call: `sched_switch` kept the entry in the thread's storage.
+        let Some(spill) = take_spill() else {
+            // With a target, every other thread's calls end here: not a miss.
+            if !target_only() {
+                count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+            }
+            return 0;
+        };
+        spill
+    };
+    // Also after a migration during the call (a task that wrote its own pid to cgroup.procs).
+    identify(cpu, task);
     let duration = now.saturating_sub(start_ns);
-    let key = key_of(state, state.nr, state.fd);
-    record_duration(state, &key, duration);
+    let key = key_of(cpu, nr, fd);
+    record_duration(cpu, &key, duration);
 
     // TP_PROTO(struct pt_regs *regs, long ret)
     let ret = ctx.arg::<i64>(1);
@@ -331,6 +364,9 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
 /// read from /proc. (Each thread's `SYSCALL_THREADS` value is freed by the kernel with it.)
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
 pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
+    // Any task's exit: its `task_struct` may be reused, so no CPU may trust an identity it
+    // cached by address.
+    IDENTITY_GENERATION.increment();
     // The tracepoint fires in the exiting task's context.
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
@@ -354,20 +390,76 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
 /// cgroup id may be stale. Fires after the move, once per moved process or thread.
 #[raw_tracepoint(tracepoint = "cgroup_attach_task")]
 pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
-    CGROUP_GENERATION.increment();
+    IDENTITY_GENERATION.increment();
     0
 }
 
+/// A task is switched out: if it is inside a syscall, its entry moves from the CPU's value to
+/// the thread's storage, where its `sys_exit` finds it on whichever CPU it returns. Costs an
+/// inlined array lookup on a switch of a task not inside a syscall (preempted in user mode, or
+/// never traced).
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
+    let Some(cpu) = SYSCALL_CPU.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: as in sys_enter.
+    let cpu = unsafe { &mut *cpu };
+    if cpu.start_ns == 0 {
+        return 0;
+    }
+    // The tracepoint fires in the context of the task switched out. An entry of another task
+    // (possible only if this program missed a switch) is dropped: its exit is counted as
+    // without entry rather than given a wrong duration.
+    if cpu.task == current_task() {
+        let spill = SYSCALL_THREADS.current(true);
+        if spill.is_null() {
+            count_drop(counters::SYSCALL_THREADS_FULL);
+        } else {
+            // SAFETY: a non-null task-storage value of the current task, ours until the
+            // program ends.
+            unsafe {
+                *spill = ThreadSpill {
+                    start_ns: cpu.start_ns,
+                    nr: cpu.nr,
+                    _pad: 0,
+                    fd: cpu.fd,
+                }
+            };
+        }
+    }
+    cpu.start_ns = 0;
+    0
+}
+
+/// The entry `sched_switch` kept for the current thread, taken (start, nr, class); `None`
+/// when there is none.
+#[inline(always)]
+fn take_spill() -> Option<(u64, u32, FdClass)> {
+    let spill = SYSCALL_THREADS.current(false);
+    if spill.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null task-storage value of the current task, ours until the program ends.
+    let spill = unsafe { &mut *spill };
+    if spill.start_ns == 0 {
+        return None;
+    }
+    let start = spill.start_ns;
+    spill.start_ns = 0;
+    Some((start, spill.nr, spill.fd))
+}
+
 /// Adds one call to the key's statistics, in the copy of its slot this CPU writes. The common
-/// case costs an inlined array lookup: the thread's cache names the slot, and the copy's owner
+/// case costs an inlined array lookup: the CPU's cache names the slot, and the copy's owner
 /// confirms it.
 #[inline(always)]
-fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
+fn record_duration(cpu: &mut CpuState, key: &SyscallKey, duration: u64) {
     let bucket = hist::bucket_index(duration);
     let epoch = SLOT_EPOCH.get(0).copied().unwrap_or(0);
     let tag = slot_cache::tag(epoch, key.nr, &key.fd);
     let set = slot_cache::set_of(key.nr);
-    let (Some(&first), Some(&second)) = (state.slots.get(set), state.slots.get(set + 1)) else {
+    let (Some(&first), Some(&second)) = (cpu.slots.get(set), cpu.slots.get(set + 1)) else {
         return;
     };
     let stripe = stripe_of_this_cpu();
@@ -403,10 +495,10 @@ fn record_duration(state: &mut ThreadState, key: &SyscallKey, duration: u64) {
     // already names this slot (a hit whose copy did not name the key).
     let fresh = slot_cache::entry(tag, slot);
     if fresh != first {
-        if let Some(way) = state.slots.get_mut(set + 1) {
+        if let Some(way) = cpu.slots.get_mut(set + 1) {
             *way = first;
         }
-        if let Some(way) = state.slots.get_mut(set) {
+        if let Some(way) = cpu.slots.get_mut(set) {
             *way = fresh;
         }
     }

@@ -35,6 +35,17 @@
 //!   loop-read-file PATH SECS THREADS BS
 //!                             read PATH (page cache) in BS-byte reads on THREADS threads for
 //!                             SECS seconds, seeking back at end of file; prints the same line
+//!   sleep-migrating N MS      N nanosleep calls of MS ms on a thread pinned to CPU 0, which
+//!                             another thread moves to CPU 1 halfway through each sleep: every
+//!                             call is switched out on one CPU and returns on the other;
+//!                             prints slept_ns=<time slept> and migrated=<calls that returned on
+//!                             CPU 1> on stderr
+//!   loop-pingpong SECS PAIRS  PAIRS pairs of threads pass one byte back and forth over two
+//!                             pipes for SECS seconds, both threads of pair i on CPU i: every
+//!                             read blocks and switches to the other thread, so every read is
+//!                             switched out mid-call (the context-switch path of the probes);
+//!                             prints the same line, counting reads and writes, with the
+//!                             process's CPU time (both threads of each pair)
 //!   rate-getppid RATE SECS    about RATE getppid calls per second for SECS seconds (a steady
 //!                             background load); prints the same line
 //!   wait-stdin                block until stdin is closed or a line is read
@@ -178,6 +189,12 @@ fn main() {
                 eprintln!("slept_ns={}", slept.as_nanos());
                 i += 3;
             }
+            "sleep-migrating" => {
+                let n = num(args.get(i + 1));
+                let ms = num(args.get(i + 2));
+                sleep_migrating(n, ms);
+                i += 3;
+            }
             "slow-pipe-read" => {
                 let n = num(args.get(i + 1));
                 let ms = num(args.get(i + 2));
@@ -231,6 +248,12 @@ fn main() {
                 let duration = secs(args.get(i + 1));
                 let threads = num(args.get(i + 2)).max(1);
                 loop_getppid(duration, threads as usize);
+                i += 3;
+            }
+            "loop-pingpong" => {
+                let duration = secs(args.get(i + 1));
+                let pairs = num(args.get(i + 2)).max(1);
+                loop_pingpong(duration, pairs as usize);
                 i += 3;
             }
             "loop-dd" => {
@@ -368,6 +391,65 @@ fn main() {
             _ => usage(),
         }
     }
+}
+
+/// Sets the CPUs thread `tid` (0: the caller) may run on to `cpu` alone.
+fn set_affinity(tid: libc::pid_t, cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET stays within it (checked above).
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn sleep_migrating(n: u64, ms: u64) {
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel::<libc::pid_t>();
+    let (asleep_tx, asleep_rx) = std::sync::mpsc::channel::<()>();
+    let sleeper = std::thread::spawn(move || {
+        // SAFETY: gettid has no preconditions.
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        let ts = libc::timespec {
+            tv_sec: (ms / 1000) as libc::time_t,
+            tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+        };
+        let (mut slept, mut migrated) = (Duration::ZERO, 0u64);
+        for _ in 0..n {
+            set_affinity(0, 0).expect("pin the sleeper to CPU 0");
+            asleep_tx.send(()).unwrap();
+            let t = Instant::now();
+            // SAFETY: valid timespec; a signal interruption would only shorten the sleep.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_nanosleep,
+                    &ts as *const _,
+                    std::ptr::null_mut::<libc::timespec>(),
+                )
+            };
+            slept += t.elapsed();
+            // SAFETY: sched_getcpu has no preconditions.
+            if unsafe { libc::sched_getcpu() } == 1 {
+                migrated += 1;
+            }
+        }
+        eprintln!("slept_ns={}", slept.as_nanos());
+        eprintln!("migrated={migrated}");
+    });
+    let tid = tid_rx.recv().unwrap();
+    for _ in 0..n {
+        asleep_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(ms / 2));
+        set_affinity(tid, 1).expect("move the sleeper to CPU 1");
+    }
+    sleeper.join().unwrap();
 }
 
 fn pin_cpu(cpu: usize) {
@@ -642,6 +724,92 @@ fn loop_getppid(duration: Duration, threads: usize) {
             1000
         }
     });
+}
+
+/// CPU time of the whole process (every thread) in ns.
+fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn pipe_pair() -> (i32, i32) {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
+    (fds[0], fds[1])
+}
+
+/// Pairs of threads bouncing a byte over two pipes until `duration` has passed; prints the
+/// benchmark's line. The CPU time is the process's: the echoing thread's share is part of the
+/// cost of each exchange.
+fn loop_pingpong(duration: Duration, pairs: usize) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let byte = [b'x'];
+    let mut threads = Vec::new();
+    let cpu_start = process_cpu_ns();
+    let start = Instant::now();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for pair in 0..pairs {
+        let cpu = pair % cpus;
+        let (ping_rd, ping_wr) = pipe_pair();
+        let (pong_rd, pong_wr) = pipe_pair();
+        // The echo: reads a byte and sends it back, until the pinger closes its end.
+        threads.push(std::thread::spawn(move || {
+            pin_cpu(cpu);
+            let mut buf = [0u8; 1];
+            // SAFETY: one-byte reads and writes of valid buffers on our pipes.
+            while unsafe { libc::read(ping_rd, buf.as_mut_ptr().cast(), 1) } == 1 {
+                // SAFETY: as above.
+                unsafe { libc::write(pong_wr, buf.as_ptr().cast(), 1) };
+            }
+            // SAFETY: closing descriptors this thread owns.
+            unsafe {
+                libc::close(ping_rd);
+                libc::close(pong_wr);
+            }
+        }));
+        let stop = stop.clone();
+        let calls = calls.clone();
+        threads.push(std::thread::spawn(move || {
+            pin_cpu(cpu);
+            let mut buf = [0u8; 1];
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: as above.
+                unsafe {
+                    libc::write(ping_wr, byte.as_ptr().cast(), 1);
+                    libc::read(pong_rd, buf.as_mut_ptr().cast(), 1);
+                }
+                n += 4;
+            }
+            calls.fetch_add(n, Ordering::Relaxed);
+            // SAFETY: closing descriptors this thread owns; the echo then reads end of file.
+            unsafe {
+                libc::close(ping_wr);
+                libc::close(pong_rd);
+            }
+        }));
+    }
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let elapsed = start.elapsed();
+    let cpu = process_cpu_ns() - cpu_start;
+    let total = calls.load(Ordering::Relaxed).max(1) as f64;
+    println!(
+        "calls={} ns_per_call={:.1} threads={pairs} cpu_ns_per_call={:.1}",
+        total as u64,
+        elapsed.as_nanos() as f64 * (2 * pairs) as f64 / total,
+        cpu as f64 / total
+    );
 }
 
 fn open_or_exit(path: &str, flags: i32) -> i32 {

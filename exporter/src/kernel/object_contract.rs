@@ -11,8 +11,8 @@ use std::mem::size_of;
 use object::{Object as _, ObjectSymbol as _};
 use sysscope_abi::{
     globals, maps, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey, BlockProbeConfig,
-    BlockStats, ErrnoKey, FdProbeConfig, ProcessExit, RateWindow, SlotStats, SyscallKey,
-    ThreadState, TraceThread,
+    BlockStats, CpuState, ErrnoKey, FdProbeConfig, ProcessExit, RateWindow, SlotStats, SyscallKey,
+    ThreadSpill, TraceThread,
 };
 
 use crate::kernel::PROBES_OBJECT;
@@ -25,7 +25,11 @@ const MAP_TYPES: &[(&str, Option<(usize, usize)>)] = &[
     // Task storage: the key is the task's pid file descriptor.
     (
         maps::SYSCALL_THREADS,
-        Some((size_of::<i32>(), size_of::<ThreadState>())),
+        Some((size_of::<i32>(), size_of::<ThreadSpill>())),
+    ),
+    (
+        maps::SYSCALL_CPU,
+        Some((size_of::<u32>(), size_of::<CpuState>())),
     ),
     (
         maps::SYSCALL_STATS,

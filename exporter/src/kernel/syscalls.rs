@@ -56,8 +56,8 @@ pub struct SyscallMaps {
 }
 
 impl SyscallMaps {
-    /// Takes the maps and attaches `sched_process_exit`, `cgroup_attach_task`, `sys_exit` and
-    /// `sys_enter`, in that order, recording them under `collector`.
+    /// Takes the maps and attaches `sched_process_exit`, `cgroup_attach_task`, `sched_switch`,
+    /// `sys_exit` and `sys_enter`, in that order, recording them under `collector`.
     pub fn attach(probes: &mut Probes, collector: &'static str) -> Result<Self, ProbeError> {
         let map_err = |name: &'static str| {
             move |source| ProbeError::Map {
@@ -83,6 +83,8 @@ impl SyscallMaps {
         // Exit tracking first, so no process can exit unseen once syscalls are counted.
         probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
         probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
+        // Before the syscall programs: no entry may stay on a CPU its task has left.
+        probes.attach_raw_tracepoint(collector, programs::SCHED_SWITCH, "sched_switch")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_ENTER, "sys_enter")?;
         Ok(Self {

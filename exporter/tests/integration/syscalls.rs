@@ -130,6 +130,72 @@ fn latency_histogram_of_known_sleeps() {
     assert_eq!(bucket("+Inf"), K as f64);
 }
 
+/// A call whose task is switched out mid-call leaves the CPU's fast path: its entry is kept in
+/// the thread's storage at the switch and found at the exit on the other CPU. Every such call
+/// must still be counted once, with its whole duration.
+#[test]
+fn calls_switched_out_and_resumed_on_another_cpu_are_exact() {
+    if !require_root("calls_switched_out_and_resumed_on_another_cpu_are_exact") {
+        return;
+    }
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("skipped: needs two CPUs to move a sleeping thread between them");
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must run this on two CPUs"
+        );
+        return;
+    }
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-migrate");
+    const K: u64 = 12;
+    const MS: u64 = 20;
+    let out = cg
+        .command(workload_bin())
+        .args(["sleep-migrating", &K.to_string(), &MS.to_string()])
+        .output()
+        .expect("spawn workload");
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let field = |name: &str| -> f64 {
+        stderr
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+            .unwrap_or_else(|| panic!("workload prints {name}: {stderr}"))
+    };
+    // The scenario happened: every sleep returned on the other CPU.
+    assert_eq!(field("migrated"), K as f64, "sleeps that returned on CPU 1");
+
+    let samples = parse_samples(&exporter.scrape());
+    let labels = [("cgroup", cg.rel.as_str()), ("syscall", "nanosleep")];
+    assert_eq!(
+        sum(&samples, "sysscope_syscalls_total", &labels),
+        K as f64,
+        "nanosleep calls"
+    );
+    let total = sum(&samples, "sysscope_syscall_duration_seconds_sum", &labels);
+    let truth = field("slept_ns") / 1e9;
+    let asked = (K * MS) as f64 / 1e3;
+    assert!(total >= asked, "sum {total}s below the {asked}s asked for");
+    assert!(
+        total <= truth,
+        "sum {total}s above the {truth}s the child measured around its calls"
+    );
+    // 20 ms lies in (16.8 ms, 67.1 ms].
+    let mut le = labels.to_vec();
+    le.push(("le", "0.067108864"));
+    assert_eq!(
+        sum(&samples, "sysscope_syscall_duration_seconds_bucket", &le),
+        K as f64
+    );
+    le.pop();
+    le.push(("le", "0.016777216"));
+    assert_eq!(
+        sum(&samples, "sysscope_syscall_duration_seconds_bucket", &le),
+        0.0
+    );
+}
+
 #[test]
 fn counters_survive_reclaim_and_sum_over_processes() {
     if !require_root("counters_survive_reclaim_and_sum_over_processes") {
