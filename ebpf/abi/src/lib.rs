@@ -430,8 +430,10 @@ pub struct CpuState {
     pub nr: u32,
     /// The descriptor of the call in flight, classified at entry.
     pub fd: FdClass,
-    /// The last descriptor classified on this CPU.
-    pub fd_cache: FdCache,
+    /// The descriptors last classified on this CPU, [`CpuState::FD_CACHE_ENTRIES`] of them,
+    /// the entry chosen by descriptor number and task: two threads that take turns on a CPU
+    /// (a pipe's reader and writer) keep their own.
+    pub fd_cache: [FdCache; CpuState::FD_CACHE_ENTRIES],
     /// The CPU's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
     pub slots: [u64; slot_cache::ENTRIES],
 }
@@ -439,6 +441,14 @@ pub struct CpuState {
 impl CpuState {
     /// `generation` of a CPU whose identity was never read.
     pub const NO_IDENTITY: u64 = u64::MAX;
+    /// Entries of `fd_cache` (a power of two).
+    pub const FD_CACHE_ENTRIES: usize = 8;
+
+    /// The `fd_cache` entry of descriptor `fd` of the task at `task`.
+    #[inline(always)]
+    pub fn fd_cache_entry(task: u64, fd: u64) -> usize {
+        ((fd ^ (task >> 10)) as usize) & (Self::FD_CACHE_ENTRIES - 1)
+    }
 }
 
 /// A call in flight whose task was switched out mid-call (it blocked, or was preempted), kept
@@ -479,17 +489,20 @@ pub mod slot_cache {
         (nr as usize & (SETS - 1)) * WAYS
     }
 
-    /// The tag of syscall `nr` on a descriptor of class `fd` cached under `epoch`. Bit 15 is
-    /// always set, so a zeroed entry is empty. The syscall number takes the low 9 bits and the
-    /// descriptor's kind and filesystem a few more: classes that share a tag only miss.
+    /// The tag of syscall `nr` of process `tgid` on a descriptor of class `fd` cached under
+    /// `epoch`. Bit 15 is always set, so a zeroed entry is empty. The syscall number takes the
+    /// low 9 bits, the descriptor's kind and filesystem a few more, and a hash of the process
+    /// is mixed in, so two processes taking turns on a CPU with the same syscall hold one way
+    /// each: keys that share a tag only miss.
     #[inline(always)]
-    pub fn tag(epoch: u64, nr: u32, fd: &super::FdClass) -> u32 {
+    pub fn tag(epoch: u64, tgid: u32, nr: u32, fd: &super::FdClass) -> u32 {
         // Six bits of a multiplicative hash of the class: the kinds and the usual filesystems
         // (ext4, xfs, btrfs, tmpfs, NFS, FUSE, overlay, Ceph, Lustre, GPFS) all differ.
         let class = ((fd.kind as u32).wrapping_mul(0x27D4_EB2F)
             ^ fd.fs_magic.wrapping_mul(0x1656_67B1))
             >> 26;
-        ((epoch as u32) << 16) | 0x8000 | ((nr ^ (class << 9)) & 0x7fff)
+        let process = tgid.wrapping_mul(0x9E37_79B1) >> 17;
+        ((epoch as u32) << 16) | 0x8000 | ((nr ^ (class << 9) ^ process) & 0x7fff)
     }
 
     /// An entry: the tag in the high half, the slot in the low half.
@@ -1073,34 +1086,57 @@ mod slot_cache_tests {
     #[test]
     fn entries_hit_only_their_syscall_class_and_epoch() {
         use super::{fd_class, FdClass};
+        const TGID: u32 = 4321;
         let none = FdClass::NONE;
-        let e = entry(tag(7, 0, &none), 1234);
-        assert_eq!(hit(e, tag(7, 0, &none)), Some(1234));
+        let e = entry(tag(7, TGID, 0, &none), 1234);
+        assert_eq!(hit(e, tag(7, TGID, 0, &none)), Some(1234));
         // Another syscall, or any later epoch, misses.
-        assert_eq!(hit(e, tag(7, 8, &none)), None);
-        assert_eq!(hit(e, tag(8, 0, &none)), None);
+        assert_eq!(hit(e, tag(7, TGID, 8, &none)), None);
+        assert_eq!(hit(e, tag(8, TGID, 0, &none)), None);
         // The same syscall on another kind of descriptor or another filesystem misses.
         let ext4 = FdClass::of(fd_class::FILE, 0xEF53);
         let tmpfs = FdClass::of(fd_class::FILE, 0x0102_1994);
         let pipe = FdClass::of(fd_class::PIPE, 0);
-        let f = entry(tag(7, 0, &ext4), 99);
-        assert_eq!(hit(f, tag(7, 0, &ext4)), Some(99));
+        let f = entry(tag(7, TGID, 0, &ext4), 99);
+        assert_eq!(hit(f, tag(7, TGID, 0, &ext4)), Some(99));
         for other in [none, tmpfs, pipe] {
-            assert_eq!(hit(f, tag(7, 0, &other)), None, "{other:?}");
+            assert_eq!(hit(f, tag(7, TGID, 0, &other)), None, "{other:?}");
         }
-        // A zeroed entry never hits, whatever the epoch, number and class (bit 15 of every tag
-        // is set).
+        // A zeroed entry never hits, whatever the epoch, process, number and class (bit 15 of
+        // every tag is set).
         for epoch in [0, 1, u64::from(u16::MAX)] {
             for nr in [0, 1, 0x7fff, 0x8000, u32::MAX] {
                 for class in [none, ext4, pipe] {
-                    assert_eq!(
-                        hit(0, tag(epoch, nr, &class)),
-                        None,
-                        "epoch {epoch}, nr {nr}"
-                    );
+                    for tgid in [0, 1, TGID, u32::MAX] {
+                        assert_eq!(
+                            hit(0, tag(epoch, tgid, nr, &class)),
+                            None,
+                            "epoch {epoch}, tgid {tgid}, nr {nr}"
+                        );
+                    }
                 }
             }
         }
+    }
+
+    #[test]
+    fn processes_taking_turns_on_a_cpu_mostly_differ() {
+        // Consecutive and scattered pids: the same syscall of two processes should almost
+        // never share a tag (a shared tag only costs a miss, but the two would then evict
+        // each other from a set).
+        let none = super::FdClass::NONE;
+        let pids = || (1000..1100u32).chain((1..100u32).map(|i| i * 7919));
+        let mut same = 0;
+        for a in pids() {
+            for b in pids() {
+                if a != b && tag(3, a, 0, &none) == tag(3, b, 0, &none) {
+                    same += 1;
+                }
+            }
+        }
+        let n = pids().count();
+        let pairs = n * (n - 1);
+        assert!(same * 100 < pairs, "{same} of {pairs} pairs share a tag");
     }
 
     #[test]
@@ -1189,6 +1225,9 @@ const _: () = {
     assert!(size_of::<TraceThread>() == 96);
     assert!(size_of::<FdCache>() == 24);
     assert!(size_of::<ThreadSpill>() == 24);
-    assert!(size_of::<CpuState>() == 48 + 24 + 8 * slot_cache::ENTRIES);
+    assert!(
+        size_of::<CpuState>()
+            == 48 + size_of::<FdCache>() * CpuState::FD_CACHE_ENTRIES + 8 * slot_cache::ENTRIES
+    );
     assert!(size_of::<TraceEvent>() == 248);
 };

@@ -9,8 +9,6 @@
 use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task_btf};
 use sysscope_abi::{fd_class, FdCache, FdClass, FdProbeConfig, NO_FIELD};
 
-use crate::common::read_syscall_arg0;
-
 /// Set by the loader from kernel BTF; `ready == 0` (nothing classified) until then.
 #[unsafe(no_mangle)]
 static FD_CONFIG: FdProbeConfig = FdProbeConfig::UNSET;
@@ -36,23 +34,21 @@ unsafe fn load<T: Copy>(base: *const u8, off: u32) -> T {
     unsafe { core::ptr::read(base.add(off as usize) as *const T) }
 }
 
-/// The class of the current call's descriptor (its first argument, read from `regs`), packed (`kind << 32 | fs_magic`, as BPF
+/// The class of the current task's descriptor `fd`, packed (`kind << 32 | fs_magic`, as BPF
 /// functions return one register): 0 until the loader set the offsets, [`fd_class::OTHER`]
 /// for a descriptor not open or not readable. A BPF subprogram, so the syscall entry's
 /// verification stays small.
 ///
 /// The task's file table is walked through BTF-typed pointers (plain loads); the descriptor's
 /// file and inode are read with `bpf_probe_read_kernel`, and the inode's mode and superblock
-/// only when the (file, inode) pair differs from the thread's last one.
+/// only when the (file, inode) pair differs from the one `cache` holds.
 #[inline(never)]
-pub fn classify(regs: *const u8, cache: &mut FdCache) -> u64 {
+pub fn classify(fd: u64, cache: &mut FdCache) -> u64 {
     // SAFETY: a loader-set global.
     let cfg = unsafe { core::ptr::read_volatile(&FD_CONFIG) };
     if cfg.ready == 0 {
         return 0;
     }
-    // TP_PROTO(struct pt_regs *regs, long id): the descriptor is the first argument.
-    let fd = read_syscall_arg0(regs);
     let other = (fd_class::OTHER as u64) << 32;
     // SAFETY: the helper has no preconditions; it returns the current task, BTF-typed.
     let task = unsafe { bpf_get_current_task_btf() } as *const u8;

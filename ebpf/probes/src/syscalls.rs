@@ -63,7 +63,7 @@ use sysscope_abi::{
     INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
-use crate::common::{count_drop, read_syscall_args, EEXIST};
+use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
 
 /// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
 /// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
@@ -300,10 +300,11 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     cpu.nr = nr;
     cpu.fd = if fd_class::classified(nr) {
         // The descriptor is the first argument, in the `pt_regs` of the tracepoint.
-        crate::fd_class::unpack(crate::fd_class::classify(
-            ctx.arg::<*const u8>(0),
-            &mut cpu.fd_cache,
-        ))
+        let fd = read_syscall_arg0(ctx.arg::<*const u8>(0));
+        match cpu.fd_cache.get_mut(CpuState::fd_cache_entry(cpu.task, fd)) {
+            Some(cache) => crate::fd_class::unpack(crate::fd_class::classify(fd, cache)),
+            None => FdClass::NONE,
+        }
     } else {
         FdClass::NONE
     };
@@ -457,7 +458,7 @@ fn take_spill() -> Option<(u64, u32, FdClass)> {
 fn record_duration(cpu: &mut CpuState, key: &SyscallKey, duration: u64) {
     let bucket = hist::bucket_index(duration);
     let epoch = SLOT_EPOCH.get(0).copied().unwrap_or(0);
-    let tag = slot_cache::tag(epoch, key.nr, &key.fd);
+    let tag = slot_cache::tag(epoch, key.tgid, key.nr, &key.fd);
     let set = slot_cache::set_of(key.nr);
     let (Some(&first), Some(&second)) = (cpu.slots.get(set), cpu.slots.get(set + 1)) else {
         return;

@@ -178,7 +178,9 @@ pub fn trace_sys_exit(ctx: RawTracePointContext) -> i32 {
 #[inline(always)]
 fn classify(nr: u32, regs: *const u8, state: &mut TraceThread) -> FdClass {
     if fd_class::classified(nr) {
-        crate::fd_class::unpack(crate::fd_class::classify(regs, &mut state.fd_cache))
+        // TP_PROTO(struct pt_regs *regs, long id): the descriptor is the first argument.
+        let fd = crate::common::read_syscall_arg0(regs);
+        crate::fd_class::unpack(crate::fd_class::classify(fd, &mut state.fd_cache))
     } else {
         FdClass::NONE
     }
