@@ -1,18 +1,15 @@
-//! The target's block I/O for `sysscope trace`: the block probes (`block_io_start`,
-//! `block_rq_issue`, `block_rq_complete`) loaded with the global `BLOCK_TRACE` set, so they
-//! record only the requests of the trace target (decided in the kernel when a request is
-//! submitted, with the trace filter applied to the task it is charged to, see
-//! `ebpf/probes/src/block_io.rs`). Reads `BLOCK_STATS` for exact cumulative totals per
-//! (device, op) and drains `TRACE_BLOCK_EVENTS` for the individual requests; requests the
-//! ring buffer could not hold are counted in `PROBE_COUNTERS[TRACE_BLOCK_RINGBUF_FULL]`.
+//! The target's block I/O for `sysscope trace`: the block probes loaded with the global
+//! `BLOCK_TRACE` set, so they record only the requests of the trace target (decided in the
+//! kernel when a request is submitted, with the trace filter applied to the task it is charged
+//! to, see `ebpf/probes/src/block_io.rs`), attached and read through the kernel layer's
+//! [`BlockTrace`]. Here the entries of `BLOCK_STATS` become exact cumulative totals per
+//! (device, op), and the requests streamed to `TRACE_BLOCK_EVENTS` go to the sink; requests
+//! the ring buffer could not hold are counted in `PROBE_COUNTERS[TRACE_BLOCK_RINGBUF_FULL]`.
 //!
 //! Optional by design: when the kernel lacks the tracepoints or the request layout, or the
 //! config turns block I/O off, the trace runs without these tracks and says why.
 
-use std::os::fd::AsRawFd;
-
-use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
-use sysscope_abi::{maps, programs, BlockKey, BlockStats, BlockTraceEvent};
+use sysscope_abi::{BlockKey, BlockStats};
 
 use super::{
     sink::{BlockTotals, EventSink},
@@ -20,13 +17,13 @@ use super::{
 };
 use crate::{
     config::Config,
-    kernel::block_io::{self, BlockIoPlan, SUBMIT_TRACEPOINT},
+    kernel::block_io::{self, BlockIoPlan, BlockTrace},
     kernel::Probes,
     metadata::cgroups,
     util::error::Chain,
 };
 
-/// The name the block programs are attached under (for detaching them on failure).
+/// The name the block programs are attached (and, on failure, detached) under.
 const ATTACHED_AS: &str = "trace_block_io";
 
 /// What the kernel offers for block tracks, or why there are none (shown on stderr).
@@ -38,10 +35,9 @@ pub(crate) fn plan(config: &Config) -> Result<BlockIoPlan, String> {
     block_io::plan(config, &root).map_err(|e| Chain(&e).to_string())
 }
 
-/// The attached block probes and the maps the trace reads.
+/// The attached block probes, with what the trace has read of them.
 pub(crate) struct BlockStream {
-    ring: RingBuf<MapData>,
-    stats: BpfHashMap<MapData, BlockKey, BlockStats>,
+    trace: BlockTrace,
     /// Requests received so far.
     pub received: u64,
     totals: BlockTotals,
@@ -63,22 +59,10 @@ pub(crate) fn add_entry(totals: &mut BlockTotals, key: &BlockKey, stats: &BlockS
 }
 
 impl BlockStream {
-    /// Takes the maps and attaches the block programs (completion first, as the exporter
+    /// Attaches the block probes to `block_io.tracepoints` (completion first, as the exporter
     /// does). The object must have been loaded with `plan.probe` and `block_trace` set.
     /// On failure nothing stays attached and the error says what failed.
     pub(crate) fn attach(
-        probes: &mut Probes,
-        config: &Config,
-        plan: &BlockIoPlan,
-    ) -> Result<Self, CliError> {
-        let result = Self::try_attach(probes, config, plan);
-        if result.is_err() {
-            probes.detach_collector(ATTACHED_AS);
-        }
-        result
-    }
-
-    fn try_attach(
         probes: &mut Probes,
         config: &Config,
         plan: &BlockIoPlan,
@@ -89,32 +73,9 @@ impl BlockStream {
                 config.block_io.tracepoints
             )));
         };
-        let stats =
-            BpfHashMap::try_from(probes.take_map(maps::BLOCK_STATS)?).map_err(|source| {
-                CliError::Map {
-                    map: maps::BLOCK_STATS,
-                    source,
-                }
-            })?;
-        let ring =
-            RingBuf::try_from(probes.take_map(maps::TRACE_BLOCK_EVENTS)?).map_err(|source| {
-                CliError::Map {
-                    map: maps::TRACE_BLOCK_EVENTS,
-                    source,
-                }
-            })?;
-        probes.attach_raw_tracepoint(ATTACHED_AS, programs::BLOCK_RQ_COMPLETE, complete)?;
-        probes.attach_raw_tracepoint(ATTACHED_AS, programs::BLOCK_RQ_ISSUE, issue)?;
-        if plan.attribute_at_submit {
-            probes.attach_raw_tracepoint(
-                ATTACHED_AS,
-                programs::BLOCK_IO_START,
-                SUBMIT_TRACEPOINT,
-            )?;
-        }
+        let trace = BlockTrace::attach(probes, ATTACHED_AS, issue, complete, plan)?;
         Ok(Self {
-            ring,
-            stats,
+            trace,
             received: 0,
             totals: BlockTotals::new(),
         })
@@ -122,24 +83,12 @@ impl BlockStream {
 
     /// The ring buffer's descriptor, to poll together with the syscall stream.
     pub(crate) fn fd(&self) -> i32 {
-        self.ring.as_raw_fd()
+        self.trace.fd()
     }
 
     /// Hands every request waiting in the ring buffer to `sink`.
     pub(crate) fn drain(&mut self, sink: &mut dyn EventSink) -> u64 {
-        let mut n = 0;
-        while let Some(item) = self.ring.next() {
-            if item.len() < std::mem::size_of::<BlockTraceEvent>() {
-                continue;
-            }
-            // SAFETY: the record holds at least one BlockTraceEvent (checked above), written
-            // by the probes with this layout; read_unaligned copes with any alignment.
-            let event =
-                unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<BlockTraceEvent>()) };
-            drop(item);
-            sink.block_event(&event);
-            n += 1;
-        }
+        let n = self.trace.drain(|event| sink.block_event(event));
         self.received += n;
         n
     }
@@ -148,16 +97,15 @@ impl BlockStream {
     /// requests, so every entry counts. A walk cut short by an error keeps the last totals.
     pub(crate) fn totals(&mut self) -> &BlockTotals {
         let mut totals = BlockTotals::new();
-        for item in self.stats.iter() {
-            match item {
-                Ok((key, stats)) => add_entry(&mut totals, &key, &stats),
-                Err(e) => {
-                    tracing::debug!(error = %e, "reading BLOCK_STATS; keeping the last totals");
-                    return &self.totals;
-                }
+        match self
+            .trace
+            .read_stats(|key, stats| add_entry(&mut totals, key, stats))
+        {
+            Ok(()) => self.totals = totals,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading BLOCK_STATS; keeping the last totals");
             }
         }
-        self.totals = totals;
         &self.totals
     }
 }

@@ -1,13 +1,12 @@
 //! The measuring loop shared by `summary`, `trace` and `diagnose`: load the probes for the
-//! target, start it, read the syscall maps and/or the trace stream (and, for `trace`, the
-//! target's block I/O, see [`super::block`]) until the session ends, and report what the
-//! probes dropped.
+//! target, point their filter at it, start it, read the syscall maps and/or the trace stream
+//! (`crate::kernel::trace`; and, for `trace`, the target's block I/O, see [`super::block`])
+//! until the session ends, and report what the probes dropped.
 
 use std::time::{Duration, Instant};
 
 use super::{
     block::{self, BlockStream},
-    events::{set_target_filter, EventStream},
     profile::{DropCounters, ProbeDrops, Profile, ProfileReader},
     progress::{thousands, Progress},
     session::{Session, StopReason},
@@ -16,7 +15,7 @@ use super::{
 };
 use crate::{
     config::Config,
-    kernel::{self, Probes},
+    kernel::{self, trace::TraceEvents, Probes},
     util::error::Chain,
 };
 
@@ -67,6 +66,20 @@ pub(crate) fn tool_config(config: &Config) -> Config {
     let mut c = config.clone();
     c.slow_calls.enabled = false;
     c
+}
+
+/// Points the probes' in-kernel trace filter at the session's target (its cgroup, or its
+/// pid). The probes must have been loaded with `session.load_options()`.
+fn set_target_filter(probes: &mut Probes, session: &Session) -> Result<(), CliError> {
+    let cgroup = match session.cgroup_dir() {
+        Some(dir) => Some(
+            std::fs::File::open(dir)
+                .map_err(|e| CliError::io(format!("opening {}", dir.display()), e))?,
+        ),
+        None => None,
+    };
+    kernel::trace::set_target_filter(probes, cgroup.as_ref(), session.pid())?;
+    Ok(())
 }
 
 fn read_cpu_stat(session: &Session) -> Option<CpuUsage> {
@@ -121,7 +134,7 @@ pub(crate) fn run(
         None
     };
     let mut stream = if wants.events {
-        Some(EventStream::attach(&mut probes, tool)?)
+        Some(TraceEvents::attach(&mut probes, tool)?)
     } else {
         None
     };
@@ -165,7 +178,7 @@ pub(crate) fn run(
         match stream.as_mut() {
             Some(s) => {
                 s.wait(TICK, blocks.as_ref().map(BlockStream::fd));
-                s.drain(sink);
+                s.drain(|e| sink.event(e));
             }
             None => std::thread::sleep(TICK),
         }
@@ -201,7 +214,7 @@ pub(crate) fn run(
         r.poll_into(&mut profile, |cg, tgid| filter.matches(cg, tgid));
     }
     if let Some(s) = stream.as_mut() {
-        s.drain(sink);
+        s.drain(|e| sink.event(e));
     }
     // Direct I/O completes before the call that issued it returns: by now every request of
     // an exited command is in the maps.

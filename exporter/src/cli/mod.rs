@@ -4,14 +4,14 @@
 //! probes as the exporter but loaded by the tool itself, for one target: a command run in a
 //! fresh cgroup of its own (`-- CMD`), a process (`--pid`) or a cgroup (`--cgroup`).
 //! `session` owns the target (spawning, waiting, stopping, the cgroup's removal),
-//! `profile` reads the syscall maps (`SYSCALL_STATS`, `SYSCALL_ERRORS`, `PROCESS_EXITS`)
-//! into per-syscall totals, `events` streams `TRACE_EVENTS` and `block` the target's block
-//! requests into `sink`, the leaf every tool implements (the streams never import a tool); one
-//! module per subcommand renders the result.
+//! `profile` turns the syscall maps (`SYSCALL_STATS`, `SYSCALL_ERRORS`, `PROCESS_EXITS`) into
+//! per-syscall totals, `measure` hands the trace records and `block` the target's block
+//! requests to `sink`, the leaf every tool implements (the streams never import a tool); one
+//! module per subcommand renders the result. Every map and program is reached through the
+//! kernel layer (`crate::kernel`): the tools decode, filter and render only.
 
 pub(crate) mod block;
 pub mod diagnose;
-pub(crate) mod events;
 pub(crate) mod measure;
 pub(crate) mod profile;
 pub(crate) mod progress;
@@ -60,12 +60,6 @@ pub enum CliError {
         what: String,
         #[source]
         source: std::io::Error,
-    },
-    #[error("reading map {map}")]
-    Map {
-        map: &'static str,
-        #[source]
-        source: aya::maps::MapError,
     },
     #[error("{what}: {message}")]
     Fetch { what: String, message: String },

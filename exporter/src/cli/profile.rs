@@ -6,16 +6,17 @@
 //! The probes count every process of the node; [`ProfileReader::poll`] keeps what matches
 //! the target's filter and, like the exporter, reclaims the entries of exited processes once
 //! read (their values stay in the totals), so a long run over many short-lived processes
-//! never fills the kernel map. Drops the probes counted are read from `PROBE_COUNTERS`.
+//! never fills the kernel map. Drops the probes counted are read from `PROBE_COUNTERS`
+//! through [`crate::kernel::counters`].
 
 use std::collections::{BTreeMap, HashSet};
 
-use aya::maps::{MapData, PerCpuArray};
 use serde::Serialize;
-use sysscope_abi::{counters, hist, maps, ErrnoKey, FdClass, SyscallKey, SyscallStats};
+use sysscope_abi::{counters, hist, ErrnoKey, FdClass, SyscallKey, SyscallStats};
 
 use super::CliError;
 use crate::{
+    kernel::counters::ProbeCounters,
     kernel::cumulative::{Counters, Tracker},
     kernel::syscalls::SyscallMaps,
     kernel::Probes,
@@ -195,28 +196,21 @@ pub struct ProbeDrops {
     pub block_ring_buffer_full: u64,
 }
 
-/// Reads `PROBE_COUNTERS` (what the probes could not record).
+/// The drops of [`ProbeDrops`], from `PROBE_COUNTERS` (what the probes could not record).
+#[derive(Debug)]
 pub struct DropCounters {
-    map: PerCpuArray<MapData, u64>,
+    counters: ProbeCounters,
 }
 
 impl DropCounters {
     pub fn take(probes: &mut Probes) -> Result<Self, CliError> {
-        let map =
-            PerCpuArray::try_from(probes.take_map(maps::PROBE_COUNTERS)?).map_err(|source| {
-                CliError::Map {
-                    map: maps::PROBE_COUNTERS,
-                    source,
-                }
-            })?;
-        Ok(Self { map })
+        Ok(Self {
+            counters: ProbeCounters::take(probes)?,
+        })
     }
 
     fn get(&self, index: u32) -> u64 {
-        self.map
-            .get(&index, 0)
-            .map(|v| v.iter().fold(0u64, |a, x| a.wrapping_add(*x)))
-            .unwrap_or(0)
+        self.counters.get(index).unwrap_or(0)
     }
 
     pub fn read(&self) -> ProbeDrops {

@@ -1,21 +1,25 @@
 //! The block I/O probe family (`ebpf/probes/src/block_io.rs`) from user space: what the
 //! probes need to know of the running kernel before the load (the offsets of `struct request`
 //! and friends in its BTF, global `BLOCK_CONFIG`, see [`plan`]), the sizes of its maps, and
-//! attaching its programs with its maps taken: `BLOCK_STATS` and `BLOCK_LATENCY` (cumulative,
-//! read through [`HashReader`]) and `BLOCK_INFLIGHT` (requests issued and not yet completed).
-//! The block I/O collector and `sysscope trace`'s block tracks use it.
+//! attaching its programs (`block_rq_issue`, `block_rq_complete`, `block_io_start`) with its maps
+//! taken: `BLOCK_STATS` and `BLOCK_LATENCY` (cumulative, read through [`HashReader`]) and
+//! `BLOCK_INFLIGHT` (requests issued and not yet completed) for the block I/O collector
+//! ([`BlockMaps`]); `BLOCK_STATS` and the `TRACE_BLOCK_EVENTS` ring buffer of the trace
+//! target's requests for `sysscope trace`'s block tracks ([`BlockTrace`]).
 
-use std::path::Path;
+use std::{os::fd::AsRawFd, path::Path};
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError, RingBuf};
 use sysscope_abi::{
     block_op, maps, programs, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
-    BlockProbeConfig, BlockStats,
+    BlockProbeConfig, BlockStats, BlockTraceEvent,
 };
 
 use super::{
     btf::{Btf, BtfError, MemberKind},
     cumulative::HashReader,
+    read_err,
+    trace::drain_ring,
     ProbeError, Probes,
 };
 use crate::{config::Config, util::error::Chain};
@@ -80,32 +84,91 @@ impl BlockMaps {
         );
         let inflight = BpfHashMap::try_from(probes.take_map(maps::BLOCK_INFLIGHT)?)
             .map_err(map_err(maps::BLOCK_INFLIGHT))?;
-        // Completion first: once requests are recorded, their completions are handled.
-        let attached = probes
-            .attach_raw_tracepoint(collector, programs::BLOCK_RQ_COMPLETE, complete_tp)
-            .and_then(|()| {
-                probes.attach_raw_tracepoint(collector, programs::BLOCK_RQ_ISSUE, issue_tp)
-            })
-            .and_then(|()| {
-                if plan.attribute_at_submit {
-                    probes.attach_raw_tracepoint(
-                        collector,
-                        programs::BLOCK_IO_START,
-                        SUBMIT_TRACEPOINT,
-                    )
-                } else {
-                    Ok(())
-                }
-            });
-        if let Err(e) = attached {
-            probes.detach_collector(collector);
-            return Err(e.into());
-        }
+        attach_programs(probes, collector, issue_tp, complete_tp, plan)?;
         Ok(Self {
             stats,
             latency,
             inflight,
         })
+    }
+}
+
+/// Attaches the block programs under `collector`: completion first (once requests are
+/// recorded, their completions are handled), then issue, then `block_io_start` when the kernel
+/// has it. On failure every program of `collector` is detached again.
+fn attach_programs(
+    probes: &mut Probes,
+    collector: &'static str,
+    issue: &str,
+    complete: &str,
+    plan: &BlockIoPlan,
+) -> Result<(), ProbeError> {
+    let attached = probes
+        .attach_raw_tracepoint(collector, programs::BLOCK_RQ_COMPLETE, complete)
+        .and_then(|()| probes.attach_raw_tracepoint(collector, programs::BLOCK_RQ_ISSUE, issue))
+        .and_then(|()| {
+            if plan.attribute_at_submit {
+                probes.attach_raw_tracepoint(collector, programs::BLOCK_IO_START, SUBMIT_TRACEPOINT)
+            } else {
+                Ok(())
+            }
+        });
+    if attached.is_err() {
+        probes.detach_collector(collector);
+    }
+    attached
+}
+
+/// The block probes attached in trace mode (the object loaded with the global `BLOCK_TRACE`
+/// set, [`super::LoadOptions::block_trace`]): `BLOCK_STATS` then holds only the trace
+/// target's requests, and each of them is also streamed to `TRACE_BLOCK_EVENTS`.
+pub struct BlockTrace {
+    ring: RingBuf<MapData>,
+    stats: BpfHashMap<MapData, BlockKey, BlockStats>,
+}
+
+impl std::fmt::Debug for BlockTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockTrace").finish_non_exhaustive()
+    }
+}
+
+impl BlockTrace {
+    /// Takes `BLOCK_STATS` and `TRACE_BLOCK_EVENTS` and attaches the block programs to
+    /// `issue` and `complete` under `collector`. The object must have been loaded with
+    /// `plan.probe` and `block_trace` set. On failure nothing stays attached.
+    pub fn attach(
+        probes: &mut Probes,
+        collector: &'static str,
+        issue: &str,
+        complete: &str,
+        plan: &BlockIoPlan,
+    ) -> Result<Self, ProbeError> {
+        let stats = BpfHashMap::try_from(probes.take_map(maps::BLOCK_STATS)?)
+            .map_err(read_err(maps::BLOCK_STATS))?;
+        let ring = RingBuf::try_from(probes.take_map(maps::TRACE_BLOCK_EVENTS)?)
+            .map_err(read_err(maps::TRACE_BLOCK_EVENTS))?;
+        attach_programs(probes, collector, issue, complete, plan)?;
+        Ok(Self { ring, stats })
+    }
+
+    /// The ring buffer's descriptor, to poll together with the syscall stream.
+    pub fn fd(&self) -> i32 {
+        self.ring.as_raw_fd()
+    }
+
+    /// Hands every request waiting in `TRACE_BLOCK_EVENTS` to `each`; returns how many.
+    pub fn drain(&mut self, each: impl FnMut(&BlockTraceEvent)) -> u64 {
+        drain_ring(&mut self.ring, each)
+    }
+
+    /// Hands every `BLOCK_STATS` entry to `each`; an error ends the walk early.
+    pub fn read_stats(&self, mut each: impl FnMut(&BlockKey, &BlockStats)) -> Result<(), MapError> {
+        for item in self.stats.iter() {
+            let (key, stats) = item?;
+            each(&key, &stats);
+        }
+        Ok(())
     }
 }
 

@@ -16,6 +16,7 @@
 pub mod block_io;
 pub mod bpf_batch;
 pub mod btf;
+pub mod counters;
 pub mod cumulative;
 pub mod fd_class;
 pub mod features;
@@ -23,6 +24,7 @@ pub mod features;
 mod object_contract;
 pub mod probe_stats;
 pub mod syscalls;
+pub mod trace;
 
 use std::time::Duration;
 
@@ -102,10 +104,23 @@ pub enum ProbeError {
         #[source]
         source: aya::maps::MapError,
     },
+    /// A map the command-line tools take or fill could not be opened as the type they use.
+    #[error("reading map {map}")]
+    Read {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
     /// The syscall statistics table refused its maps (its own error, from the kernel layer's
     /// syscall family; boxed so the loader does not depend on that family).
     #[error("the syscall statistics table")]
     StatsTable(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// The error for a map that is in the object but cannot be opened or filled as the tools use
+/// it (see [`ProbeError::Read`]).
+pub(crate) fn read_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> ProbeError {
+    move |source| ProbeError::Read { map, source }
 }
 
 /// Fault injection for tests and drills: programs named in this environment variable

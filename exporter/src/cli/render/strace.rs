@@ -3,7 +3,7 @@
 
 use sysscope_abi::{trace_flags, TraceEvent};
 
-use crate::cli::events::path_arg;
+use crate::kernel::trace::path_arg;
 use crate::{metadata::processes::comm_from_bytes, syscall_table};
 
 /// Argument counts of common syscalls; others show all six registers.
