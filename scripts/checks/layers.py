@@ -4,7 +4,9 @@ Reads every `crate::` and `super::` path in exporter/src (use statements, brace 
 and paths written inline), maps each to the deepest module file it names, and fails when
   - two files import each other, directly or through others (an import cycle);
   - a file imports a file of a layer it may not use;
-  - a file belongs to no layer ("assign a layer" in LAYERS below and in the docs).
+  - a file belongs to no layer ("assign a layer" in LAYERS below and in the docs);
+  - a file names a crate its layer may not use (NO_CRATES below: the CLI reaches maps and
+    programs only through the kernel layer, so it names no `aya` item).
 Comments and `#[cfg(test)] mod tests` are left out: tests may reach anywhere.
 
 Known breaches that cannot be moved yet are listed in EXCEPTIONS (imports) and CYCLE_EXCEPTIONS
@@ -48,6 +50,11 @@ LAYERS = [
 # layer and labels, never through the exporter's collectors, agent or exposition.
 USES = {
     "cli": {"util", "build_info", "config", "kernel", "labels", "cli"},
+}
+
+# Layers that may not name these external crates (in `use` or inline paths).
+NO_CRATES = {
+    "cli": {"aya"},
 }
 
 # (importing file, imported file): why it is allowed for now. Remove an entry when the move
@@ -253,6 +260,11 @@ def main():
         src_layer = layer_of(f)[1]
         if src_layer is None:
             continue
+        text = strip(open(os.path.join(src, f), encoding="utf-8").read())
+        for crate in sorted(NO_CRATES.get(src_layer, ())):
+            if re.search(rf"(?<![\w:]){crate}::", text):
+                problems.append(f"{f} ({src_layer}) names the `{crate}` crate: the {src_layer} "
+                                "layer reaches it only through the kernel layer")
         for d in sorted(graph[f]):
             dst_layer = layer_of(d)[1]
             if dst_layer is None or allowed(src_layer, dst_layer):
