@@ -181,3 +181,23 @@ pub(crate) fn drain_ring<T: aya::Pod>(
     }
     n
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_arguments_are_found_by_syscall_number() {
+        let nr = |name| syscall_table::number(name).unwrap();
+        assert_eq!(path_arg(nr("openat")), Some(1));
+        assert_eq!(path_arg(nr("execve")), Some(0));
+        assert_eq!(path_arg(nr("symlinkat")), Some(2));
+        assert_eq!(path_arg(nr("read")), None);
+        // Syscalls take at most six arguments, and each is listed once.
+        let mut names: Vec<&str> = PATH_ARGS.iter().map(|(n, _)| *n).collect();
+        assert!(PATH_ARGS.iter().all(|(_, i)| *i < 6));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), PATH_ARGS.len());
+    }
+}
