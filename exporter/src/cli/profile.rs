@@ -246,7 +246,7 @@ impl ProfileReader {
     pub fn poll(&mut self, keep: impl Fn(u64, u32) -> bool) -> Deltas {
         // Exits first: an entry read after its process's exit record holds its final values.
         let mut out = Deltas::default();
-        for (tgid, exit) in self.maps.exits.iter().flatten() {
+        for (tgid, exit) in self.maps.exits.read() {
             out.exited.push((tgid, exit.comm));
         }
         let exited: HashSet<u32> = out.exited.iter().map(|(t, _)| *t).collect();
@@ -287,9 +287,7 @@ impl ProfileReader {
         self.errors.forget(self.maps.errors.remove(&stale_errors));
         self.stats.end(snapshot.complete);
         self.errors.end(snapshot_errors.complete);
-        for tgid in exited {
-            let _ = self.maps.exits.remove(&tgid);
-        }
+        self.maps.exits.forget(&exited);
         out
     }
 

@@ -153,8 +153,7 @@ impl SyscallCollector {
     fn read_exits(&mut self) -> HashSet<u32> {
         let mut exited = HashSet::new();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        for item in self.maps.exits.iter() {
-            let Ok((tgid, exit)) = item else { continue };
+        for (tgid, exit) in self.maps.exits.read() {
             labeler.comms.set_exited(tgid, &exit.comm);
             exited.insert(tgid);
         }
@@ -383,8 +382,8 @@ impl Collector for SyscallCollector {
                 .chain(self.error_entries.keys().map(|k| k.tgid))
                 .collect();
             let mut labeler = self.labeler.lock().expect("labeler lock");
+            self.maps.exits.forget(&exited);
             for tgid in &exited {
-                let _ = self.maps.exits.remove(tgid);
                 if !remaining.contains(tgid) {
                     labeler.comms.forget(*tgid);
                 }

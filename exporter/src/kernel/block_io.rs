@@ -54,8 +54,8 @@ pub struct BlockMaps {
 }
 
 impl BlockMaps {
-    /// Takes the block maps and attaches the probes to `block_io.tracepoints` (issue, then
-    /// completion), plus `block_io_start` when the kernel has it, recording them under
+    /// Takes the block maps and attaches the probes to `block_io.tracepoints` (completion,
+    /// then issue), plus `block_io_start` when the kernel has it, recording them under
     /// `collector`. The object must have been loaded with `plan.probe`. On failure nothing
     /// stays attached.
     pub fn attach(

@@ -52,7 +52,7 @@ pub fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 7] {
 pub struct SyscallMaps {
     pub stats: SyscallStatsTable,
     pub errors: HashReader<ErrnoKey, u64>,
-    pub exits: BpfHashMap<MapData, u32, ProcessExit>,
+    pub exits: ExitQueue,
 }
 
 impl SyscallMaps {
@@ -79,6 +79,7 @@ impl SyscallMaps {
                 .map_err(map_err(maps::SYSCALL_ERRORS))?,
         );
         let exits = BpfHashMap::try_from(probes.take_map(maps::PROCESS_EXITS)?)
+            .map(ExitQueue)
             .map_err(map_err(maps::PROCESS_EXITS))?;
         // Exit tracking first, so no process can exit unseen once syscalls are counted.
         probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
@@ -92,6 +93,29 @@ impl SyscallMaps {
             errors,
             exits,
         })
+    }
+}
+
+/// `PROCESS_EXITS`: the processes whose leader exited, queued by `sched_process_exit` with the
+/// name they had. The process's entries are read once more after its record is seen, then
+/// reclaimed, and only then is the record dropped: the one exit lifecycle of the syscall
+/// statistics, for the collector and the command-line tools alike.
+pub struct ExitQueue(BpfHashMap<MapData, u32, ProcessExit>);
+
+impl ExitQueue {
+    /// The records queued, as (tgid, record); a record that cannot be read is left for the
+    /// next read.
+    pub fn read(&self) -> Vec<(u32, ProcessExit)> {
+        self.0.iter().flatten().collect()
+    }
+
+    /// Drops the records of processes whose entries were read for the last time.
+    pub fn forget<'a>(&mut self, tgids: impl IntoIterator<Item = &'a u32>) {
+        for tgid in tgids {
+            // Already gone is fine: nothing else removes records, and a failed remove leaves
+            // the record for the next read, which finds the process's entries gone.
+            let _ = self.0.remove(tgid);
+        }
     }
 }
 
