@@ -1,12 +1,12 @@
 //! The agent: owns the loaded probes and the running collectors, refreshes them, and encodes
 //! their metric families plus sysscope's own (`sysscope_build_info`, `sysscope_collector_up`,
 //! `sysscope_probe_*`, `sysscope_map_*`, `sysscope_dropped_series_total`, ...).
-//! Maps read here: `PROBE_COUNTERS` (what the probes could not record); the kernel memory of
-//! every map sysscope holds comes from their fdinfo (`sysscope_map_memory_bytes`).
+//! Maps read here, through the kernel layer: `PROBE_COUNTERS` (what the probes could not
+//! record, `kernel::counters`); the kernel memory of every map sysscope holds comes from their
+//! fdinfo (`sysscope_map_memory_bytes`).
 
 use std::{borrow::Cow, time::Duration};
 
-use aya::maps::{MapData, PerCpuArray};
 use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeCounterValue, NoLabelSet},
     metrics::MetricType,
@@ -16,7 +16,7 @@ use sysscope_abi::{counters, maps};
 use crate::{
     build_info::{REVISION, VERSION},
     collectors::{Collector, CollectorError, Health},
-    kernel::{Probes, ProgramStats},
+    kernel::{counters::ProbeCounters, Probes, ProgramStats},
     util::error::Chain,
 };
 
@@ -119,7 +119,7 @@ struct Slot {
 pub struct Agent {
     slots: Vec<Slot>,
     probes: Option<Probes>,
-    probe_counters: Option<PerCpuArray<MapData, u64>>,
+    probe_counters: Option<ProbeCounters>,
     counter_values: Vec<u64>,
     extra_health: Vec<Box<dyn Fn() -> Health + Send>>,
     extra_families: Vec<ExtraFamilies>,
@@ -172,11 +172,7 @@ impl std::fmt::Debug for Agent {
 
 impl Agent {
     pub fn new(mut probes: Option<Probes>) -> Self {
-        let probe_counters = probes.as_mut().and_then(|p| {
-            p.take_map(maps::PROBE_COUNTERS)
-                .ok()
-                .and_then(|m| PerCpuArray::try_from(m).ok())
-        });
+        let probe_counters = probes.as_mut().and_then(|p| ProbeCounters::take(p).ok());
         Self {
             slots: Vec::new(),
             probes,
@@ -260,10 +256,11 @@ impl Agent {
         if self.probes.is_some() {
             self.map_memory = crate::kernel::map_memory();
         }
-        if let Some(map) = &self.probe_counters {
+        if let Some(counters) = &self.probe_counters {
             for (i, value) in self.counter_values.iter_mut().enumerate() {
-                if let Ok(per_cpu) = map.get(&(i as u32), 0) {
-                    *value = per_cpu.iter().fold(0u64, |a, v| a.wrapping_add(*v));
+                // A failed read keeps the last value: counters never go back.
+                if let Some(sum) = counters.get(i as u32) {
+                    *value = sum;
                 }
             }
         }

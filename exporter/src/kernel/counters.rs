@@ -1,7 +1,8 @@
 //! What the probes could not record: the per-CPU `PROBE_COUNTERS` array of
 //! `ebpf/probes/src/common.rs` (indices in `sysscope_abi::counters`), summed over CPUs. Every
 //! probe family counts its losses there (maps full, ring buffers full, half-seen events);
-//! the command-line tools read it through [`ProbeCounters`].
+//! the agent (for `sysscope_map_insert_failures_total` and the other loss counters) and the
+//! command-line tools read it through [`ProbeCounters`].
 
 use aya::maps::{MapData, PerCpuArray};
 use sysscope_abi::maps;
