@@ -168,23 +168,10 @@ fn main() {
             "sleep" => {
                 let n = num(args.get(i + 1));
                 let ms = num(args.get(i + 2));
-                let ts = libc::timespec {
-                    tv_sec: (ms / 1000) as libc::time_t,
-                    tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
-                };
                 // The time actually slept (a loaded machine oversleeps), on stderr for tests.
                 let mut slept = Duration::ZERO;
                 for _ in 0..n {
-                    let t = Instant::now();
-                    // SAFETY: valid timespec; a signal interruption would only shorten the sleep.
-                    unsafe {
-                        libc::syscall(
-                            libc::SYS_nanosleep,
-                            &ts as *const _,
-                            std::ptr::null_mut::<libc::timespec>(),
-                        )
-                    };
-                    slept += t.elapsed();
+                    slept += nanosleep_ms(ms);
                 }
                 eprintln!("slept_ns={}", slept.as_nanos());
                 i += 3;
@@ -393,6 +380,24 @@ fn main() {
     }
 }
 
+/// One `nanosleep` syscall of `ms` ms; returns the time it took as the caller saw it.
+fn nanosleep_ms(ms: u64) -> Duration {
+    let ts = libc::timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
+    };
+    let t = Instant::now();
+    // SAFETY: valid timespec; a signal interruption would only shorten the sleep.
+    unsafe {
+        libc::syscall(
+            libc::SYS_nanosleep,
+            &ts as *const _,
+            std::ptr::null_mut::<libc::timespec>(),
+        )
+    };
+    t.elapsed()
+}
+
 /// Sets the CPUs thread `tid` (0: the caller) may run on to `cpu` alone.
 fn set_affinity(tid: libc::pid_t, cpu: usize) -> std::io::Result<()> {
     if cpu >= libc::CPU_SETSIZE as usize {
@@ -417,24 +422,11 @@ fn sleep_migrating(n: u64, ms: u64) {
     let sleeper = std::thread::spawn(move || {
         // SAFETY: gettid has no preconditions.
         tid_tx.send(unsafe { libc::gettid() }).unwrap();
-        let ts = libc::timespec {
-            tv_sec: (ms / 1000) as libc::time_t,
-            tv_nsec: ((ms % 1000) * 1_000_000) as libc::c_long,
-        };
         let (mut slept, mut migrated) = (Duration::ZERO, 0u64);
         for _ in 0..n {
             set_affinity(0, 0).expect("pin the sleeper to CPU 0");
             asleep_tx.send(()).unwrap();
-            let t = Instant::now();
-            // SAFETY: valid timespec; a signal interruption would only shorten the sleep.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_nanosleep,
-                    &ts as *const _,
-                    std::ptr::null_mut::<libc::timespec>(),
-                )
-            };
-            slept += t.elapsed();
+            slept += nanosleep_ms(ms);
             // SAFETY: sched_getcpu has no preconditions.
             if unsafe { libc::sched_getcpu() } == 1 {
                 migrated += 1;
@@ -526,14 +518,19 @@ fn slow_pipe_read(n: u64, ms: u64, timed: bool) {
     }
 }
 
-fn monotonic_ns() -> u64 {
+/// Clock `clock` now, in ns.
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 fn slow_pipe_burst(n: u64, ms: u64) {
@@ -657,13 +654,7 @@ fn write_loop(path: &str, n: u64, bs: usize, fsync: bool) {
 
 /// CPU time this thread has used, in nanoseconds.
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// Runs `batch` on `threads` threads until `duration` has passed and prints the benchmark's
@@ -728,13 +719,7 @@ fn loop_getppid(duration: Duration, threads: usize) {
 
 /// CPU time of the whole process (every thread) in ns.
 fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
 fn pipe_pair() -> (i32, i32) {
