@@ -411,7 +411,7 @@ fn run_exporter(
             otlp::config::Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
         let (mut agent, labeler, mut report) = startup::start(&config)?;
         // Slow-call spans (and their self-metrics), before the agent is shared.
-        let otlp_stats = Arc::new(otlp::Stats::default());
+        let otlp_stats = Arc::new(otlp::Stats::new(agent.self_metrics()));
         let slow_calls = spans::SlowCalls::start(
             &config,
             &otlp_settings,
@@ -419,13 +419,11 @@ fn run_exporter(
             report.slow_events.take(),
             otlp_stats.clone(),
         )?;
-        agent.add_health(otlp_stats.health());
-        {
-            let stats = otlp_stats.clone();
-            let traces = slow_calls.sinks().otlp.is_some();
-            let metrics = otlp_settings.metrics.is_some();
-            agent.add_families(Box::new(move |e| stats.encode(e, traces, metrics)));
-        }
+        otlp_stats.register(
+            agent.self_metrics(),
+            slow_calls.sinks().otlp.is_some(),
+            otlp_settings.metrics.is_some(),
+        );
         // Everything is attached and the span reader runs: give up what running does not
         // need (see privileges.rs); threads started later inherit the reduced set.
         match privileges::drop_after_start(&config) {
@@ -444,10 +442,7 @@ fn run_exporter(
             }
         }
         let reload_stats = Arc::new(reload::ReloadStats::new());
-        {
-            let stats = reload_stats.clone();
-            agent.add_families(Box::new(move |e| stats.encode(e)));
-        }
+        reload_stats.register(agent.self_metrics());
         let agent = Arc::new(std::sync::Mutex::new(agent));
         let reloader = Arc::new(reload::Reloader::new(
             cli.config_file.clone(),

@@ -10,21 +10,15 @@
 
 use std::{
     path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex,
-    },
+    sync::{Arc, Mutex},
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use prometheus_client::{
-    encoding::{DescriptorEncoder, EncodeMetric},
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
-};
+use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 
 use crate::{
     agent::Agent,
-    collectors::CollectorError,
+    collectors::{self_metrics::SelfMetrics, CollectorError},
     config::{self, Config, ConfigError},
     util::error::Chain,
 };
@@ -50,13 +44,12 @@ pub enum ReloadError {
     },
 }
 
-/// Reload outcomes, for the self-metrics.
-#[derive(Debug)]
+/// Reload outcomes: typed handles registered with the self-metrics ([`ReloadStats::register`]).
+#[derive(Debug, Clone)]
 pub struct ReloadStats {
-    last_successful: AtomicBool,
-    last_success_unix: AtomicU64,
-    successes: AtomicU64,
-    failures: AtomicU64,
+    last_successful: Gauge,
+    last_success_unix: Gauge,
+    reloads: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl Default for ReloadStats {
@@ -66,50 +59,49 @@ impl Default for ReloadStats {
 }
 
 impl ReloadStats {
+    /// Counts from zero; the configuration loaded at start counts as the last success.
     pub fn new() -> Self {
-        Self {
-            last_successful: AtomicBool::new(true),
-            last_success_unix: AtomicU64::new(unix_now()),
-            successes: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
+        let stats = Self {
+            last_successful: Gauge::default(),
+            last_success_unix: Gauge::default(),
+            reloads: Family::default(),
+        };
+        stats.last_successful.set(1);
+        stats.last_success_unix.set(unix_now() as i64);
+        for result in ["success", "failure"] {
+            let _ = stats.reloads.get_or_create(&[("result", result)]);
         }
+        stats
     }
 
-    /// Writes the reload families.
-    pub fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
-        let ok = Gauge::<i64>::default();
-        ok.set(self.last_successful.load(Ordering::Relaxed) as i64);
-        let at = Gauge::<i64>::default();
-        at.set(self.last_success_unix.load(Ordering::Relaxed) as i64);
-        let total = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
-        total
-            .get_or_create(&vec![("result", "success")])
-            .inc_by(self.successes.load(Ordering::Relaxed));
-        total
-            .get_or_create(&vec![("result", "failure")])
-            .inc_by(self.failures.load(Ordering::Relaxed));
-        let families: [(&str, &str, &dyn EncodeMetric); 3] = [
-            (
-                "sysscope_config_last_reload_successful",
-                "Whether the last configuration reload succeeded (1 before any reload).",
-                &ok,
-            ),
-            (
-                "sysscope_config_last_reload_success_timestamp_seconds",
-                "When the configuration was last loaded successfully (at start or by a reload).",
-                &at,
-            ),
-            (
-                "sysscope_config_reloads",
-                "Configuration reloads (SIGHUP, POST /-/reload), by result.",
-                &total,
-            ),
-        ];
-        for (name, help, metric) in families {
-            let e = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
-            metric.encode(e)?;
-        }
-        Ok(())
+    /// Registers the reload families with the self-metrics.
+    pub fn register(&self, self_metrics: &mut SelfMetrics) {
+        self_metrics.register(
+            "sysscope_config_last_reload_successful",
+            "Whether the last configuration reload succeeded (1 before any reload).",
+            self.last_successful.clone(),
+        );
+        self_metrics.register(
+            "sysscope_config_last_reload_success_timestamp_seconds",
+            "When the configuration was last loaded successfully (at start or by a reload).",
+            self.last_success_unix.clone(),
+        );
+        self_metrics.register(
+            "sysscope_config_reloads",
+            "Configuration reloads (SIGHUP, POST /-/reload), by result.",
+            self.reloads.clone(),
+        );
+    }
+
+    fn succeeded(&self) {
+        self.reloads.get_or_create(&[("result", "success")]).inc();
+        self.last_successful.set(1);
+        self.last_success_unix.set(unix_now() as i64);
+    }
+
+    fn failed(&self) {
+        self.reloads.get_or_create(&[("result", "failure")]).inc();
+        self.last_successful.set(0);
     }
 }
 
@@ -159,16 +151,11 @@ impl Reloader {
         let result = self.try_reload();
         match &result {
             Ok(changed) => {
-                self.stats.successes.fetch_add(1, Ordering::Relaxed);
-                self.stats.last_successful.store(true, Ordering::Relaxed);
-                self.stats
-                    .last_success_unix
-                    .store(unix_now(), Ordering::Relaxed);
+                self.stats.succeeded();
                 tracing::info!(changed = ?changed, "configuration reloaded");
             }
             Err(e) => {
-                self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                self.stats.last_successful.store(false, Ordering::Relaxed);
+                self.stats.failed();
                 tracing::error!(error = %Chain(e), "configuration reload failed");
             }
         }

@@ -484,7 +484,6 @@ impl Collector for BlockIoCollector {
             ),
             folded_series,
             missed_events: vec![("block_issue_without_complete", self.expired_inflight)],
-            ..Health::default()
         }
     }
 }

@@ -3,11 +3,13 @@
 //!
 //! A collector that fails to start is reported down (`sysscope_collector_up 0`) with its
 //! reason in the log, and every other collector keeps running; one whose refresh fails is
-//! down for that scrape and retried on the next.
+//! down for that scrape and retried on the next. [`self_metrics`] is sysscope's own
+//! collector: refreshed after the others with what they report ([`Health`]), never down.
 
 pub mod block_io;
 pub mod cpu;
 pub mod gpu;
+pub mod self_metrics;
 pub mod syscalls;
 
 use prometheus_client::encoding::DescriptorEncoder;
@@ -43,10 +45,6 @@ pub struct Health {
     pub maps: Vec<MapUsage>,
     /// Metric family -> label sets folded into "other" by the cardinality budget.
     pub folded_series: Vec<(&'static str, u64)>,
-    /// Reason -> slow-call samples dropped in user space (queue full, export failed, ...).
-    pub spans_dropped: Vec<(&'static str, u64)>,
-    /// Destination -> spans handed over (`otlp`, `local`).
-    pub spans_exported: Vec<(&'static str, u64)>,
     /// Reason -> events seen only half, found by user space (for `sysscope_probe_missed_events`).
     pub missed_events: Vec<(&'static str, u64)>,
 }
@@ -79,7 +77,7 @@ pub trait Collector: Send {
     /// Writes this collector's metric families.
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result;
 
-    /// Map occupancy and folded series, for the self-metrics.
+    /// Map occupancy, folded series and events seen only half, for the self-metrics.
     fn health(&self) -> Health {
         Health::default()
     }

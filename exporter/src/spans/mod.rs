@@ -3,7 +3,7 @@
 //! Probe: `sys_exit` (`ebpf/probes/src/syscalls.rs`, `sample_slow_call`) writes a
 //! `SlowCallEvent` to the ring buffer `SLOW_EVENTS` for each call over its `SLOW_THRESHOLDS`
 //! entry, within the per-CPU budget of `SLOW_RATE` (drops counted in `PROBE_COUNTERS`, exported
-//! as `sysscope_spans_dropped_total{reason="rate_limited"|"ring_buffer_full"}` by the agent).
+//! as `sysscope_spans_dropped_total{reason="rate_limited"|"ring_buffer_full"}` by the self-metrics collector).
 //!
 //! Here: [`reader`] drains the ring buffer (tokio `AsyncFd`), [`event`] turns each record into
 //! a [`event::SlowCall`] with its context, and each call goes to up to three places: the OTLP
@@ -82,7 +82,7 @@ impl Sinks {
         // The recent calls are always kept, but they are the destination (and counted) only
         // without an OTLP endpoint, so `exported` never counts one span twice.
         if self.recent.push(call) && self.otlp.is_none() {
-            Stats::add(&self.stats.exported_local, 1);
+            self.stats.exported("local", 1);
         }
     }
 }
@@ -120,10 +120,9 @@ impl SlowCalls {
             )?),
             _ => None,
         };
-        stats.local.store(
-            otlp.is_none() && config.slow_calls.recent_capacity > 0,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        if otlp.is_none() && config.slow_calls.recent_capacity > 0 {
+            stats.enable_local();
+        }
         let sinks = Arc::new(Sinks {
             recent: recent::RecentCalls::new(config.slow_calls.recent_capacity),
             exemplars: exemplars::ExemplarStore::new(EXEMPLAR_SERIES),

@@ -88,7 +88,7 @@ fn drain(
                 ev,
                 event::ProcContext::capture(&ev, resolve_paths, proc_root),
             )),
-            None => Stats::add(&stats.dropped_malformed, 1),
+            None => stats.dropped("malformed", 1),
         }
         if events.len() >= MAX_BATCH {
             break;

@@ -693,11 +693,11 @@ fn push_with_retry(
             .min(left.max(Duration::from_millis(100)));
         match client.send(request, timeout) {
             Ok(()) => {
-                Stats::add(&stats.metric_requests_ok, 1);
+                stats.request("metrics", true);
                 return true;
             }
             Err(e) => {
-                Stats::add(&stats.metric_requests_failed, 1);
+                stats.request("metrics", false);
                 let again = e.retryable && Instant::now() + pause < deadline;
                 if !again {
                     if *failing {

@@ -19,115 +19,88 @@ pub(crate) mod openmetrics;
 pub(crate) mod tls;
 pub(crate) mod traces;
 
-use std::sync::{
-    atomic::{AtomicU64, Ordering},
-    Arc,
-};
+use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 
-use prometheus_client::{
-    encoding::{DescriptorEncoder, NoLabelSet},
-    metrics::MetricType,
-};
+use crate::collectors::self_metrics::{SelfMetrics, SpanCounters};
 
-use crate::collectors::Health;
-
-/// Counters shared by the span pipeline, the exporters and the self-metrics.
-#[derive(Debug, Default)]
+/// The span pipeline's and the OTLP exporters' counters: typed handles registered once with
+/// the self-metrics ([`Stats::register`]) and incremented where the event happens.
+#[derive(Debug, Clone, Default)]
 pub struct Stats {
-    /// Spans accepted by the OTLP endpoint.
-    pub(crate) exported_otlp: AtomicU64,
-    /// Spans kept for the local JSON endpoint.
-    pub(crate) exported_local: AtomicU64,
-    /// Spans refused because the export queue was full (endpoint down or slow).
-    pub(crate) dropped_queue_full: AtomicU64,
-    /// Spans given up after repeated failed export attempts.
-    pub(crate) dropped_export_failed: AtomicU64,
-    /// Ring-buffer records too short to decode (never expected).
-    pub(crate) dropped_malformed: AtomicU64,
-    /// Spans waiting in the export queue (gauge).
-    pub queued: AtomicU64,
-    pub(crate) trace_requests_ok: AtomicU64,
-    pub(crate) trace_requests_failed: AtomicU64,
-    pub(crate) metric_requests_ok: AtomicU64,
-    pub(crate) metric_requests_failed: AtomicU64,
-    /// Which destinations exist: OTLP traces, local.
-    pub(crate) otlp_traces: std::sync::atomic::AtomicBool,
-    pub local: std::sync::atomic::AtomicBool,
+    spans: SpanCounters,
+    /// Spans waiting in the export queue.
+    pub(crate) queued: Gauge,
+    requests: Family<[(&'static str, &'static str); 2], Counter>,
 }
 
 impl Stats {
-    pub fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+    /// Counters writing into the self-metrics' span families, which always carry
+    /// `reason="malformed"`; the OTLP and local series appear once those destinations are
+    /// enabled ([`Self::enable_otlp_traces`], [`Self::enable_local`]).
+    pub fn new(self_metrics: &SelfMetrics) -> Self {
+        let stats = Self {
+            spans: self_metrics.span_counters(),
+            ..Self::default()
+        };
+        stats.spans.dropped("malformed");
+        stats
     }
 
-    fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
+    /// Spans go to an OTLP endpoint: their export and drop series exist from now on.
+    pub(crate) fn enable_otlp_traces(&self) {
+        self.spans.exported("otlp");
+        self.spans.dropped("export_queue_full");
+        self.spans.dropped("export_failed");
     }
 
-    /// Span counters in the agent's `Health` form (`sysscope_spans_exported_total`,
-    /// `sysscope_spans_dropped_total`).
-    pub fn health(self: &Arc<Self>) -> Box<dyn Fn() -> Health + Send> {
-        let stats = self.clone();
-        Box::new(move || {
-            let mut exported = Vec::new();
-            if stats.otlp_traces.load(Ordering::Relaxed) {
-                exported.push(("otlp", Self::get(&stats.exported_otlp)));
-            }
-            if stats.local.load(Ordering::Relaxed) {
-                exported.push(("local", Self::get(&stats.exported_local)));
-            }
-            let mut dropped = vec![("malformed", Self::get(&stats.dropped_malformed))];
-            if stats.otlp_traces.load(Ordering::Relaxed) {
-                dropped.push(("export_queue_full", Self::get(&stats.dropped_queue_full)));
-                dropped.push(("export_failed", Self::get(&stats.dropped_export_failed)));
-            }
-            Health {
-                spans_dropped: dropped,
-                spans_exported: exported,
-                ..Health::default()
-            }
-        })
+    /// Spans are kept for the local endpoint only (no OTLP endpoint).
+    pub(crate) fn enable_local(&self) {
+        self.spans.exported("local");
     }
 
-    /// The families that do not fit `Health`: queue length and OTLP request outcomes.
-    pub fn encode(
-        &self,
-        encoder: &mut DescriptorEncoder<'_>,
-        traces: bool,
-        metrics: bool,
-    ) -> std::fmt::Result {
+    /// `n` spans handed to `destination` (`otlp`, `local`).
+    pub(crate) fn exported(&self, destination: &'static str, n: u64) {
+        self.spans.exported(destination).inc_by(n);
+    }
+
+    /// `n` spans dropped for `reason` (`export_queue_full`, `export_failed`, `malformed`).
+    pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
+        self.spans.dropped(reason).inc_by(n);
+    }
+
+    /// One OTLP export request of `signal` (`traces`, `metrics`) and its outcome.
+    pub(crate) fn request(&self, signal: &'static str, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.requests
+            .get_or_create(&[("signal", signal), ("result", result)])
+            .inc();
+    }
+
+    /// Registers the families that are not span counters: the export queue's length
+    /// (with OTLP traces) and the OTLP requests by signal and result (with either signal).
+    pub fn register(&self, self_metrics: &mut SelfMetrics, traces: bool, metrics: bool) {
         if traces {
-            encoder
-                .encode_descriptor(
-                    "sysscope_spans_queued",
-                    "Slow-call spans waiting in the OTLP export queue (at most slow_calls.export_queue).",
-                    None,
-                    MetricType::Gauge,
-                )?
-                .encode_gauge(&(Self::get(&self.queued) as i64))?;
+            self_metrics.register(
+                "sysscope_spans_queued",
+                "Slow-call spans waiting in the OTLP export queue (at most slow_calls.export_queue).",
+                self.queued.clone(),
+            );
         }
         if traces || metrics {
-            let mut family = encoder.encode_descriptor(
+            for (signal, on) in [("traces", traces), ("metrics", metrics)] {
+                if on {
+                    for result in ["success", "failure"] {
+                        let _ = self
+                            .requests
+                            .get_or_create(&[("signal", signal), ("result", result)]);
+                    }
+                }
+            }
+            self_metrics.register(
                 "sysscope_otlp_requests",
                 "OTLP export requests sent to the configured endpoint, by signal and result.",
-                None,
-                MetricType::Counter,
-            )?;
-            let mut rows = Vec::new();
-            if traces {
-                rows.push(("traces", "success", &self.trace_requests_ok));
-                rows.push(("traces", "failure", &self.trace_requests_failed));
-            }
-            if metrics {
-                rows.push(("metrics", "success", &self.metric_requests_ok));
-                rows.push(("metrics", "failure", &self.metric_requests_failed));
-            }
-            for (signal, result, counter) in rows {
-                family
-                    .encode_family(&[("signal", signal), ("result", result)])?
-                    .encode_counter::<NoLabelSet, _, u64>(&Self::get(counter), None)?;
-            }
+                self.requests.clone(),
+            );
         }
-        Ok(())
     }
 }

@@ -240,9 +240,7 @@ impl SpanExport {
                 )))
             }
         }
-        stats
-            .otlp_traces
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        stats.enable_otlp_traces();
         Ok(Self {
             queue,
             stats,
@@ -255,14 +253,13 @@ impl SpanExport {
     pub fn push(&self, span: SpanData) -> bool {
         let mut st = self.queue.state.lock().expect("span queue lock");
         if st.spans.len() + st.in_flight >= self.queue.capacity {
-            Stats::add(&self.stats.dropped_queue_full, 1);
+            self.stats.dropped("export_queue_full", 1);
             return false;
         }
         st.spans.push_back(span);
-        self.stats.queued.store(
-            (st.spans.len() + st.in_flight) as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.stats
+            .queued
+            .set((st.spans.len() + st.in_flight) as i64);
         if st.spans.len() >= self.queue.max_batch {
             self.queue.wake.notify_one();
         }
@@ -316,19 +313,14 @@ fn next_batch(queue: &Queue, stats: &Stats, delay: Duration) -> Option<Vec<SpanD
     let n = st.spans.len().min(queue.max_batch);
     let batch: Vec<SpanData> = st.spans.drain(..n).collect();
     st.in_flight = n;
-    stats.queued.store(
-        (st.spans.len() + st.in_flight) as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    stats.queued.set((st.spans.len() + st.in_flight) as i64);
     Some(batch)
 }
 
 fn finish_batch(queue: &Queue, stats: &Stats) {
     let mut st = queue.state.lock().expect("span queue lock");
     st.in_flight = 0;
-    stats
-        .queued
-        .store(st.spans.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    stats.queued.set(st.spans.len() as i64);
 }
 
 /// Sleeps for `pause` unless shutdown is requested meanwhile; returns whether it is.
@@ -367,8 +359,8 @@ fn export_loop(
             match driver.run(exporter.export(batch.clone())) {
                 Ok(()) => {
                     tracing::debug!(spans = n, attempts, "OTLP span batch exported");
-                    Stats::add(&stats.trace_requests_ok, 1);
-                    Stats::add(&stats.exported_otlp, n);
+                    stats.request("traces", true);
+                    stats.exported("otlp", n);
                     if failing {
                         tracing::info!(endpoint, "OTLP span export recovered");
                     }
@@ -377,7 +369,7 @@ fn export_loop(
                     break;
                 }
                 Err(e) => {
-                    Stats::add(&stats.trace_requests_failed, 1);
+                    stats.request("traces", false);
                     if !failing {
                         tracing::warn!(endpoint, error = %e, "OTLP span export failed; retrying with backoff, spans beyond the queue are dropped and counted");
                     } else {
@@ -387,7 +379,7 @@ fn export_loop(
                     let shutting_down = pause_unless_shutdown(queue, backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     if attempts >= MAX_ATTEMPTS || shutting_down {
-                        Stats::add(&stats.dropped_export_failed, n);
+                        stats.dropped("export_failed", n);
                         break;
                     }
                 }
