@@ -62,7 +62,7 @@ impl Agent {
     }
 
     /// Records a collector that could not start: exported as down.
-    pub fn add_failed(&mut self, name: &'static str) {
+    pub(crate) fn add_failed(&mut self, name: &'static str) {
         self.slots.push(Slot {
             name,
             collector: None,
@@ -75,7 +75,7 @@ impl Agent {
     /// Records a collector that could not start but still exports what it knows about why
     /// (e.g. the GPU collector's count of GPUs on the PCI bus): exported as down, encoded,
     /// never refreshed.
-    pub fn add_failed_with(&mut self, collector: Box<dyn Collector>) {
+    pub(crate) fn add_failed_with(&mut self, collector: Box<dyn Collector>) {
         self.slots.push(Slot {
             name: collector.name(),
             collector: Some(collector),
@@ -101,7 +101,7 @@ impl Agent {
 
     /// Refreshes every collector, then the self-metrics with what the others reported; a
     /// failure marks that collector down until it succeeds again.
-    pub fn refresh(&mut self) {
+    pub(crate) fn refresh(&mut self) {
         for slot in &mut self.slots {
             if slot.failed {
                 continue;
@@ -136,7 +136,7 @@ impl Agent {
 
     /// Hands a reloaded configuration to every running collector; the first failure is
     /// returned with the collector's name (the others still got it).
-    pub fn reconfigure(
+    pub(crate) fn reconfigure(
         &mut self,
         config: &crate::config::Config,
     ) -> Result<(), (&'static str, CollectorError)> {
@@ -154,12 +154,12 @@ impl Agent {
         first_error.map_or(Ok(()), Err)
     }
 
-    pub fn set_last_scrape(&mut self, d: Duration) {
+    pub(crate) fn set_last_scrape(&mut self, d: Duration) {
         self.self_metrics.set_last_scrape(d);
     }
 
     /// Encodes every collector's families, then the self-metrics.
-    pub fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
+    pub(crate) fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         for slot in &self.slots {
             if let Some(c) = &slot.collector {
                 c.encode(encoder)?;

@@ -2,9 +2,9 @@
 //! nothing from the crate, so every layer may name the version without depending on the agent.
 
 /// The crate version (`Cargo.toml`).
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(crate) const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The source revision, from `SYSSCOPE_REVISION` at build time.
-pub const REVISION: &str = match option_env!("SYSSCOPE_REVISION") {
+pub(crate) const REVISION: &str = match option_env!("SYSSCOPE_REVISION") {
     Some(r) => r,
     None => "unknown",
 };

@@ -12,14 +12,14 @@ use crate::config::HistogramResolution;
 /// One exported histogram series: the sum of what the kernel measured for it, over every
 /// kernel entry that feeds it, and when it last grew (for retiring idle series).
 #[derive(Debug, Clone)]
-pub struct HistogramTotals {
-    pub sum_ns: u64,
-    pub buckets: [u64; hist::HIST_BUCKETS],
-    pub last_change: Instant,
+pub(crate) struct HistogramTotals {
+    pub(crate) sum_ns: u64,
+    pub(crate) buckets: [u64; hist::HIST_BUCKETS],
+    pub(crate) last_change: Instant,
 }
 
 impl HistogramTotals {
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self {
             sum_ns: 0,
             buckets: [0; hist::HIST_BUCKETS],
@@ -27,12 +27,12 @@ impl HistogramTotals {
         }
     }
 
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.buckets.iter().sum()
     }
 
     /// Adds a change read from the kernel.
-    pub fn add(&mut self, change: &LatencyHistogram, now: Instant) {
+    pub(crate) fn add(&mut self, change: &LatencyHistogram, now: Instant) {
         self.sum_ns = self.sum_ns.wrapping_add(change.sum_ns);
         for (t, b) in self.buckets.iter_mut().zip(change.buckets.iter()) {
             *t = t.wrapping_add(*b);
@@ -43,7 +43,7 @@ impl HistogramTotals {
     }
 
     /// Writes the series as a Prometheus histogram at the exported `bounds`.
-    pub fn encode(
+    pub(crate) fn encode(
         &self,
         mut metric: MetricEncoder<'_>,
         bounds: &[(usize, f64)],

@@ -6,8 +6,12 @@
 //! maps, [`metadata`] turns kernel ids into labels, [`series`] bounds cardinality, [`config`]
 //! is the TOML file, [`spans`] turns sampled slow syscalls into spans.
 
+// Items are `pub(crate)` unless the binaries or the integration tests use them; this keeps
+// `pub` out of modules that are private anyway.
+#![warn(unreachable_pub)]
+
 pub mod agent;
-pub mod build_info;
+pub(crate) mod build_info;
 pub mod cli;
 pub mod collectors;
 pub mod config;

@@ -33,14 +33,14 @@ use std::{
 use crate::config::Config;
 
 pub const CAP_DAC_READ_SEARCH: u32 = 2;
-pub const CAP_SETPCAP: u32 = 8;
+pub(crate) const CAP_SETPCAP: u32 = 8;
 pub const CAP_SYS_PTRACE: u32 = 19;
 pub const CAP_SYS_ADMIN: u32 = 21;
-pub const CAP_PERFMON: u32 = 38;
-pub const CAP_BPF: u32 = 39;
+pub(crate) const CAP_PERFMON: u32 = 38;
+pub(crate) const CAP_BPF: u32 = 39;
 
 /// Names of the capabilities sysscope may keep, for logs and errors.
-pub fn cap_name(cap: u32) -> String {
+pub(crate) fn cap_name(cap: u32) -> String {
     match cap {
         CAP_DAC_READ_SEARCH => "CAP_DAC_READ_SEARCH".into(),
         CAP_SETPCAP => "CAP_SETPCAP".into(),
@@ -101,7 +101,7 @@ pub fn kept_for(config: &Config) -> Vec<(&'static str, &'static str)> {
 
 /// The capabilities sysscope needs once everything is attached, from its configuration
 /// (before the `CAP_BPF` experiment).
-pub fn required(config: &Config) -> u64 {
+pub(crate) fn required(config: &Config) -> u64 {
     let mut keep = 0u64;
     if config.slow_calls.enabled && config.slow_calls.resolve_file_paths {
         keep |= 1 << CAP_DAC_READ_SEARCH;
@@ -119,7 +119,7 @@ pub struct DropReport {
     /// The effective = permitted set now held by every thread.
     pub kept: u64,
     /// Whether `CAP_BPF` had to be kept for map access (old kernel, unprivileged BPF off).
-    pub bpf_fd_access_needs_cap_bpf: bool,
+    pub(crate) bpf_fd_access_needs_cap_bpf: bool,
     /// Whether the bounding set could be reduced too (needs CAP_SETPCAP).
     pub bounding_set_reduced: bool,
     /// Threads that applied the new sets.
@@ -128,16 +128,16 @@ pub struct DropReport {
 
 /// The capability sets of one thread, as `/proc/.../status` shows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CapSets {
-    pub inheritable: u64,
-    pub permitted: u64,
-    pub effective: u64,
-    pub bounding: u64,
-    pub ambient: u64,
+pub(crate) struct CapSets {
+    pub(crate) inheritable: u64,
+    pub(crate) permitted: u64,
+    pub(crate) effective: u64,
+    pub(crate) bounding: u64,
+    pub(crate) ambient: u64,
 }
 
 /// Parses the `Cap*` lines of a `/proc/<pid>/status` file.
-pub fn parse_status(status: &str) -> CapSets {
+pub(crate) fn parse_status(status: &str) -> CapSets {
     let mut sets = CapSets::default();
     for line in status.lines() {
         let Some((key, value)) = line.split_once(':') else {
@@ -159,7 +159,7 @@ pub fn parse_status(status: &str) -> CapSets {
 }
 
 /// The capability sets of every thread of this process, by thread id.
-pub fn thread_cap_sets() -> Vec<(u32, CapSets)> {
+pub(crate) fn thread_cap_sets() -> Vec<(u32, CapSets)> {
     let mut out = Vec::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return out;
@@ -345,7 +345,7 @@ fn lookup_works(map: &OwnedFd) -> bool {
 
 /// Whether reading maps through held file descriptors needs `CAP_BPF` on this kernel: lowers
 /// the calling thread's effective set to `keep` for one lookup, then restores it.
-pub fn bpf_fd_access_needs_cap_bpf(keep: u64) -> bool {
+pub(crate) fn bpf_fd_access_needs_cap_bpf(keep: u64) -> bool {
     let Some(map) = create_probe_map() else {
         // Cannot even create a map: we are not privileged; nothing to learn.
         return false;
@@ -392,7 +392,7 @@ pub fn drop_after_start(config: &Config) -> Result<DropReport, PrivilegeError> {
 
 /// Reduces every thread to `keep` (effective = permitted = `keep`, no inheritable or ambient,
 /// bounding set `keep` when possible, no_new_privs).
-pub fn drop_to(keep: u64) -> Result<DropReport, PrivilegeError> {
+pub(crate) fn drop_to(keep: u64) -> Result<DropReport, PrivilegeError> {
     APPLY_KEEP.store(keep, Ordering::SeqCst);
     APPLY_LAST_CAP.store(last_cap() as u64, Ordering::SeqCst);
     APPLY_DONE.store(0, Ordering::SeqCst);

@@ -10,14 +10,14 @@
 use std::{borrow::Cow, collections::HashMap, hash::Hash, sync::Arc};
 
 /// Label value of folded series.
-pub const OTHER: &str = "other";
+pub(crate) const OTHER: &str = "other";
 
 /// Labels derived from a cgroup: its path plus, on Kubernetes, pod and container identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CgroupLabels {
-    pub path: Arc<str>,
+    pub(crate) path: Arc<str>,
     /// Extra labels in export order, e.g. `("pod_uid", "...")`, `("container_id", "...")`.
-    pub extra: Vec<(&'static str, Arc<str>)>,
+    pub(crate) extra: Vec<(&'static str, Arc<str>)>,
 }
 
 impl CgroupLabels {
@@ -28,12 +28,13 @@ impl CgroupLabels {
         }
     }
 
-    pub fn other() -> Self {
+    pub(crate) fn other() -> Self {
         Self::plain(OTHER)
     }
 
     /// The value of extra label `name` (e.g. `pod_uid`, `container_id`), if present.
-    pub fn get(&self, name: &str) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.extra
             .iter()
             .find(|(k, _)| *k == name)
@@ -51,7 +52,7 @@ pub struct Workload {
 
 impl Workload {
     /// Appends `cgroup`, the cgroup's extra labels, `comm` and `pid` to `out`.
-    pub fn push_labels<'a>(&'a self, out: &mut Vec<(&'static str, Cow<'a, str>)>) {
+    pub(crate) fn push_labels<'a>(&'a self, out: &mut Vec<(&'static str, Cow<'a, str>)>) {
         out.push(("cgroup", Cow::Borrowed(&self.cgroup.path)));
         for (k, v) in &self.cgroup.extra {
             out.push((k, Cow::Borrowed(v)));
@@ -97,7 +98,7 @@ pub struct Budget<K> {
 impl<K: Clone + Eq + Hash> Budget<K> {
     /// Changes the budget (a reloaded `limits.max_series`): series already admitted keep their
     /// place, new label sets are admitted or folded against the new size.
-    pub fn set_max(&mut self, max: usize) {
+    pub(crate) fn set_max(&mut self, max: usize) {
         self.max = max;
     }
 
@@ -158,11 +159,6 @@ impl<K: Clone + Eq + Hash> Budget<K> {
         self.routes.retain(|_, to| admitted.contains_key(to));
     }
 
-    /// Forgets the route of a source key (its target stays admitted while it holds data).
-    pub fn forget_route(&mut self, key: &K) {
-        self.routes.remove(key);
-    }
-
     /// Forgets the routes of source keys `live` rejects (no process feeds them any more), so
     /// routing state stays proportional to live label sets. A key admitted as its own series
     /// keeps it while the series exists; a folded key that comes back is routed (and counted
@@ -172,7 +168,8 @@ impl<K: Clone + Eq + Hash> Budget<K> {
     }
 
     /// Source keys with a remembered route.
-    pub fn routes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn routes(&self) -> usize {
         self.routes.len()
     }
 
@@ -182,7 +179,7 @@ impl<K: Clone + Eq + Hash> Budget<K> {
     }
 
     /// Distinct label sets folded away so far.
-    pub fn folded(&self) -> u64 {
+    pub(crate) fn folded(&self) -> u64 {
         self.folded
     }
 }

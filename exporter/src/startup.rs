@@ -45,7 +45,7 @@ pub fn labeler(config: &Config) -> Result<SharedLabeler, StartError> {
 }
 
 /// Builds the labeler, naming Kubernetes cgroups from `pods` when the pod watch runs.
-pub fn labeler_with_pods(
+pub(crate) fn labeler_with_pods(
     config: &Config,
     pods: Option<Arc<PodStore>>,
 ) -> Result<SharedLabeler, StartError> {

@@ -12,13 +12,13 @@ pub fn name(nr: u32) -> Option<&'static str> {
 }
 
 /// The number of a syscall by name on this architecture.
-pub fn number(name: &str) -> Option<u32> {
+pub(crate) fn number(name: &str) -> Option<u32> {
     name.parse::<Sysno>().ok().map(|s| s.id() as u32)
 }
 
 /// Whether `name` is a syscall on any architecture sysscope supports. Config lists (such as
 /// the default slow-call exclusions) may name syscalls that only some architectures have.
-pub fn is_known_anywhere(name: &str) -> bool {
+pub(crate) fn is_known_anywhere(name: &str) -> bool {
     name.parse::<syscalls::x86_64::Sysno>().is_ok()
         || name.parse::<syscalls::aarch64::Sysno>().is_ok()
 }
@@ -27,7 +27,7 @@ pub fn is_known_anywhere(name: &str) -> bool {
 /// newer kernel than the table), so nothing is ever dropped for want of a name, or `invalid`
 /// for the one number the probes count every out-of-range number as
 /// ([`sysscope_abi::INVALID_NR`]), so the label has at most `MAX_SYSCALL_NR` values.
-pub fn label(nr: u32) -> std::borrow::Cow<'static, str> {
+pub(crate) fn label(nr: u32) -> std::borrow::Cow<'static, str> {
     if nr >= sysscope_abi::INVALID_NR {
         return INVALID.into();
     }
@@ -38,10 +38,10 @@ pub fn label(nr: u32) -> std::borrow::Cow<'static, str> {
 }
 
 /// The label of out-of-range syscall numbers.
-pub const INVALID: &str = "invalid";
+pub(crate) const INVALID: &str = "invalid";
 
 /// Symbolic name of a positive errno value (`ENOENT`), or `E<n>` when unknown.
-pub fn errno_label(errno: u16) -> std::borrow::Cow<'static, str> {
+pub(crate) fn errno_label(errno: u16) -> std::borrow::Cow<'static, str> {
     match syscalls::Errno::new(errno as i32).name() {
         Some(n) => n.into(),
         None => format!("E{errno}").into(),

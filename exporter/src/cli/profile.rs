@@ -176,7 +176,7 @@ impl Profile {
 
 /// What changed since the previous poll, per kernel key, for keys the filter kept.
 #[derive(Debug, Default)]
-pub struct Deltas {
+pub(crate) struct Deltas {
     pub stats: Vec<(SyscallKey, SyscallStats)>,
     pub errors: Vec<(ErrnoKey, u64)>,
     /// Processes that exited since the previous poll, with their comm at exit.
@@ -198,12 +198,12 @@ pub struct ProbeDrops {
 
 /// The drops of [`ProbeDrops`], from `PROBE_COUNTERS` (what the probes could not record).
 #[derive(Debug)]
-pub struct DropCounters {
+pub(crate) struct DropCounters {
     counters: ProbeCounters,
 }
 
 impl DropCounters {
-    pub fn take(probes: &mut Probes) -> Result<Self, CliError> {
+    pub(crate) fn take(probes: &mut Probes) -> Result<Self, CliError> {
         Ok(Self {
             counters: ProbeCounters::take(probes)?,
         })
@@ -213,7 +213,7 @@ impl DropCounters {
         self.counters.get(index).unwrap_or(0)
     }
 
-    pub fn read(&self) -> ProbeDrops {
+    pub(crate) fn read(&self) -> ProbeDrops {
         ProbeDrops {
             map_full: self.get(counters::SYSCALL_STATS_FULL)
                 + self.get(counters::SYSCALL_ERRORS_FULL),
@@ -225,7 +225,7 @@ impl DropCounters {
 }
 
 /// Incremental reader of the syscall maps.
-pub struct ProfileReader {
+pub(crate) struct ProfileReader {
     maps: SyscallMaps,
     stats: Tracker<SyscallKey, SyscallStats, ()>,
     errors: Tracker<ErrnoKey, u64, ()>,
@@ -233,7 +233,7 @@ pub struct ProfileReader {
 
 impl ProfileReader {
     /// Attaches the syscall probes and takes their maps.
-    pub fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
+    pub(crate) fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
         Ok(Self {
             maps: SyscallMaps::attach(probes, tool)?,
             stats: Tracker::default(),
@@ -243,7 +243,7 @@ impl ProfileReader {
 
     /// Reads every entry; returns what changed for the entries `keep` accepts, and reclaims
     /// the entries of processes that have exited.
-    pub fn poll(&mut self, keep: impl Fn(u64, u32) -> bool) -> Deltas {
+    pub(crate) fn poll(&mut self, keep: impl Fn(u64, u32) -> bool) -> Deltas {
         // Exits first: an entry read after its process's exit record holds its final values.
         let mut out = Deltas::default();
         for (tgid, exit) in self.maps.exits.read() {
@@ -292,7 +292,11 @@ impl ProfileReader {
     }
 
     /// Polls and adds the target's deltas to `profile`; returns the calls added.
-    pub fn poll_into(&mut self, profile: &mut Profile, keep: impl Fn(u64, u32) -> bool) -> u64 {
+    pub(crate) fn poll_into(
+        &mut self,
+        profile: &mut Profile,
+        keep: impl Fn(u64, u32) -> bool,
+    ) -> u64 {
         let d = self.poll(keep);
         let mut calls = 0;
         for (key, s) in &d.stats {

@@ -45,7 +45,7 @@ use crate::{
     util::clock::monotonic_ns,
 };
 
-pub const NAME: &str = "block_io";
+pub(crate) const NAME: &str = "block_io";
 
 /// Families named in `sysscope_dropped_series_total{family}`.
 const IO_FAMILY: &str = "block_io";
@@ -53,7 +53,7 @@ const LATENCY_FAMILY: &str = "block_io_latency";
 
 /// A request in flight longer than this never completed (device gone, completion missed):
 /// its `BLOCK_INFLIGHT` entry is removed and counted. Far beyond any SCSI or NVMe timeout.
-pub const INFLIGHT_STALE_AFTER: Duration = Duration::from_secs(300);
+pub(crate) const INFLIGHT_STALE_AFTER: Duration = Duration::from_secs(300);
 
 /// How often tgids and cgroups behind kernel entries are checked for having gone away.
 const RECLAIM_INTERVAL: Duration = Duration::from_secs(5);
@@ -93,7 +93,7 @@ struct IoTotals {
 /// The `comm` label of a kernel-recorded name. Kernel worker threads are named after their
 /// pool and CPU (`kworker/u8:3`, `swapper/1`): they fold into one name each so they do not
 /// multiply series.
-pub fn comm_label(comm: &[u8; 16]) -> Arc<str> {
+pub(crate) fn comm_label(comm: &[u8; 16]) -> Arc<str> {
     let name = crate::metadata::processes::comm_from_bytes(comm);
     for family in ["kworker", "swapper"] {
         if name
@@ -110,7 +110,7 @@ fn cgroup_gone(root: &Path, path: &str) -> bool {
     path == UNRESOLVED || !root.join(path.trim_start_matches('/')).exists()
 }
 
-pub struct BlockIoCollector {
+pub(crate) struct BlockIoCollector {
     stats: HashReader<BlockKey, BlockStats>,
     latency: HashReader<BlockLatencyKey, BlockLatency>,
     inflight: BpfHashMap<MapData, u64, BlockInflight>,
@@ -151,7 +151,7 @@ impl BlockIoCollector {
     /// Takes the block maps and attaches the probes to `block_io.tracepoints` (issue, then
     /// completion), plus `block_io_start` when the kernel has it. The object must have been
     /// loaded with `plan.probe`. On failure nothing stays attached.
-    pub fn start(
+    pub(crate) fn start(
         probes: &mut Probes,
         config: &Config,
         labeler: SharedLabeler,

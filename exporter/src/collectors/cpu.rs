@@ -32,10 +32,10 @@ use prometheus_client::{
 use super::{Collector, CollectorError};
 use crate::{config::Config, metadata::SharedLabeler, series::CgroupLabels};
 
-pub const NAME: &str = "cpu";
+pub(crate) const NAME: &str = "cpu";
 
 /// Modes in export order, matching the columns of `/proc/stat` after the CPU name.
-pub const MODES: [&str; 8] = [
+pub(crate) const MODES: [&str; 8] = [
     "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
 ];
 
@@ -72,12 +72,12 @@ impl From<CpuError> for CollectorError {
 /// `/proc/stat` also has `guest` and `guest_nice`, but the kernel already counts guest time
 /// in `user` and `nice`: adding them would count it twice, so they are not read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CpuTicks(pub [u64; 8]);
+pub(crate) struct CpuTicks(pub [u64; 8]);
 
 /// Parses the per-CPU lines (`cpuN ...`) of `/proc/stat` text; `path` names it in errors.
 /// CPUs keep their kernel number (offline CPUs are simply absent). Columns a kernel does not
 /// have (iowait before 2.5.41, steal before 2.6.11) read as 0.
-pub fn parse_proc_stat(text: &str, path: &str) -> Result<Vec<(u32, CpuTicks)>, CpuError> {
+pub(crate) fn parse_proc_stat(text: &str, path: &str) -> Result<Vec<(u32, CpuTicks)>, CpuError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let Some(rest) = line.strip_prefix("cpu") else {
@@ -126,7 +126,7 @@ pub fn parse_proc_stat(text: &str, path: &str) -> Result<Vec<(u32, CpuTicks)>, C
 /// `None` when no tick was accounted in between (refreshes closer than a tick): the caller
 /// keeps its previous values. A counter that went back (idle and iowait can, briefly, on
 /// tickless kernels) contributes 0.
-pub fn ratios(prev: Option<&CpuTicks>, cur: &CpuTicks) -> Option<[f64; 8]> {
+pub(crate) fn ratios(prev: Option<&CpuTicks>, cur: &CpuTicks) -> Option<[f64; 8]> {
     let zero = CpuTicks::default();
     let prev = prev.unwrap_or(&zero);
     let mut delta = [0u64; 8];
@@ -146,14 +146,14 @@ pub fn ratios(prev: Option<&CpuTicks>, cur: &CpuTicks) -> Option<[f64; 8]> {
 
 /// CPU time of one cgroup from its `cpu.stat`, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CgroupCpuStat {
-    pub usage_usec: u64,
-    pub user_usec: u64,
-    pub system_usec: u64,
+pub(crate) struct CgroupCpuStat {
+    pub(crate) usage_usec: u64,
+    pub(crate) user_usec: u64,
+    pub(crate) system_usec: u64,
 }
 
 /// Parses a cgroup v2 `cpu.stat`; `None` when it lacks the usage lines.
-pub fn parse_cpu_stat(text: &str) -> Option<CgroupCpuStat> {
+pub(crate) fn parse_cpu_stat(text: &str) -> Option<CgroupCpuStat> {
     let mut stat = CgroupCpuStat::default();
     let mut found = 0;
     for line in text.lines() {
@@ -358,7 +358,7 @@ impl CpuCollector {
     /// The collector over `proc_stat` and, when given, the cgroup v2 hierarchy at
     /// `cgroup_root` (reading at most `max_cgroups` per refresh). Fails if `proc_stat` cannot
     /// be read and parsed.
-    pub fn with_paths(
+    pub(crate) fn with_paths(
         proc_stat: PathBuf,
         cgroup_root: Option<PathBuf>,
         max_cgroups: usize,

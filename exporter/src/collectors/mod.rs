@@ -6,25 +6,25 @@
 //! down for that scrape and retried on the next. [`self_metrics`] is sysscope's own
 //! collector: refreshed after the others with what they report ([`Health`]), never down.
 
-pub mod block_io;
+pub(crate) mod block_io;
 pub mod cpu;
 pub mod gpu;
-pub mod self_metrics;
-pub mod syscalls;
+pub(crate) mod self_metrics;
+pub(crate) mod syscalls;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
 /// Occupancy of one kernel map, for `sysscope_map_*`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MapUsage {
-    pub map: &'static str,
-    pub entries: u64,
-    pub capacity: u64,
+pub(crate) struct MapUsage {
+    pub(crate) map: &'static str,
+    pub(crate) entries: u64,
+    pub(crate) capacity: u64,
 }
 
 impl MapUsage {
     /// The occupancy of each map of `maps`: entries seen at the last read, and capacity.
-    pub fn of<const N: usize>(
+    pub(crate) fn of<const N: usize>(
         maps: [&'static str; N],
         entries: [u64; N],
         capacities: [u64; N],
@@ -42,11 +42,11 @@ impl MapUsage {
 /// What every collector reports about itself beside its own metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Health {
-    pub maps: Vec<MapUsage>,
+    pub(crate) maps: Vec<MapUsage>,
     /// Metric family -> label sets folded into "other" by the cardinality budget.
-    pub folded_series: Vec<(&'static str, u64)>,
+    pub(crate) folded_series: Vec<(&'static str, u64)>,
     /// Reason -> events seen only half, found by user space (for `sysscope_probe_missed_events`).
-    pub missed_events: Vec<(&'static str, u64)>,
+    pub(crate) missed_events: Vec<(&'static str, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -30,7 +30,7 @@ use crate::{
 };
 
 /// The label set of a one-label family (`reason`, `destination`, ...).
-pub type OneLabel = [(&'static str, &'static str); 1];
+pub(crate) type OneLabel = [(&'static str, &'static str); 1];
 
 /// Where each probe drop counter is reported: (index, metric, label value).
 const COUNTER_METRICS: &[(u32, CounterKind, &str)] = &[
@@ -123,21 +123,21 @@ enum CounterKind {
 /// The span pipeline's counters: `sysscope_spans_exported_total{destination}` and
 /// `sysscope_spans_dropped_total{reason}`. Clones share their values.
 #[derive(Debug, Clone, Default)]
-pub struct SpanCounters {
+pub(crate) struct SpanCounters {
     exported: Family<OneLabel, Counter>,
     dropped: Family<OneLabel, Counter>,
 }
 
 impl SpanCounters {
     /// Spans handed to `destination` (`otlp`, `local`); the series exists from the first call.
-    pub fn exported(&self, destination: &'static str) -> Counter {
+    pub(crate) fn exported(&self, destination: &'static str) -> Counter {
         self.exported
             .get_or_create(&[("destination", destination)])
             .clone()
     }
 
     /// Spans dropped for `reason`; the series exists from the first call.
-    pub fn dropped(&self, reason: &'static str) -> Counter {
+    pub(crate) fn dropped(&self, reason: &'static str) -> Counter {
         self.dropped.get_or_create(&[("reason", reason)]).clone()
     }
 
@@ -191,7 +191,7 @@ impl std::fmt::Debug for SelfMetrics {
 impl SelfMetrics {
     /// Takes the loaded probes (kept alive here: their programs stay attached as long as the
     /// agent runs) and their `PROBE_COUNTERS`.
-    pub fn new(mut probes: Option<Probes>) -> Self {
+    pub(crate) fn new(mut probes: Option<Probes>) -> Self {
         let probe_counters = probes.as_mut().and_then(|p| ProbeCounters::take(p).ok());
         let spans = SpanCounters::default();
         if probe_counters.is_some() {
@@ -217,18 +217,18 @@ impl SelfMetrics {
         }
     }
 
-    pub fn probes(&self) -> Option<&Probes> {
+    pub(crate) fn probes(&self) -> Option<&Probes> {
         self.probes.as_ref()
     }
 
     /// The span pipeline's counters (a shared handle).
-    pub fn span_counters(&self) -> SpanCounters {
+    pub(crate) fn span_counters(&self) -> SpanCounters {
         self.spans.clone()
     }
 
     /// Adds a family encoded after the agent's own, in registration order. `metric` is a
     /// typed handle (`Counter`, `Gauge`, `Family`) whose clone the registering part keeps.
-    pub fn register(
+    pub(crate) fn register(
         &mut self,
         name: &'static str,
         help: &'static str,
@@ -242,12 +242,16 @@ impl SelfMetrics {
     }
 
     /// What the agent knows about the other collectors, for the next refresh and encode.
-    pub fn observe(&mut self, collectors_up: Vec<(&'static str, bool)>, health: Vec<Health>) {
+    pub(crate) fn observe(
+        &mut self,
+        collectors_up: Vec<(&'static str, bool)>,
+        health: Vec<Health>,
+    ) {
         self.collectors_up = collectors_up;
         self.health = health;
     }
 
-    pub fn set_last_scrape(&mut self, d: Duration) {
+    pub(crate) fn set_last_scrape(&mut self, d: Duration) {
         self.last_scrape = d;
     }
 

@@ -40,7 +40,7 @@ use crate::{
     syscall_table,
 };
 
-pub const NAME: &str = "syscalls";
+pub(crate) const NAME: &str = "syscalls";
 
 /// How often entries of processes that vanished without an exit record are looked for.
 const ORPHAN_SCAN_INTERVAL: Duration = Duration::from_secs(30);
@@ -73,7 +73,7 @@ struct ErrorTotals {
     last_change: Instant,
 }
 
-pub struct SyscallCollector {
+pub(crate) struct SyscallCollector {
     maps: SyscallMaps,
     /// `SLOW_THRESHOLDS`: per syscall number, the duration from which a call is sampled.
     thresholds: Array<MapData, u64>,
@@ -102,7 +102,7 @@ impl std::fmt::Debug for SyscallCollector {
 
 impl SyscallCollector {
     /// Attaches the syscall probes, writes the slow-call thresholds and takes the maps.
-    pub fn start(
+    pub(crate) fn start(
         probes: &mut Probes,
         config: &Config,
         labeler: SharedLabeler,

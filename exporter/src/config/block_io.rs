@@ -5,18 +5,18 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct BlockIoConfig {
-    pub enabled: bool,
+pub(crate) struct BlockIoConfig {
+    pub(crate) enabled: bool,
     /// Adds `cgroup` to the block latency histogram (one histogram per cgroup, device and op).
-    pub latency_by_cgroup: bool,
+    pub(crate) latency_by_cgroup: bool,
     /// Requests in flight the kernel can track at once.
-    pub max_inflight: u32,
+    pub(crate) max_inflight: u32,
     /// (cgroup, process, device, op) entries in the kernel map.
-    pub max_entries: u32,
+    pub(crate) max_entries: u32,
     /// The issue and the completion tracepoint, in that order (raw tracepoints with the
     /// prototypes of `block_rq_issue` and `block_rq_complete`). For testing fault handling;
     /// the defaults are right.
-    pub tracepoints: Vec<String>,
+    pub(crate) tracepoints: Vec<String>,
 }
 
 impl Default for BlockIoConfig {

@@ -19,7 +19,7 @@ pub struct CollectionConfig {
     pub background_interval: Duration,
     /// A series with no activity and no live process behind it is dropped after this long.
     #[serde(with = "humantime_serde_compat")]
-    pub series_retention: Duration,
+    pub(crate) series_retention: Duration,
     /// Kernel BPF run-time statistics behind `sysscope_probe_run_seconds_total` and
     /// `sysscope_probe_runs_total`: "sampled" (1 s in every 30 s, extrapolated), "always"
     /// (exact, but the kernel then reads its clock twice around every program run) or "off".

@@ -5,13 +5,13 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct CpuConfig {
-    pub enabled: bool,
+pub(crate) struct CpuConfig {
+    pub(crate) enabled: bool,
     /// Adds `sysscope_cgroup_cpu_seconds_total` from each cgroup's `cpu.stat`.
-    pub cgroups: bool,
+    pub(crate) cgroups: bool,
     /// cgroups whose `cpu.stat` is read per refresh at most (breadth first, so parents, which
     /// include their children's time, come first); the rest are counted, not read.
-    pub max_cgroups: usize,
+    pub(crate) max_cgroups: usize,
 }
 
 impl Default for CpuConfig {

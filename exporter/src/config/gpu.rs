@@ -5,10 +5,10 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct GpuConfig {
-    pub enabled: bool,
+pub(crate) struct GpuConfig {
+    pub(crate) enabled: bool,
     /// Path or name of the NVML library, loaded at run time.
-    pub nvml_library: String,
+    pub(crate) nvml_library: String,
 }
 
 impl Default for GpuConfig {

@@ -8,11 +8,11 @@ use serde::{Deserialize, Serialize};
 pub struct KubernetesConfig {
     /// Watch this node's pods for `namespace`/`pod`/`container` labels: "auto" (when running
     /// in a cluster), "on" or "off".
-    pub pod_watch: String,
+    pub(crate) pod_watch: String,
     /// The node whose pods are watched; defaults to the NODE_NAME environment variable.
     pub node_name: Option<String>,
     /// Pods kept in the cache at most.
-    pub max_pods: usize,
+    pub(crate) max_pods: usize,
 }
 
 impl Default for KubernetesConfig {

@@ -6,11 +6,11 @@ use serde::{Deserialize, Serialize};
 /// Which labels the per-process series carry.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct LabelsConfig {
+pub(crate) struct LabelsConfig {
     /// Adds a `pid` label (one series per process: unbounded, so off by default).
-    pub pid: bool,
+    pub(crate) pid: bool,
     /// Adds `pod_uid` and `container_id` parsed from Kubernetes cgroup paths.
-    pub kubernetes_ids: bool,
+    pub(crate) kubernetes_ids: bool,
 }
 
 impl Default for LabelsConfig {

@@ -6,24 +6,24 @@ use serde::{Deserialize, Serialize};
 /// Cardinality budget and kernel map capacities.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct LimitsConfig {
+pub(crate) struct LimitsConfig {
     /// Exported syscall series (every histogram bucket counts as one). Label sets beyond it
     /// fold into `comm="other"`, then `cgroup="other"`; see docs/metrics.md.
-    pub max_series: usize,
+    pub(crate) max_series: usize,
     /// Threads with a call in flight the command-line tools (`sysscope summary/trace/...`)
     /// track at once (`TRACE_THREADS`). The exporter's per-thread syscall state needs no
     /// limit: it lives in task-local storage, one value per thread, freed with the thread.
-    pub max_threads: u32,
+    pub(crate) max_threads: u32,
     /// (cgroup, process, syscall) entries in the kernel's syscall map.
-    pub max_syscall_entries: u32,
+    pub(crate) max_syscall_entries: u32,
     /// Slots of the syscall map the keys of one cgroup may hold (0: no quota). Past it, the
     /// cgroup's new (process, syscall) pairs are counted under the cgroup's shared key
     /// (`comm="other"`), so no workload can fill the map and leave another's calls uncounted.
-    pub max_syscall_entries_per_cgroup: u32,
+    pub(crate) max_syscall_entries_per_cgroup: u32,
     /// (cgroup, process, syscall, errno) entries in the kernel's error map.
-    pub max_error_entries: u32,
+    pub(crate) max_error_entries: u32,
     /// Exited processes queued for reclaim between two reads.
-    pub max_exited_processes: u32,
+    pub(crate) max_exited_processes: u32,
 }
 
 impl Default for LimitsConfig {

@@ -33,13 +33,13 @@ pub enum ConfigError {
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub collection: CollectionConfig,
-    pub labels: LabelsConfig,
-    pub limits: LimitsConfig,
-    pub syscalls: SyscallsConfig,
-    pub block_io: BlockIoConfig,
-    pub cpu: CpuConfig,
-    pub gpu: GpuConfig,
-    pub slow_calls: SlowCallsConfig,
+    pub(crate) labels: LabelsConfig,
+    pub(crate) limits: LimitsConfig,
+    pub(crate) syscalls: SyscallsConfig,
+    pub(crate) block_io: BlockIoConfig,
+    pub(crate) cpu: CpuConfig,
+    pub(crate) gpu: GpuConfig,
+    pub(crate) slow_calls: SlowCallsConfig,
     pub kubernetes: KubernetesConfig,
     /// OTLP export (spans and metrics push); `OTEL_*` environment variables win when set.
     pub otlp: crate::exposition::otlp::config::OtlpConfig,
@@ -55,9 +55,14 @@ mod limits;
 mod slow_calls;
 mod syscalls;
 
+pub(crate) use self::{
+    block_io::*, cpu::*, gpu::*, labels::*, limits::*, slow_calls::*, syscalls::*,
+};
+// What the binaries and the integration tests name.
 pub use self::{
-    block_io::*, collection::*, cpu::*, gpu::*, kubernetes::*, labels::*, limits::*, slow_calls::*,
-    syscalls::*,
+    collection::{CollectionConfig, ProbeStatsMode},
+    kubernetes::KubernetesConfig,
+    syscalls::HistogramResolution,
 };
 
 impl Config {
@@ -243,7 +248,7 @@ impl Config {
     }
 
     /// The slow-call threshold for every syscall number, in ns (0: never sampled).
-    pub fn slow_thresholds_ns(&self) -> Vec<u64> {
+    pub(crate) fn slow_thresholds_ns(&self) -> Vec<u64> {
         let s = &self.slow_calls;
         let mut out = vec![0u64; sysscope_abi::MAX_SYSCALL_NR as usize];
         if !s.enabled {
@@ -272,7 +277,7 @@ impl Config {
 /// Keys a reload may change while sysscope runs (a key, or every key under it); every other key
 /// is baked into the loaded probes, the maps' sizes or the running pipelines and needs a
 /// restart.
-pub const LIVE_KEYS: &[&str] = &[
+pub(crate) const LIVE_KEYS: &[&str] = &[
     "slow_calls.threshold",
     "slow_calls.thresholds",
     "slow_calls.exclude",
@@ -281,7 +286,7 @@ pub const LIVE_KEYS: &[&str] = &[
 ];
 
 /// Whether `key` (a dotted path from [`changed_keys`]) may change without a restart.
-pub fn is_live(key: &str) -> bool {
+pub(crate) fn is_live(key: &str) -> bool {
     LIVE_KEYS
         .iter()
         .any(|live| key == *live || key.strip_prefix(live).is_some_and(|r| r.starts_with('.')))
@@ -289,7 +294,7 @@ pub fn is_live(key: &str) -> bool {
 
 /// The keys (dotted paths, e.g. `slow_calls.thresholds.read`) whose values differ between two
 /// configurations.
-pub fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
+pub(crate) fn changed_keys(old: &Config, new: &Config) -> Vec<String> {
     fn diff(prefix: &str, a: Option<&toml::Value>, b: Option<&toml::Value>, out: &mut Vec<String>) {
         match (a, b) {
             (Some(toml::Value::Table(a)), Some(toml::Value::Table(b))) => {

@@ -10,26 +10,26 @@ use crate::util::duration as humantime_serde_compat;
 /// Slow-syscall sampling (spans). Thresholds are durations like "10ms".
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct SlowCallsConfig {
-    pub enabled: bool,
+pub(crate) struct SlowCallsConfig {
+    pub(crate) enabled: bool,
     /// Calls at least this slow are sampled, unless overridden per syscall.
     #[serde(with = "humantime_serde_compat")]
-    pub threshold: Duration,
+    pub(crate) threshold: Duration,
     /// Per-syscall thresholds by name; "0s" or "off" never samples that syscall.
-    pub thresholds: BTreeMap<String, String>,
+    pub(crate) thresholds: BTreeMap<String, String>,
     /// Syscalls never sampled, because waiting is their job.
-    pub exclude: Vec<String>,
+    pub(crate) exclude: Vec<String>,
     /// Events per second for the whole node (split evenly across CPUs in the kernel).
-    pub max_events_per_second: u32,
+    pub(crate) max_events_per_second: u32,
     /// Recent slow calls kept for `/api/v1/slow-calls` when no OTLP endpoint is configured.
-    pub recent_capacity: usize,
+    pub(crate) recent_capacity: usize,
     /// Puts the path behind a file descriptor into spans (`file.path`). Paths can carry
     /// user data, so they can be turned off.
-    pub resolve_file_paths: bool,
+    pub(crate) resolve_file_paths: bool,
     /// Kernel ring buffer size in bytes (power of two, multiple of the page size).
-    pub ring_buffer_bytes: u32,
+    pub(crate) ring_buffer_bytes: u32,
     /// Spans queued for export at most; beyond it, spans are dropped and counted.
-    pub export_queue: usize,
+    pub(crate) export_queue: usize,
 }
 
 impl Default for SlowCallsConfig {

@@ -16,12 +16,12 @@ pub enum HistogramResolution {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
-pub struct SyscallsConfig {
-    pub enabled: bool,
-    pub histogram_resolution: HistogramResolution,
+pub(crate) struct SyscallsConfig {
+    pub(crate) enabled: bool,
+    pub(crate) histogram_resolution: HistogramResolution,
     /// Splits the read and write families and the socket calls by what their descriptor is
     /// (`fd_kind`, and `fs` for files), classified in the kernel at entry.
-    pub descriptor_kinds: bool,
+    pub(crate) descriptor_kinds: bool,
 }
 
 impl Default for SyscallsConfig {

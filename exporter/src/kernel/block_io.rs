@@ -28,7 +28,7 @@ use crate::{config::Config, util::error::Chain};
 const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
 
 /// Capacity of `BLOCK_LATENCY` for this config.
-pub fn latency_capacity(config: &Config) -> u32 {
+pub(crate) fn latency_capacity(config: &Config) -> u32 {
     if config.block_io.latency_by_cgroup {
         config.block_io.max_entries
     } else {
@@ -37,7 +37,7 @@ pub fn latency_capacity(config: &Config) -> u32 {
 }
 
 /// This family's map sizes for `config`, which the loader applies.
-pub fn map_sizes(config: &Config) -> [(&'static str, u32); 3] {
+pub(crate) fn map_sizes(config: &Config) -> [(&'static str, u32); 3] {
     let block = &config.block_io;
     [
         (maps::BLOCK_INFLIGHT, block.max_inflight),
@@ -47,10 +47,10 @@ pub fn map_sizes(config: &Config) -> [(&'static str, u32); 3] {
 }
 
 /// The block probes attached, with their maps.
-pub struct BlockMaps {
-    pub stats: HashReader<BlockKey, BlockStats>,
-    pub latency: HashReader<BlockLatencyKey, BlockLatency>,
-    pub inflight: BpfHashMap<MapData, u64, BlockInflight>,
+pub(crate) struct BlockMaps {
+    pub(crate) stats: HashReader<BlockKey, BlockStats>,
+    pub(crate) latency: HashReader<BlockLatencyKey, BlockLatency>,
+    pub(crate) inflight: BpfHashMap<MapData, u64, BlockInflight>,
 }
 
 impl BlockMaps {
@@ -58,7 +58,7 @@ impl BlockMaps {
     /// then issue), plus `block_io_start` when the kernel has it, recording them under
     /// `collector`. The object must have been loaded with `plan.probe`. On failure nothing
     /// stays attached.
-    pub fn attach(
+    pub(crate) fn attach(
         probes: &mut Probes,
         collector: &'static str,
         config: &Config,
@@ -122,7 +122,7 @@ fn attach_programs(
 /// The block probes attached in trace mode (the object loaded with the global `BLOCK_TRACE`
 /// set, [`super::LoadOptions::block_trace`]): `BLOCK_STATS` then holds only the trace
 /// target's requests, and each of them is also streamed to `TRACE_BLOCK_EVENTS`.
-pub struct BlockTrace {
+pub(crate) struct BlockTrace {
     ring: RingBuf<MapData>,
     stats: BpfHashMap<MapData, BlockKey, BlockStats>,
 }
@@ -137,7 +137,7 @@ impl BlockTrace {
     /// Takes `BLOCK_STATS` and `TRACE_BLOCK_EVENTS` and attaches the block programs to
     /// `issue` and `complete` under `collector`. The object must have been loaded with
     /// `plan.probe` and `block_trace` set. On failure nothing stays attached.
-    pub fn attach(
+    pub(crate) fn attach(
         probes: &mut Probes,
         collector: &'static str,
         issue: &str,
@@ -153,17 +153,20 @@ impl BlockTrace {
     }
 
     /// The ring buffer's descriptor, to poll together with the syscall stream.
-    pub fn fd(&self) -> i32 {
+    pub(crate) fn fd(&self) -> i32 {
         self.ring.as_raw_fd()
     }
 
     /// Hands every request waiting in `TRACE_BLOCK_EVENTS` to `each`; returns how many.
-    pub fn drain(&mut self, each: impl FnMut(&BlockTraceEvent)) -> u64 {
+    pub(crate) fn drain(&mut self, each: impl FnMut(&BlockTraceEvent)) -> u64 {
         drain_ring(&mut self.ring, each)
     }
 
     /// Hands every `BLOCK_STATS` entry to `each`; an error ends the walk early.
-    pub fn read_stats(&self, mut each: impl FnMut(&BlockKey, &BlockStats)) -> Result<(), MapError> {
+    pub(crate) fn read_stats(
+        &self,
+        mut each: impl FnMut(&BlockKey, &BlockStats),
+    ) -> Result<(), MapError> {
         for item in self.stats.iter() {
             let (key, stats) = item?;
             each(&key, &stats);
@@ -173,13 +176,13 @@ impl BlockTrace {
 }
 
 /// Tracepoint whose context is the task that submitted a request (6.5 and later).
-pub const SUBMIT_TRACEPOINT: &str = "block_io_start";
+pub(crate) const SUBMIT_TRACEPOINT: &str = "block_io_start";
 /// The tracepoints whose prototypes the issue and completion programs are written for.
 const ISSUE_PROTOTYPE: &str = "block_rq_issue";
 const COMPLETE_PROTOTYPE: &str = "block_rq_complete";
 
 #[derive(Debug, thiserror::Error)]
-pub enum BlockIoError {
+pub(crate) enum BlockIoError {
     #[error("cannot find the kernel's block request layout")]
     Btf(#[from] BtfError),
     #[error(transparent)]
@@ -195,17 +198,17 @@ pub enum BlockIoError {
 
 /// What [`plan`] found out about the running kernel, for the loader and [`BlockMaps::attach`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockIoPlan {
+pub(crate) struct BlockIoPlan {
     /// Handed to the probes as the global `BLOCK_CONFIG`.
-    pub probe: BlockProbeConfig,
+    pub(crate) probe: BlockProbeConfig,
     /// Whether `block_io_start` exists: requests are then attributed at submission.
-    pub attribute_at_submit: bool,
+    pub(crate) attribute_at_submit: bool,
 }
 
 /// Whether the `io` controller is bound to the cgroup v2 hierarchy mounted at `root`: only
 /// then is a bio's cgroup a v2 cgroup whose id the labeler can resolve. (On hybrid layouts it
 /// lives on the v1 `blkio` hierarchy.)
-pub fn io_controller_on_v2(root: &Path) -> bool {
+pub(crate) fn io_controller_on_v2(root: &Path) -> bool {
     std::fs::read_to_string(root.join("cgroup.controllers"))
         .map(|s| s.split_whitespace().any(|c| c == "io"))
         .unwrap_or(false)
@@ -213,7 +216,7 @@ pub fn io_controller_on_v2(root: &Path) -> bool {
 
 /// What the probes need, from the running kernel's BTF and the cgroup layout; checks that
 /// the configured tracepoints exist with the prototypes the programs are written for.
-pub fn plan(config: &Config, cgroup_root: &Path) -> Result<BlockIoPlan, BlockIoError> {
+pub(crate) fn plan(config: &Config, cgroup_root: &Path) -> Result<BlockIoPlan, BlockIoError> {
     let btf = Btf::from_kernel()?;
     let tracepoints = &config.block_io.tracepoints;
     let [issue, complete] = tracepoints.as_slice() else {

@@ -15,7 +15,7 @@ use aya::Pod;
 pub const CHUNK: usize = 512;
 
 #[derive(Debug, thiserror::Error)]
-pub enum BatchError {
+pub(crate) enum BatchError {
     #[error("this kernel does not support batched map lookups")]
     Unsupported,
     #[error("batched lookup failed: {0}")]
@@ -61,7 +61,8 @@ unsafe fn lookup_batch(attr: &mut BatchAttr) -> i32 {
 }
 
 /// Every entry of a per-CPU hash map: keys and, per key, one value per possible CPU.
-pub fn lookup_all_percpu<K: Pod, V: Pod>(
+#[cfg(test)]
+pub(crate) fn lookup_all_percpu<K: Pod, V: Pod>(
     map: BorrowedFd<'_>,
     nr_cpus: usize,
 ) -> Result<Vec<(K, Vec<V>)>, BatchError> {
@@ -71,7 +72,7 @@ pub fn lookup_all_percpu<K: Pod, V: Pod>(
 }
 
 /// Every entry of a hash map that is not per CPU.
-pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> Result<Vec<(K, V)>, BatchError> {
+pub(crate) fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> Result<Vec<(K, V)>, BatchError> {
     let all = lookup::<K, V>(map, 1, std::mem::size_of::<V>())?;
     Ok(all
         .into_iter()
@@ -82,7 +83,8 @@ pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> Result<Vec<(K, V)>, Ba
 /// Indices `range` of a per-CPU array, handed to `each` one at a time with their per-CPU values,
 /// read in batches whose buffer stays under [`ARRAY_BUFFER_BYTES`] however many CPUs and
 /// indices there are (so a caller can sum as it reads, never holding the whole range).
-pub fn for_each_percpu_array_range<V: Pod>(
+#[cfg(test)]
+pub(crate) fn for_each_percpu_array_range<V: Pod>(
     map: BorrowedFd<'_>,
     nr_cpus: usize,
     range: std::ops::Range<u32>,
@@ -95,7 +97,7 @@ pub fn for_each_percpu_array_range<V: Pod>(
 
 /// Indices `range` of an array that is not per CPU, handed to `each` one at a time, read in
 /// batches as [`for_each_percpu_array_range`] reads.
-pub fn for_each_array_range<V: Pod>(
+pub(crate) fn for_each_array_range<V: Pod>(
     map: BorrowedFd<'_>,
     range: std::ops::Range<u32>,
     mut each: impl FnMut(u32, &V),
@@ -179,7 +181,7 @@ fn array_range<V: Pod>(
 
 /// The most a batched read of a per-CPU array buffers at once (fewer indices per call on nodes
 /// with many CPUs).
-pub const ARRAY_BUFFER_BYTES: usize = 4 << 20;
+pub(crate) const ARRAY_BUFFER_BYTES: usize = 4 << 20;
 
 /// Every entry of a hash map, with `values_per_key` values of `stride` bytes each.
 fn lookup<K: Pod, V: Pod>(

@@ -13,7 +13,7 @@ use std::{
 };
 
 /// Where the running kernel publishes its BTF.
-pub const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 
 /// The kernel's BTF from another file (`--btf.path`), set once at start.
 static KERNEL_BTF_FILE: OnceLock<PathBuf> = OnceLock::new();
@@ -30,14 +30,14 @@ pub fn use_kernel_btf_file(path: &Path) -> Result<(), BtfError> {
 }
 
 /// The file sysscope reads the kernel's BTF from.
-pub fn kernel_btf_file() -> &'static Path {
+pub(crate) fn kernel_btf_file() -> &'static Path {
     KERNEL_BTF_FILE
         .get()
         .map_or(Path::new(VMLINUX), PathBuf::as_path)
 }
 
 /// The file `--btf.path` named, if any.
-pub fn given_kernel_btf_file() -> Option<&'static Path> {
+pub(crate) fn given_kernel_btf_file() -> Option<&'static Path> {
     KERNEL_BTF_FILE.get().map(PathBuf::as_path)
 }
 
@@ -126,7 +126,7 @@ enum Type {
 
 /// What a member is, after typedefs and qualifiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberKind {
+pub(crate) enum MemberKind {
     /// An integer (or enum) of this many bytes.
     Int(u32),
     Pointer,
@@ -149,9 +149,9 @@ impl std::fmt::Display for MemberKind {
 
 /// A struct member as found: byte offset from the start of the outer struct, and its kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Field {
-    pub offset: u32,
-    pub kind: MemberKind,
+pub(crate) struct Field {
+    pub(crate) offset: u32,
+    pub(crate) kind: MemberKind,
 }
 
 /// Parsed kernel BTF.
@@ -181,7 +181,7 @@ impl Btf {
         Self::from_file(kernel_btf_file())
     }
 
-    pub fn from_file(path: &Path) -> Result<Self, BtfError> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self, BtfError> {
         let data = std::fs::read(path).map_err(|source| BtfError::Read {
             path: path.display().to_string(),
             source,
@@ -196,7 +196,7 @@ impl Btf {
     }
 
     /// Parses raw BTF (little-endian, as on the machines sysscope runs on).
-    pub fn parse(data: &[u8]) -> Result<Self, BtfError> {
+    pub(crate) fn parse(data: &[u8]) -> Result<Self, BtfError> {
         let bad = |what: &str| BtfError::Malformed(what.to_string());
         if u16_at(data, 0) != Some(MAGIC) {
             return Err(bad("bad magic (not little-endian BTF)"));
@@ -379,17 +379,18 @@ impl Btf {
 
     /// The prototype (type id) of tracepoint `name`, if the kernel has it. Two tracepoints
     /// with the same id take the same arguments.
-    pub fn tracepoint_proto(&self, name: &str) -> Option<u32> {
+    pub(crate) fn tracepoint_proto(&self, name: &str) -> Option<u32> {
         self.tracepoints.get(name).copied()
     }
 
     /// Whether the kernel has a struct named `name`.
-    pub fn has_struct(&self, name: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_struct(&self, name: &str) -> bool {
         self.structs.contains_key(name)
     }
 
     /// Offset and kind of `strukt.member`, looking through anonymous structs and unions.
-    pub fn field(&self, strukt: &str, member: &str) -> Result<Field, BtfError> {
+    pub(crate) fn field(&self, strukt: &str, member: &str) -> Result<Field, BtfError> {
         let id = *self
             .structs
             .get(strukt)
@@ -402,7 +403,7 @@ impl Btf {
     }
 
     /// Like [`Btf::field`], and checks the member's kind.
-    pub fn field_of_kind(
+    pub(crate) fn field_of_kind(
         &self,
         strukt: &str,
         member: &str,
@@ -452,7 +453,7 @@ impl Btf {
     }
 
     /// The value of enumerator `value` of the enum named `enum_name`, if both exist.
-    pub fn enum_value(&self, enum_name: &str, value: &str) -> Option<i64> {
+    pub(crate) fn enum_value(&self, enum_name: &str, value: &str) -> Option<i64> {
         self.types.iter().find_map(|t| match t {
             Type::Enum { name, values, .. } if self.str_at(*name) == Some(enum_name) => values
                 .iter()
@@ -463,12 +464,9 @@ impl Btf {
     }
 
     /// Number of types (for diagnostics and tests).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.types.len() - 1
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

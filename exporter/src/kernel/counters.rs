@@ -10,7 +10,7 @@ use sysscope_abi::maps;
 use super::{read_err, ProbeError, Probes};
 
 /// `PROBE_COUNTERS`, taken from the loaded object.
-pub struct ProbeCounters {
+pub(crate) struct ProbeCounters {
     map: PerCpuArray<MapData, u64>,
 }
 
@@ -22,7 +22,7 @@ impl std::fmt::Debug for ProbeCounters {
 
 impl ProbeCounters {
     /// Takes `PROBE_COUNTERS` from `probes`.
-    pub fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
+    pub(crate) fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
         let map = PerCpuArray::try_from(probes.take_map(maps::PROBE_COUNTERS)?)
             .map_err(read_err(maps::PROBE_COUNTERS))?;
         Ok(Self { map })
@@ -30,7 +30,7 @@ impl ProbeCounters {
 
     /// Counter `index` summed over CPUs (the per-CPU values wrap as the kernel's do), or
     /// `None` when the read failed.
-    pub fn get(&self, index: u32) -> Option<u64> {
+    pub(crate) fn get(&self, index: u32) -> Option<u64> {
         self.map
             .get(&index, 0)
             .ok()

@@ -23,7 +23,7 @@ use sysscope_abi::{BlockStats, LatencyHistogram};
 use crate::kernel::bpf_batch::{self, BatchError};
 
 /// A map value the probes only add to.
-pub trait Counters: Copy {
+pub(crate) trait Counters: Copy {
     const ZERO: Self;
 
     /// What this value adds to `prev`, an earlier read of the same key. If any part went
@@ -101,11 +101,11 @@ impl Counters for LatencyHistogram {
 pub struct Snapshot<K, V> {
     pub entries: Vec<(K, V)>,
     /// False when the walk ended early: entries not in `entries` may still exist.
-    pub complete: bool,
+    pub(crate) complete: bool,
 }
 
 /// A hash map of the probes, read whole and reclaimed key by key.
-pub struct HashReader<K, V> {
+pub(crate) struct HashReader<K, V> {
     map: BpfHashMap<MapData, K, V>,
     /// Whether the kernel supports batched lookups (cleared on the first refusal).
     batch: bool,
@@ -120,12 +120,12 @@ impl<K, V> std::fmt::Debug for HashReader<K, V> {
 }
 
 impl<K: Pod, V: Pod> HashReader<K, V> {
-    pub fn new(map: BpfHashMap<MapData, K, V>) -> Self {
+    pub(crate) fn new(map: BpfHashMap<MapData, K, V>) -> Self {
         Self { map, batch: true }
     }
 
     /// Every entry: in batches where the kernel allows, entry by entry otherwise.
-    pub fn read(&mut self) -> Snapshot<K, V> {
+    pub(crate) fn read(&mut self) -> Snapshot<K, V> {
         if self.batch {
             match bpf_batch::lookup_all::<K, V>(self.map.map().fd().as_fd()) {
                 Ok(entries) => {
@@ -159,21 +159,16 @@ impl<K: Pod, V: Pod> HashReader<K, V> {
     /// Deletes `keys` (whose final values the caller has read) and returns those that are
     /// gone from the kernel; a key whose delete failed keeps its values there and must be
     /// read again, not forgotten.
-    pub fn remove(&mut self, keys: &[K]) -> Vec<K> {
+    pub(crate) fn remove(&mut self, keys: &[K]) -> Vec<K> {
         keys.iter()
             .filter(|key| deleted(self.map.remove(key)))
             .copied()
             .collect()
     }
-
-    /// The value of one key, if it is there.
-    pub fn get(&self, key: &K) -> Option<V> {
-        self.map.get(key, 0).ok()
-    }
 }
 
 /// Whether a kernel delete left the entry gone (deleted now, or not there at all).
-pub fn deleted(result: Result<(), MapError>) -> bool {
+pub(crate) fn deleted(result: Result<(), MapError>) -> bool {
     match result {
         Ok(()) | Err(MapError::KeyNotFound) => true,
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => true,
@@ -187,28 +182,28 @@ pub fn deleted(result: Result<(), MapError>) -> bool {
 /// What was last settled of one kernel entry, and the caller's own state for it (where its
 /// values go).
 #[derive(Debug)]
-pub struct Tracked<V, S> {
+pub(crate) struct Tracked<V, S> {
     last: V,
     seen: u64,
-    pub state: S,
+    pub(crate) state: S,
 }
 
 impl<V: Counters, S> Tracked<V, S> {
     /// What `cur`, the entry's value now, adds to what was settled.
-    pub fn change(&self, cur: &V) -> V {
+    pub(crate) fn change(&self, cur: &V) -> V {
         cur.since(&self.last)
     }
 
     /// Records that everything up to `cur` has been accounted for. An entry not settled
     /// keeps its change for the next read (e.g. while its labels cannot be known yet).
-    pub fn settle(&mut self, cur: V) {
+    pub(crate) fn settle(&mut self, cur: V) {
         self.last = cur;
     }
 }
 
 /// The kernel entries of one map as last read.
 #[derive(Debug)]
-pub struct Tracker<K, V, S> {
+pub(crate) struct Tracker<K, V, S> {
     entries: HashMap<K, Tracked<V, S>>,
     generation: u64,
 }
@@ -224,13 +219,13 @@ impl<K, V, S> Default for Tracker<K, V, S> {
 
 impl<K: Eq + Hash + Copy, V: Counters, S> Tracker<K, V, S> {
     /// Starts a read of the map.
-    pub fn begin(&mut self) {
+    pub(crate) fn begin(&mut self) {
         self.generation += 1;
     }
 
     /// The entry of `key`, seen in this read; `state` makes the caller's state of a key seen
     /// for the first time.
-    pub fn observe(&mut self, key: K, state: impl FnOnce() -> S) -> &mut Tracked<V, S> {
+    pub(crate) fn observe(&mut self, key: K, state: impl FnOnce() -> S) -> &mut Tracked<V, S> {
         let generation = self.generation;
         let tracked = self.entries.entry(key).or_insert_with(|| Tracked {
             last: V::ZERO,
@@ -242,7 +237,7 @@ impl<K: Eq + Hash + Copy, V: Counters, S> Tracker<K, V, S> {
     }
 
     /// Forgets keys whose kernel entries are confirmed gone ([`HashReader::remove`]).
-    pub fn forget(&mut self, keys: impl IntoIterator<Item = K>) {
+    pub(crate) fn forget(&mut self, keys: impl IntoIterator<Item = K>) {
         for key in keys {
             self.entries.remove(&key);
         }
@@ -250,7 +245,7 @@ impl<K: Eq + Hash + Copy, V: Counters, S> Tracker<K, V, S> {
 
     /// Ends a read: entries this read did not see were deleted in the kernel (none are
     /// expected) and are forgotten, unless the walk was incomplete and that cannot be told.
-    pub fn end(&mut self, complete: bool) {
+    pub(crate) fn end(&mut self, complete: bool) {
         if complete {
             let generation = self.generation;
             self.entries.retain(|_, e| e.seen == generation);
@@ -259,23 +254,24 @@ impl<K: Eq + Hash + Copy, V: Counters, S> Tracker<K, V, S> {
         }
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &K> {
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {
         self.entries.keys()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&K, &S)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &S)> {
         self.entries.iter().map(|(k, t)| (k, &t.state))
     }
 
-    pub fn states(&self) -> impl Iterator<Item = &S> {
+    pub(crate) fn states(&self) -> impl Iterator<Item = &S> {
         self.entries.values().map(|t| &t.state)
     }
 }

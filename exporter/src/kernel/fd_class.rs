@@ -16,7 +16,7 @@ use crate::kernel::btf::{Btf, BtfError, MemberKind};
 
 /// The offsets of the chain `task->files->fdt->{max_fds, fd}`, `file->f_inode`,
 /// `inode->{i_mode, i_sb}`, `sb->s_magic` in this kernel.
-pub fn resolve_offsets(btf: &Btf) -> Result<FdProbeConfig, BtfError> {
+pub(crate) fn resolve_offsets(btf: &Btf) -> Result<FdProbeConfig, BtfError> {
     use MemberKind::{Int, Pointer};
     Ok(FdProbeConfig {
         ready: 1,
@@ -91,7 +91,7 @@ pub fn fs_name(magic: u32) -> Cow<'static, str> {
 }
 
 /// The labels of a class: `fd_kind` for every classified call, and `fs` for files.
-pub fn push_labels(class: &FdClass, labels: &mut Vec<(&'static str, Cow<'_, str>)>) {
+pub(crate) fn push_labels(class: &FdClass, labels: &mut Vec<(&'static str, Cow<'_, str>)>) {
     let Some(kind) = fd_class::name(class.kind) else {
         return;
     };

@@ -7,30 +7,30 @@
 /// A kernel feature the probes use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelFeature {
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// The first Linux version that has it.
-    pub since: &'static str,
+    pub(crate) since: &'static str,
 }
 
-pub const TASK_STORAGE: KernelFeature = KernelFeature {
+pub(crate) const TASK_STORAGE: KernelFeature = KernelFeature {
     name: "task-local storage maps (BPF_MAP_TYPE_TASK_STORAGE)",
     since: "5.11",
 };
-pub const TASK_STORAGE_FROM_TRACING: KernelFeature = KernelFeature {
+pub(crate) const TASK_STORAGE_FROM_TRACING: KernelFeature = KernelFeature {
     name: "task-local storage for tracing programs (bpf_task_storage_get outside BPF LSM)",
     since: "5.13",
 };
-pub const TASK_BTF: KernelFeature = KernelFeature {
+pub(crate) const TASK_BTF: KernelFeature = KernelFeature {
     name: "the current task as a BTF pointer (bpf_get_current_task_btf)",
     since: "5.11",
 };
-pub const RING_BUFFER: KernelFeature = KernelFeature {
+pub(crate) const RING_BUFFER: KernelFeature = KernelFeature {
     name: "BPF ring buffers (BPF_MAP_TYPE_RINGBUF)",
     since: "5.8",
 };
 
 /// The feature a map needs, for the maps whose type is newer than the rest.
-pub fn of_map(map: &str) -> Option<KernelFeature> {
+pub(crate) fn of_map(map: &str) -> Option<KernelFeature> {
     match map {
         "SYSCALL_THREADS" => Some(TASK_STORAGE),
         "SLOW_EVENTS" | "TRACE_EVENTS" | "TRACE_BLOCK_EVENTS" => Some(RING_BUFFER),
@@ -40,7 +40,7 @@ pub fn of_map(map: &str) -> Option<KernelFeature> {
 
 /// The feature a verifier log says is missing: a helper this kernel does not know, or does
 /// not allow in this program type.
-pub fn of_verifier_log(log: &str) -> Option<KernelFeature> {
+pub(crate) fn of_verifier_log(log: &str) -> Option<KernelFeature> {
     let refused = |helper: &str| {
         log.lines().any(|l| {
             l.contains(helper) && (l.contains("unknown func") || l.contains("cannot use helper"))
@@ -58,7 +58,7 @@ pub fn of_verifier_log(log: &str) -> Option<KernelFeature> {
 }
 
 /// The running kernel's release (`uname -r`).
-pub fn running_kernel() -> String {
+pub(crate) fn running_kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
@@ -70,7 +70,7 @@ pub fn running_kernel() -> String {
 pub const FAULT_ENV: &str = "SYSSCOPE_FAULT_KERNEL_FEATURE";
 
 /// The verifier log an old kernel writes for `program`, if the fault injection asks for it.
-pub fn injected_verifier_log(program: &str) -> Option<String> {
+pub(crate) fn injected_verifier_log(program: &str) -> Option<String> {
     let spec = std::env::var(FAULT_ENV).ok()?;
     spec.split(',').find_map(|item| {
         let (p, feature) = item.trim().split_once('=')?;

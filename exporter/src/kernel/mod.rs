@@ -16,15 +16,15 @@
 pub mod block_io;
 pub mod bpf_batch;
 pub mod btf;
-pub mod counters;
-pub mod cumulative;
+pub(crate) mod counters;
+pub(crate) mod cumulative;
 pub mod fd_class;
 pub mod features;
 #[cfg(test)]
 mod object_contract;
 pub mod probe_stats;
 pub mod syscalls;
-pub mod trace;
+pub(crate) mod trace;
 
 use std::time::Duration;
 
@@ -166,7 +166,7 @@ fn effective_capabilities() -> u64 {
 }
 
 /// Checks what loading tracing programs needs, naming what is missing.
-pub fn preflight() -> Result<(), ProbeError> {
+pub(crate) fn preflight() -> Result<(), ProbeError> {
     let caps = effective_capabilities();
     let has = |cap: u32| caps & (1u64 << cap) != 0;
     if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
@@ -219,17 +219,17 @@ pub struct ProgramStatus {
 
 /// Run time and run count of one program since it was loaded (kernel BPF stats).
 #[derive(Debug, Clone, PartialEq)]
-pub struct ProgramStats {
-    pub program: String,
-    pub run_time: Duration,
-    pub run_count: u64,
+pub(crate) struct ProgramStats {
+    pub(crate) program: String,
+    pub(crate) run_time: Duration,
+    pub(crate) run_count: u64,
 }
 
 /// Copies of each `SYSCALL_STATS` slot on a node with `cpus` possible CPUs: one per CPU up to
 /// [`MAX_STAT_STRIPES`] (a power of two), so small machines pay nothing for it and big ones
 /// keep the map's size fixed while CPUs counting the same key at once mostly write different
 /// copies.
-pub fn stat_stripes(cpus: u32) -> u32 {
+pub(crate) fn stat_stripes(cpus: u32) -> u32 {
     cpus.max(1).next_power_of_two().min(MAX_STAT_STRIPES)
 }
 
@@ -460,7 +460,7 @@ impl Probes {
 
     /// Detaches and unloads every program `collector` attached: a collector that failed half
     /// way must not leave programs running (and filling maps) that nothing reads.
-    pub fn detach_collector(&mut self, collector: &'static str) {
+    pub(crate) fn detach_collector(&mut self, collector: &'static str) {
         for status in self
             .programs
             .iter_mut()
@@ -496,7 +496,7 @@ impl Probes {
     }
 
     /// Mutable access to a map that stays in the object (e.g. configuration arrays).
-    pub fn map_mut(&mut self, name: &str) -> Result<&mut Map, ProbeError> {
+    pub(crate) fn map_mut(&mut self, name: &str) -> Result<&mut Map, ProbeError> {
         self.ebpf
             .map_mut(name)
             .ok_or_else(|| ProbeError::NoSuchMap {
@@ -510,7 +510,7 @@ impl Probes {
     }
 
     /// Kernel run-time statistics of every attached program (none when they are off).
-    pub fn program_stats(&self) -> Vec<ProgramStats> {
+    pub(crate) fn program_stats(&self) -> Vec<ProgramStats> {
         self.programs
             .iter()
             .filter(|p| p.attached)
@@ -531,7 +531,7 @@ impl Probes {
     }
 
     /// Fraction of the time run-time statistics were on (1: exact, 0: off).
-    pub fn stats_coverage(&self) -> f64 {
+    pub(crate) fn stats_coverage(&self) -> f64 {
         self.stats.coverage()
     }
 }
@@ -542,7 +542,7 @@ static MAP_NAMES: std::sync::Mutex<std::collections::BTreeMap<u64, String>> =
 
 /// Kernel memory of every eBPF map this process holds, by map name (the kernel's own account,
 /// `memlock` in the map's fdinfo), summed over maps of the same name.
-pub fn map_memory() -> Vec<(String, u64)> {
+pub(crate) fn map_memory() -> Vec<(String, u64)> {
     let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
     let mut seen = std::collections::HashSet::new();
     for info in crate::util::fdinfo::own() {

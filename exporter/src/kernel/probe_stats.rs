@@ -33,15 +33,15 @@ use std::{
 use crate::config::ProbeStatsMode;
 
 /// How long statistics stay on in each sampling period.
-pub const WINDOW: Duration = Duration::from_secs(1);
+pub(crate) const WINDOW: Duration = Duration::from_secs(1);
 /// Time from the start of one sampling window to the start of the next.
-pub const PERIOD: Duration = Duration::from_secs(30);
+pub(crate) const PERIOD: Duration = Duration::from_secs(30);
 
 /// Run time and run count of one program.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct RunTotals {
-    pub run_time: Duration,
-    pub runs: u64,
+pub(crate) struct RunTotals {
+    pub(crate) run_time: Duration,
+    pub(crate) runs: u64,
 }
 
 #[derive(Default)]
@@ -67,7 +67,7 @@ impl Shared {
 }
 
 /// Keeps run-time statistics on as `collection.probe_stats` asks, for as long as it lives.
-pub struct RunTimeStats {
+pub(crate) struct RunTimeStats {
     mode: ProbeStatsMode,
     started: Instant,
     shared: Arc<Shared>,
@@ -239,7 +239,7 @@ fn sample(shared: &Shared, started: Instant, mut helper: StatsHelper) {
 }
 
 impl RunTimeStats {
-    pub fn start(mode: ProbeStatsMode) -> Self {
+    pub(crate) fn start(mode: ProbeStatsMode) -> Self {
         let started = Instant::now();
         let shared = Arc::new(Shared::default());
         let (always, sampler) = match mode {
@@ -269,12 +269,8 @@ impl RunTimeStats {
         }
     }
 
-    pub fn mode(&self) -> ProbeStatsMode {
-        self.mode
-    }
-
     /// Fraction of sysscope's run time that statistics were on.
-    pub fn coverage(&self) -> f64 {
+    pub(crate) fn coverage(&self) -> f64 {
         match self.mode {
             ProbeStatsMode::Always if self._always.is_some() => 1.0,
             ProbeStatsMode::Sampled => {
@@ -287,7 +283,7 @@ impl RunTimeStats {
 
     /// Totals of program `id`: `kernel` (its own counters) in "always" mode, extrapolated from
     /// the samples in "sampled" mode, none when off.
-    pub fn totals(&self, id: u32, kernel: RunTotals) -> Option<RunTotals> {
+    pub(crate) fn totals(&self, id: u32, kernel: RunTotals) -> Option<RunTotals> {
         match self.mode {
             ProbeStatsMode::Always => Some(kernel),
             ProbeStatsMode::Off => None,

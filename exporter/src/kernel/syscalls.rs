@@ -31,7 +31,7 @@ use crate::{
 
 /// This family's map sizes for `config`, which the loader applies: the statistics table with
 /// `stripes` copies per slot, its free-slot stack and per-cgroup counts, errors and exits.
-pub fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 7] {
+pub(crate) fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 7] {
     let limits = &config.limits;
     let slots = limits.max_syscall_entries;
     // One count per cgroup holding slots: at most one per slot, and far fewer in practice.
@@ -49,16 +49,16 @@ pub fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 7] {
 
 /// The syscall probes' maps, with the probes attached: what the collector reads, and what the
 /// command-line tools (`sysscope summary`, `top`, ...) read with their own filters.
-pub struct SyscallMaps {
-    pub stats: SyscallStatsTable,
-    pub errors: HashReader<ErrnoKey, u64>,
-    pub exits: ExitQueue,
+pub(crate) struct SyscallMaps {
+    pub(crate) stats: SyscallStatsTable,
+    pub(crate) errors: HashReader<ErrnoKey, u64>,
+    pub(crate) exits: ExitQueue,
 }
 
 impl SyscallMaps {
     /// Takes the maps and attaches `sched_process_exit`, `cgroup_attach_task`, `sched_switch`,
     /// `sys_exit` and `sys_enter`, in that order, recording them under `collector`.
-    pub fn attach(probes: &mut Probes, collector: &'static str) -> Result<Self, ProbeError> {
+    pub(crate) fn attach(probes: &mut Probes, collector: &'static str) -> Result<Self, ProbeError> {
         let map_err = |name: &'static str| {
             move |source| ProbeError::Map {
                 map: name.into(),
@@ -100,17 +100,17 @@ impl SyscallMaps {
 /// name they had. The process's entries are read once more after its record is seen, then
 /// reclaimed, and only then is the record dropped: the one exit lifecycle of the syscall
 /// statistics, for the collector and the command-line tools alike.
-pub struct ExitQueue(BpfHashMap<MapData, u32, ProcessExit>);
+pub(crate) struct ExitQueue(BpfHashMap<MapData, u32, ProcessExit>);
 
 impl ExitQueue {
     /// The records queued, as (tgid, record); a record that cannot be read is left for the
     /// next read.
-    pub fn read(&self) -> Vec<(u32, ProcessExit)> {
+    pub(crate) fn read(&self) -> Vec<(u32, ProcessExit)> {
         self.0.iter().flatten().collect()
     }
 
     /// Drops the records of processes whose entries were read for the last time.
-    pub fn forget<'a>(&mut self, tgids: impl IntoIterator<Item = &'a u32>) {
+    pub(crate) fn forget<'a>(&mut self, tgids: impl IntoIterator<Item = &'a u32>) {
         for tgid in tgids {
             // Already gone is fine: nothing else removes records, and a failed remove leaves
             // the record for the next read, which finds the process's entries gone.
@@ -206,7 +206,8 @@ impl SyscallStatsTable {
     }
 
     /// Copies per slot.
-    pub fn stripes(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn stripes(&self) -> u32 {
         self.stripes
     }
 
@@ -308,7 +309,7 @@ impl SyscallStatsTable {
     }
 
     /// Keys holding a slot at the last [`snapshot`](Self::snapshot) (what fills the table).
-    pub fn keys_held(&self) -> usize {
+    pub(crate) fn keys_held(&self) -> usize {
         self.keys_held
     }
 
@@ -321,7 +322,7 @@ impl SyscallStatsTable {
     /// bumped: a slot whose copies still named its old key could be handed back to that same
     /// key (other threads of an exited leader still run) and its final values counted twice.
     /// A slot that cannot be cleaned is kept out of use instead (the table shrinks by one).
-    pub fn remove(&mut self, keys: &[SyscallKey]) -> Vec<SyscallKey> {
+    pub(crate) fn remove(&mut self, keys: &[SyscallKey]) -> Vec<SyscallKey> {
         let mut gone = Vec::with_capacity(keys.len());
         let mut freed = Vec::with_capacity(keys.len());
         for key in keys {
@@ -380,7 +381,7 @@ impl SyscallStatsTable {
     /// Forgets the slot counts of cgroups that hold no slot (most are cgroups that are gone),
     /// so the count maps do not fill with dead cgroups. The probes' count goes first: a slot
     /// taken meanwhile is then counted from zero again, never against an old return.
-    pub fn forget_idle_cgroups(&mut self) {
+    pub(crate) fn forget_idle_cgroups(&mut self) {
         let taken: Vec<(u64, u64)> = if self.batch {
             bpf_batch::lookup_all::<u64, u64>(self.taken.map().fd().as_fd()).unwrap_or_default()
         } else {
@@ -395,7 +396,8 @@ impl SyscallStatsTable {
     }
 
     /// Slots the keys of `cgroup_id` hold, by the probes' count (for tests and diagnostics).
-    pub fn cgroup_slots(&self, cgroup_id: u64) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn cgroup_slots(&self, cgroup_id: u64) -> u64 {
         let taken = self.taken.get(&cgroup_id, 0).unwrap_or(0);
         let returned = self.returned.get(&cgroup_id, 0).unwrap_or(0);
         taken.saturating_sub(returned)

@@ -17,7 +17,7 @@ use crate::syscall_table;
 
 /// Syscalls with a user-space path argument, and its index: what `TRACE_PATH_ARGS` lists.
 /// Names missing on an architecture (aarch64 has no `open`) are skipped.
-pub const PATH_ARGS: &[(&str, u8)] = &[
+pub(crate) const PATH_ARGS: &[(&str, u8)] = &[
     ("open", 0),
     ("creat", 0),
     ("openat", 1),
@@ -66,7 +66,7 @@ pub const PATH_ARGS: &[(&str, u8)] = &[
 ];
 
 /// The index of the path argument of syscall `nr`, if it has one.
-pub fn path_arg(nr: u32) -> Option<usize> {
+pub(crate) fn path_arg(nr: u32) -> Option<usize> {
     let name = syscall_table::name(nr)?;
     PATH_ARGS
         .iter()
@@ -78,7 +78,7 @@ pub fn path_arg(nr: u32) -> Option<usize> {
 /// descendants match) goes to slot 0 of `TRACE_CGROUPS`, `pid` to `TRACE_TARGETS`. The probes
 /// must have been loaded with the matching [`super::LoadOptions`] (`trace_cgroup_id`,
 /// `trace_filter_tgids`). Call before attaching anything.
-pub fn set_target_filter(
+pub(crate) fn set_target_filter(
     probes: &mut Probes,
     cgroup: Option<&std::fs::File>,
     pid: Option<u32>,
@@ -102,10 +102,10 @@ pub fn set_target_filter(
 }
 
 /// The attached trace programs and their ring buffer.
-pub struct TraceEvents {
+pub(crate) struct TraceEvents {
     ring: RingBuf<MapData>,
     /// Records read so far.
-    pub received: u64,
+    pub(crate) received: u64,
 }
 
 impl std::fmt::Debug for TraceEvents {
@@ -119,7 +119,7 @@ impl std::fmt::Debug for TraceEvents {
 impl TraceEvents {
     /// Fills `TRACE_PATH_ARGS`, takes `TRACE_EVENTS` and attaches the trace programs under
     /// `tool` (after [`set_target_filter`]).
-    pub fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, ProbeError> {
+    pub(crate) fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, ProbeError> {
         {
             let mut paths: Array<&mut MapData, u8> =
                 Array::try_from(probes.map_mut(maps::TRACE_PATH_ARGS)?)
@@ -140,7 +140,7 @@ impl TraceEvents {
     }
 
     /// Waits up to `timeout` for records (here, or in the ring buffer behind `also`).
-    pub fn wait(&self, timeout: Duration, also: Option<i32>) {
+    pub(crate) fn wait(&self, timeout: Duration, also: Option<i32>) {
         let poll = |fd: i32| libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -153,7 +153,7 @@ impl TraceEvents {
     }
 
     /// Hands every record waiting in the ring buffer to `each`; returns how many.
-    pub fn drain(&mut self, mut each: impl FnMut(&TraceEvent)) -> u64 {
+    pub(crate) fn drain(&mut self, mut each: impl FnMut(&TraceEvent)) -> u64 {
         let n = drain_ring(&mut self.ring, |e| each(e));
         self.received += n;
         n

@@ -4,19 +4,19 @@
 
 /// Argument roles of one syscall (indices into the six raw arguments).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ArgSpec {
+pub(crate) struct ArgSpec {
     /// The argument that is a file descriptor the call works on.
-    pub fd: Option<usize>,
+    pub(crate) fd: Option<usize>,
     /// The argument that is the requested size in bytes.
-    pub size: Option<usize>,
+    pub(crate) size: Option<usize>,
     /// The argument that holds flags (or a mode) worth showing.
-    pub flags: Option<usize>,
+    pub(crate) flags: Option<usize>,
     /// A non-negative return value is the number of bytes transferred.
-    pub ret_bytes: bool,
+    pub(crate) ret_bytes: bool,
     /// A non-negative return value is a new file descriptor (open, accept).
-    pub ret_fd: bool,
+    pub(crate) ret_fd: bool,
     /// The descriptor is gone once the call returns (close): do not resolve its path.
-    pub consumes_fd: bool,
+    pub(crate) consumes_fd: bool,
 }
 
 const fn spec(
@@ -36,7 +36,7 @@ const fn spec(
 }
 
 /// The argument roles of syscall `name`; unknown syscalls have none.
-pub fn spec_of(name: &str) -> ArgSpec {
+pub(crate) fn spec_of(name: &str) -> ArgSpec {
     match name {
         "read" | "write" | "pread64" | "pwrite64" | "getdents" | "getdents64" => {
             spec(Some(0), Some(2), None, true)
@@ -95,7 +95,7 @@ pub fn spec_of(name: &str) -> ArgSpec {
 }
 
 /// A raw argument as a file descriptor (C `int`), if it is one.
-pub fn as_fd(raw: u64) -> Option<i32> {
+pub(crate) fn as_fd(raw: u64) -> Option<i32> {
     let fd = raw as u32 as i32;
     (fd >= 0).then_some(fd)
 }

@@ -12,10 +12,12 @@
 //! milliseconds of happening, so the offset in force at conversion time is the right one;
 //! re-measuring per event would cost three clock reads each for no better result.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+#[cfg(test)]
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// How often the offset is measured again.
-pub const REFRESH: Duration = Duration::from_secs(10);
+pub(crate) const REFRESH: Duration = Duration::from_secs(10);
 
 fn read_clock(clock: libc::clockid_t) -> i128 {
     let mut ts = libc::timespec {
@@ -27,10 +29,10 @@ fn read_clock(clock: libc::clockid_t) -> i128 {
     ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
 
-pub use crate::util::clock::monotonic_ns;
+pub(crate) use crate::util::clock::monotonic_ns;
 
 /// Measures `CLOCK_REALTIME - CLOCK_MONOTONIC` in nanoseconds.
-pub fn measure_offset_ns() -> i128 {
+pub(crate) fn measure_offset_ns() -> i128 {
     let mut best: Option<(i128, i128)> = None;
     for _ in 0..5 {
         let before = read_clock(libc::CLOCK_MONOTONIC);
@@ -47,7 +49,7 @@ pub fn measure_offset_ns() -> i128 {
 
 /// Converts monotonic nanoseconds to wall-clock times, refreshing the offset periodically.
 #[derive(Debug)]
-pub struct WallClock {
+pub(crate) struct WallClock {
     offset_ns: i128,
     measured_at_mono: u64,
     refresh_ns: u64,
@@ -60,7 +62,7 @@ impl Default for WallClock {
 }
 
 impl WallClock {
-    pub fn new(refresh: Duration) -> Self {
+    pub(crate) fn new(refresh: Duration) -> Self {
         Self {
             offset_ns: measure_offset_ns(),
             measured_at_mono: monotonic_ns(),
@@ -69,7 +71,8 @@ impl WallClock {
     }
 
     /// A clock with a fixed offset (tests).
-    pub fn fixed(offset_ns: i128) -> Self {
+    #[cfg(test)]
+    pub(crate) fn fixed(offset_ns: i128) -> Self {
         Self {
             offset_ns,
             measured_at_mono: u64::MAX,
@@ -78,7 +81,7 @@ impl WallClock {
     }
 
     /// Re-measures the offset when it is older than the refresh period.
-    pub fn maybe_refresh(&mut self) {
+    pub(crate) fn maybe_refresh(&mut self) {
         if self.refresh_ns == u64::MAX {
             return;
         }
@@ -90,18 +93,19 @@ impl WallClock {
     }
 
     /// Unix time in nanoseconds of a CLOCK_MONOTONIC timestamp.
-    pub fn unix_ns(&self, mono_ns: u64) -> u64 {
+    pub(crate) fn unix_ns(&self, mono_ns: u64) -> u64 {
         (mono_ns as i128 + self.offset_ns).clamp(0, u64::MAX as i128) as u64
     }
 
     /// Wall-clock time of a CLOCK_MONOTONIC timestamp.
-    pub fn to_system_time(&self, mono_ns: u64) -> SystemTime {
+    #[cfg(test)]
+    pub(crate) fn to_system_time(&self, mono_ns: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_nanos(self.unix_ns(mono_ns))
     }
 }
 
 /// RFC 3339 UTC with nanoseconds, e.g. `2026-11-21T10:00:00.123456789Z`.
-pub fn rfc3339(unix_ns: u64) -> String {
+pub(crate) fn rfc3339(unix_ns: u64) -> String {
     let secs = unix_ns / 1_000_000_000;
     let nanos = unix_ns % 1_000_000_000;
     let days = (secs / 86_400) as i64;

@@ -34,7 +34,7 @@ const MAX_ERRNO: i64 = 4095;
 
 /// A span attribute value.
 #[derive(Debug, Clone, PartialEq)]
-pub enum AttrValue {
+pub(crate) enum AttrValue {
     Int(i64),
     Str(Arc<str>),
 }
@@ -59,30 +59,31 @@ impl From<Arc<str>> for AttrValue {
 
 /// A slow call with its context: what a span carries, independent of where it goes.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SlowCall {
-    pub trace_id: [u8; 16],
-    pub span_id: [u8; 8],
+pub(crate) struct SlowCall {
+    pub(crate) trace_id: [u8; 16],
+    pub(crate) span_id: [u8; 8],
     /// The syscall name (`read`), or `syscall_<nr>` for numbers the table lacks.
-    pub name: Cow<'static, str>,
-    pub start_unix_ns: u64,
-    pub end_unix_ns: u64,
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) start_unix_ns: u64,
+    pub(crate) end_unix_ns: u64,
     /// Duration measured in the kernel (exit minus entry, CLOCK_MONOTONIC).
-    pub duration_ns: u64,
+    pub(crate) duration_ns: u64,
     /// errno name when the call failed.
-    pub error: Option<Cow<'static, str>>,
-    pub attributes: Vec<(&'static str, AttrValue)>,
+    pub(crate) error: Option<Cow<'static, str>>,
+    pub(crate) attributes: Vec<(&'static str, AttrValue)>,
 }
 
 impl SlowCall {
-    pub fn trace_id_hex(&self) -> String {
+    pub(crate) fn trace_id_hex(&self) -> String {
         hex(&self.trace_id)
     }
 
-    pub fn span_id_hex(&self) -> String {
+    pub(crate) fn span_id_hex(&self) -> String {
         hex(&self.span_id)
     }
 
-    pub fn attribute(&self, key: &str) -> Option<&AttrValue> {
+    #[cfg(test)]
+    pub(crate) fn attribute(&self, key: &str) -> Option<&AttrValue> {
         self.attributes
             .iter()
             .find_map(|(k, v)| (*k == key).then_some(v))
@@ -90,7 +91,7 @@ impl SlowCall {
 
     /// The span as the OpenTelemetry SDK's exporters take it: a root span of its own trace
     /// (the application's trace context is not visible to the kernel), kind internal.
-    pub fn to_span_data(&self, scope: &InstrumentationScope) -> SpanData {
+    pub(crate) fn to_span_data(&self, scope: &InstrumentationScope) -> SpanData {
         let attributes = self
             .attributes
             .iter()
@@ -126,7 +127,7 @@ impl SlowCall {
     }
 
     /// The JSON served at the local endpoint.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let attributes: serde_json::Map<String, serde_json::Value> = self
             .attributes
             .iter()
@@ -158,7 +159,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Decodes one ring-buffer record; `None` when it is too short to be a `SlowCallEvent`.
-pub fn decode(record: &[u8]) -> Option<SlowCallEvent> {
+pub(crate) fn decode(record: &[u8]) -> Option<SlowCallEvent> {
     if record.len() < std::mem::size_of::<SlowCallEvent>() {
         return None;
     }
@@ -171,21 +172,21 @@ pub fn decode(record: &[u8]) -> Option<SlowCallEvent> {
 /// What can only be read from `/proc` while the process is still there: taken as soon as the
 /// record is read, before anything that may wait (the labeler lock, a blocking thread).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProcContext {
+pub(crate) struct ProcContext {
     /// Base name of `/proc/<pid>/exe`.
-    pub exe: Option<String>,
+    pub(crate) exe: Option<String>,
     /// The descriptor the call used (or returned), if it is one.
-    pub fd: Option<i32>,
+    pub(crate) fd: Option<i32>,
     /// Where that descriptor points (`/proc/<pid>/task/<tid>/fd/<fd>`, or the process's table
     /// once the thread is gone), when resolved.
-    pub fd_path: Option<String>,
+    pub(crate) fd_path: Option<String>,
     /// Why a descriptor's path could not be read (paths on, the call had a descriptor).
-    pub fd_path_error: Option<&'static str>,
+    pub(crate) fd_path_error: Option<&'static str>,
 }
 
 impl ProcContext {
     /// Reads the context of `ev` under `proc_root` (`/proc`). Paths only when `resolve_paths`.
-    pub fn capture(ev: &SlowCallEvent, resolve_paths: bool, proc_root: &Path) -> Self {
+    pub(crate) fn capture(ev: &SlowCallEvent, resolve_paths: bool, proc_root: &Path) -> Self {
         let name = syscall_table::label(ev.nr);
         let spec = args::spec_of(&name);
         let failed = ev.ret < 0 && ev.ret >= -MAX_ERRNO;
@@ -225,16 +226,16 @@ impl ProcContext {
 
 /// A slow call and the label set of the latency series it was counted in (for exemplars).
 #[derive(Debug, Clone)]
-pub struct Enriched {
-    pub call: SlowCall,
+pub(crate) struct Enriched {
+    pub(crate) call: SlowCall,
     /// `(label, value)` pairs of `sysscope_syscall_duration_seconds` for this call's workload.
-    pub series_labels: Vec<(&'static str, String)>,
+    pub(crate) series_labels: Vec<(&'static str, String)>,
 }
 
 /// Turns kernel records into [`SlowCall`]s: wall-clock times, process and cgroup context
 /// (through the labeler the collectors share, so spans and metrics name workloads alike) and,
 /// when enabled, the path behind the file descriptor.
-pub struct Enricher {
+pub(crate) struct Enricher {
     labeler: SharedLabeler,
     clock: WallClock,
     resolve_paths: bool,
@@ -250,11 +251,11 @@ impl std::fmt::Debug for Enricher {
 }
 
 impl Enricher {
-    pub fn new(labeler: SharedLabeler, resolve_paths: bool) -> Self {
+    pub(crate) fn new(labeler: SharedLabeler, resolve_paths: bool) -> Self {
         Self::with_proc_root(labeler, resolve_paths, WallClock::default(), "/proc".into())
     }
 
-    pub fn with_proc_root(
+    pub(crate) fn with_proc_root(
         labeler: SharedLabeler,
         resolve_paths: bool,
         clock: WallClock,
@@ -269,22 +270,23 @@ impl Enricher {
     }
 
     /// Captures the `/proc` context now and enriches (for callers with nothing to wait on).
-    pub fn enrich(&mut self, ev: &SlowCallEvent) -> Enriched {
+    #[cfg(test)]
+    pub(crate) fn enrich(&mut self, ev: &SlowCallEvent) -> Enriched {
         let ctx = ProcContext::capture(ev, self.resolve_paths, &self.proc_root);
         self.enrich_with(ev, ctx)
     }
 
     /// Whether descriptor paths are resolved.
-    pub fn resolve_paths(&self) -> bool {
+    pub(crate) fn resolve_paths(&self) -> bool {
         self.resolve_paths
     }
 
-    pub fn proc_root(&self) -> &Path {
+    pub(crate) fn proc_root(&self) -> &Path {
         &self.proc_root
     }
 
     /// Builds the slow call from the record and the context captured when it was read.
-    pub fn enrich_with(&mut self, ev: &SlowCallEvent, ctx: ProcContext) -> Enriched {
+    pub(crate) fn enrich_with(&mut self, ev: &SlowCallEvent, ctx: ProcContext) -> Enriched {
         self.clock.maybe_refresh();
         let name = syscall_table::label(ev.nr);
         let spec = args::spec_of(&name);

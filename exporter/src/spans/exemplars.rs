@@ -19,7 +19,7 @@ use super::event::SlowCall;
 use crate::exposition::otlp::openmetrics::{label_key, parse_sample};
 
 /// The bucket lines that receive exemplars.
-pub const BUCKET_PREFIX: &str = "sysscope_syscall_duration_seconds_bucket{";
+pub(crate) const BUCKET_PREFIX: &str = "sysscope_syscall_duration_seconds_bucket{";
 
 /// Slow calls remembered per series (the most recent, of distinct buckets where possible).
 const PER_SERIES: usize = 4;
@@ -42,29 +42,26 @@ struct Inner {
 
 /// Recent slow calls by series, bounded to `capacity` series.
 #[derive(Debug)]
-pub struct ExemplarStore {
+pub(crate) struct ExemplarStore {
     capacity: usize,
     inner: Mutex<Inner>,
 }
 
 impl ExemplarStore {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
             inner: Mutex::new(Inner::default()),
         }
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.inner.lock().expect("exemplar lock").series.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Remembers `call` as an exemplar of the series labelled `labels`.
-    pub fn record(&self, labels: &[(&'static str, String)], call: &SlowCall) {
+    pub(crate) fn record(&self, labels: &[(&'static str, String)], call: &SlowCall) {
         let key = label_key(labels.iter().map(|(k, v)| (*k, v.as_str())));
         let entry = Entry {
             duration_ns: call.duration_ns,
@@ -105,7 +102,7 @@ impl ExemplarStore {
     }
 
     /// Adds exemplars to the latency bucket lines of an OpenMetrics exposition.
-    pub fn annotate(&self, om: &mut String) {
+    pub(crate) fn annotate(&self, om: &mut String) {
         let inner = self.inner.lock().expect("exemplar lock");
         if inner.series.is_empty() || !om.contains(BUCKET_PREFIX) {
             return;

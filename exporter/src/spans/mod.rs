@@ -14,12 +14,12 @@
 //! OTLP endpoint; the recent calls are served either way),
 //! `sysscope_spans_dropped_total{reason="export_queue_full"|"export_failed"|"malformed"}`.
 
-pub mod args;
-pub mod clock;
-pub mod event;
-pub mod exemplars;
-pub mod reader;
-pub mod recent;
+pub(crate) mod args;
+pub(crate) mod clock;
+pub(crate) mod event;
+pub(crate) mod exemplars;
+pub(crate) mod reader;
+pub(crate) mod recent;
 
 use std::{
     sync::{Arc, Mutex},
@@ -64,16 +64,16 @@ pub enum SpanError {
 /// Where each slow call goes.
 #[derive(Debug)]
 pub struct Sinks {
-    pub recent: recent::RecentCalls,
-    pub exemplars: exemplars::ExemplarStore,
+    pub(crate) recent: recent::RecentCalls,
+    pub(crate) exemplars: exemplars::ExemplarStore,
     pub otlp: Option<SpanExport>,
-    pub stats: Arc<Stats>,
+    pub(crate) stats: Arc<Stats>,
     scope: InstrumentationScope,
 }
 
 impl Sinks {
     /// Hands one slow call to every destination.
-    pub fn deliver(&self, enriched: event::Enriched) {
+    pub(crate) fn deliver(&self, enriched: event::Enriched) {
         let call = Arc::new(enriched.call);
         self.exemplars.record(&enriched.series_labels, &call);
         if let Some(otlp) = &self.otlp {
@@ -195,7 +195,7 @@ impl SlowCalls {
 }
 
 /// The OTLP resource of spans: the same attributes as the metrics push.
-pub fn resource(settings: &Settings) -> Resource {
+pub(crate) fn resource(settings: &Settings) -> Resource {
     Resource::builder_empty()
         .with_attributes(
             settings

@@ -20,7 +20,7 @@ use crate::exposition::otlp::Stats;
 const MAX_BATCH: usize = 1024;
 
 /// Spawns the reader task on the current tokio runtime.
-pub fn spawn(
+pub(crate) fn spawn(
     ring: RingBuf<MapData>,
     enricher: Arc<Mutex<event::Enricher>>,
     sinks: Arc<Sinks>,

@@ -11,28 +11,24 @@ use bytes::Bytes;
 use super::event::SlowCall;
 
 /// Where the recent slow calls are served.
-pub const ROUTE: &str = "/api/v1/slow-calls";
+pub(crate) const ROUTE: &str = "/api/v1/slow-calls";
 
 #[derive(Debug)]
-pub struct RecentCalls {
+pub(crate) struct RecentCalls {
     capacity: usize,
     calls: Mutex<VecDeque<Arc<SlowCall>>>,
 }
 
 impl RecentCalls {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             capacity,
             calls: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
         }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// Keeps `call`, forgetting the oldest when full. Returns whether it was kept.
-    pub fn push(&self, call: Arc<SlowCall>) -> bool {
+    pub(crate) fn push(&self, call: Arc<SlowCall>) -> bool {
         if self.capacity == 0 {
             return false;
         }
@@ -45,13 +41,13 @@ impl RecentCalls {
     }
 
     /// Newest first.
-    pub fn snapshot(&self) -> Vec<Arc<SlowCall>> {
+    pub(crate) fn snapshot(&self) -> Vec<Arc<SlowCall>> {
         let calls = self.calls.lock().expect("recent calls lock");
         calls.iter().rev().cloned().collect()
     }
 
     /// The JSON document of [`ROUTE`].
-    pub fn to_json(&self, enabled: bool) -> Bytes {
+    pub(crate) fn to_json(&self, enabled: bool) -> Bytes {
         let calls: Vec<serde_json::Value> = self.snapshot().iter().map(|c| c.to_json()).collect();
         let doc = serde_json::json!({
             "enabled": enabled,

@@ -2,7 +2,7 @@
 //! span pipeline and the CLI compare kernel timestamps against.
 
 /// CLOCK_MONOTONIC now, in nanoseconds.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

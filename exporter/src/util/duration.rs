@@ -45,17 +45,17 @@ pub fn format(d: &Duration) -> String {
     }
 }
 
-pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format(d))
 }
 
-pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     parse(&s).map_err(serde::de::Error::custom)
 }
 
 /// A command-line duration: the config file's syntax, and a bare number means seconds.
-pub fn parse_arg(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_arg(s: &str) -> Result<Duration, String> {
     if !s.is_empty() && s.chars().all(|c| c.is_ascii_digit() || c == '.') {
         return parse(&format!("{s}s"));
     }

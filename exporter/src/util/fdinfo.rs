@@ -3,11 +3,11 @@
 
 /// One descriptor's fdinfo.
 #[derive(Debug)]
-pub struct FdInfo(String);
+pub(crate) struct FdInfo(String);
 
 impl FdInfo {
     /// The number after `name` (e.g. `"prog_id:"`), if the descriptor has that field.
-    pub fn field(&self, name: &str) -> Option<u64> {
+    pub(crate) fn field(&self, name: &str) -> Option<u64> {
         self.0
             .lines()
             .find_map(|l| l.strip_prefix(name))
@@ -16,7 +16,7 @@ impl FdInfo {
 }
 
 /// The fdinfo of every descriptor this process holds (none if `/proc` cannot be read).
-pub fn own() -> Vec<FdInfo> {
+pub(crate) fn own() -> Vec<FdInfo> {
     let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
         return Vec::new();
     };

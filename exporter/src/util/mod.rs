@@ -1,7 +1,7 @@
 //! Small utilities every layer may use: durations and the monotonic clock. The bottom layer:
 //! nothing here imports from the rest of the crate.
 
-pub mod clock;
+pub(crate) mod clock;
 pub mod duration;
 pub mod error;
-pub mod fdinfo;
+pub(crate) mod fdinfo;

@@ -18,8 +18,8 @@
 //! Kubernetes labels as the syscall series.
 
 pub mod fake;
-pub mod nvml;
-pub mod pci;
+pub(crate) mod nvml;
+pub(crate) mod pci;
 
 use std::{
     borrow::Cow,
@@ -43,13 +43,13 @@ use crate::{
     util::error::Chain,
 };
 
-pub const NAME: &str = "gpu";
+pub(crate) const NAME: &str = "gpu";
 
 /// How often NVML is initialised again while it does not answer.
-pub const RETRY_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const RETRY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Processes per device exported at most; NVML itself lists far fewer. The rest are counted.
-pub const MAX_PROCESSES_PER_DEVICE: usize = 256;
+pub(crate) const MAX_PROCESSES_PER_DEVICE: usize = 256;
 
 /// How often the PCI bus is counted again.
 const PCI_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
@@ -117,9 +117,9 @@ pub struct ProcessMemory {
 pub struct ProcessReading {
     /// Samples newer than the timestamp asked for. NVML only returns processes that used the
     /// device in that period: a process without a sample was idle.
-    pub samples: Vec<ProcessSample>,
+    pub(crate) samples: Vec<ProcessSample>,
     /// Processes with a compute or graphics context on the device.
-    pub memory: Vec<ProcessMemory>,
+    pub(crate) memory: Vec<ProcessMemory>,
 }
 
 /// What the collector needs from NVML: the seam between sysscope and the driver.
@@ -133,16 +133,16 @@ pub trait Nvml: Send {
 }
 
 /// Opens an NVML connection (the real library, or a fake).
-pub type Connect = Box<dyn FnMut() -> Result<Box<dyn Nvml>, GpuError> + Send>;
+pub(crate) type Connect = Box<dyn FnMut() -> Result<Box<dyn Nvml>, GpuError> + Send>;
 
 /// Where the collector looks for processes, cgroups and PCI devices.
 #[derive(Debug, Clone)]
 pub struct GpuPaths {
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
     /// The cgroup v2 mount.
-    pub cgroup_root: PathBuf,
+    pub(crate) cgroup_root: PathBuf,
     /// `/sys/bus/pci/devices`.
-    pub pci_devices: PathBuf,
+    pub(crate) pci_devices: PathBuf,
 }
 
 impl GpuPaths {
@@ -212,7 +212,7 @@ impl GpuCollector {
     /// The collector over the NVML library of `config.gpu.nvml_library`. Check
     /// [`Self::connect_error`]: a missing library means the collector should be registered
     /// down ([`crate::agent::Agent::add_failed_with`]).
-    pub fn start(config: &Config, labeler: SharedLabeler) -> Self {
+    pub(crate) fn start(config: &Config, labeler: SharedLabeler) -> Self {
         let library = config.gpu.nvml_library.clone();
         let connect: Connect = Box::new(move || {
             nvml::NvmlLibrary::connect(&library).map(|n| Box::new(n) as Box<dyn Nvml>)
@@ -256,7 +256,7 @@ impl GpuCollector {
     }
 
     /// NVIDIA GPUs on the PCI bus (sysfs), whether or not NVML answers.
-    pub fn pci_devices(&self) -> u64 {
+    pub(crate) fn pci_devices(&self) -> u64 {
         self.pci_devices
     }
 
@@ -389,13 +389,13 @@ impl GpuCollector {
 }
 
 /// The cgroup v2 path of `pid` (the `0::` line of `/proc/<pid>/cgroup`), if it still runs.
-pub fn read_proc_cgroup(proc_root: &std::path::Path, pid: u32) -> Option<String> {
+pub(crate) fn read_proc_cgroup(proc_root: &std::path::Path, pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
     parse_proc_cgroup(&text)
 }
 
 /// The path of the `0::` (cgroup v2) line of `/proc/<pid>/cgroup` text.
-pub fn parse_proc_cgroup(text: &str) -> Option<String> {
+pub(crate) fn parse_proc_cgroup(text: &str) -> Option<String> {
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
         .map(|p| p.trim_end().to_string())

@@ -15,7 +15,7 @@ use nvml_wrapper::{
 use super::{DeviceReading, GpuError, Nvml, ProcessMemory, ProcessReading, ProcessSample};
 
 /// An initialised NVML (shut down on drop).
-pub struct NvmlLibrary {
+pub(crate) struct NvmlLibrary {
     nvml: nvml_wrapper::Nvml,
 }
 
@@ -27,7 +27,7 @@ impl std::fmt::Debug for NvmlLibrary {
 
 impl NvmlLibrary {
     /// Loads `library` (a path, or a name the dynamic loader searches) and initialises NVML.
-    pub fn connect(library: &str) -> Result<Self, GpuError> {
+    pub(crate) fn connect(library: &str) -> Result<Self, GpuError> {
         match nvml_wrapper::Nvml::builder()
             .lib_path(OsStr::new(library))
             .init()

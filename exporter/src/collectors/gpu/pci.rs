@@ -7,7 +7,7 @@
 use std::path::Path;
 
 /// Where the kernel lists PCI devices.
-pub const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
+pub(crate) const SYSFS_PCI_DEVICES: &str = "/sys/bus/pci/devices";
 
 /// NVIDIA's PCI vendor id.
 const NVIDIA_VENDOR: u32 = 0x10de;
@@ -23,7 +23,7 @@ fn read_hex(path: &Path) -> Option<u32> {
 
 /// NVIDIA display controllers under `devices` (a sysfs `/sys/bus/pci/devices`); 0 when the
 /// directory cannot be read.
-pub fn count_nvidia_gpus(devices: &Path) -> u64 {
+pub(crate) fn count_nvidia_gpus(devices: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(devices) else {
         return 0;
     };

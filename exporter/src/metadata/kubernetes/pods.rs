@@ -55,7 +55,7 @@ struct Inner {
 
 /// This node's pods, shared by the watch (writer) and the labeler (reader).
 #[derive(Debug)]
-pub struct PodStore {
+pub(crate) struct PodStore {
     max_pods: usize,
     grace: Duration,
     inner: RwLock<Inner>,
@@ -64,7 +64,7 @@ pub struct PodStore {
 }
 
 impl PodStore {
-    pub fn new(max_pods: usize) -> Self {
+    pub(crate) fn new(max_pods: usize) -> Self {
         Self::with_grace(max_pods, DELETED_GRACE)
     }
 
@@ -104,21 +104,22 @@ impl PodStore {
     }
 
     /// Pods cached (deleted ones still in their grace period included).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.read().pods.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Pod updates not cached because `max_pods` pods were cached already.
-    pub fn rejected(&self) -> u64 {
+    pub(crate) fn rejected(&self) -> u64 {
         self.read().rejected
     }
 
     /// A pod was added or changed.
-    pub fn apply(&self, pod: &Pod, now: Instant) {
+    pub(crate) fn apply(&self, pod: &Pod, now: Instant) {
         let Some((uid, meta)) = describe(pod) else {
             return;
         };
@@ -306,7 +307,7 @@ pub(crate) mod tests {
         })
     }
 
-    pub fn pod(ns: &str, name: &str, uid: &str, containers: &[(&str, &str)]) -> Pod {
+    pub(crate) fn pod(ns: &str, name: &str, uid: &str, containers: &[(&str, &str)]) -> Pod {
         serde_json::from_value(pod_json(ns, name, uid, containers)).unwrap()
     }
 
