@@ -10,11 +10,12 @@
 //!
 //! Like the syscall collector, each refresh adds what changed in every kernel entry to the
 //! entry's series ([`crate::kernel::cumulative`]), so series are monotonic sums over processes that
-//! come and go. Exited
-//! processes are not reported to this collector (the syscall collector drains the exit
-//! queue), so entries are reclaimed when their tgid has been gone for two checks in a row,
-//! after their last values were read: I/O still in flight when a process exits completes
-//! between the two checks and is not lost.
+//! come and go. Entries of exited processes are reclaimed by the rule every collector shares
+//! ([`crate::metadata::exits`]): once the process has been known gone (from its exit record,
+//! or from /proc at a reclaim check) for one reclaim interval, and /proc still does not list
+//! it, after their last values were read: I/O still in flight when a process exits completes
+//! within that interval and is not lost. Entries of removed cgroups go once the cgroup was
+//! found gone at two checks in a row.
 
 use std::{
     borrow::Cow,
@@ -129,8 +130,7 @@ pub(crate) struct BlockIoCollector {
     bounds: Vec<(usize, f64)>,
     by_cgroup: bool,
     retention: Duration,
-    /// tgids and cgroup ids found gone at the previous check: reclaimed if still gone.
-    dead_tgids: HashSet<u32>,
+    /// Cgroup ids found gone at the previous check: reclaimed if still gone.
     gone_cgroups: HashSet<u64>,
     last_reclaim_check: Instant,
     /// In-flight entries removed because their request never completed.
@@ -185,7 +185,6 @@ impl BlockIoCollector {
             bounds: exported_bounds(config.syscalls.histogram_resolution),
             by_cgroup: block.latency_by_cgroup,
             retention: config.collection.series_retention,
-            dead_tgids: HashSet::new(),
             gone_cgroups: HashSet::new(),
             last_reclaim_check: Instant::now(),
             expired_inflight: 0,
@@ -208,19 +207,29 @@ impl BlockIoCollector {
         self.bounds.len() + 3
     }
 
-    /// tgids and cgroups gone at this check and the previous one: their entries can go.
+    /// tgids gone for a reclaim interval, and cgroups gone at this check and the previous
+    /// one: their entries can go.
     fn reclaimable(&mut self) -> (HashSet<u32>, HashSet<u64>) {
         if self.last_reclaim_check.elapsed() < RECLAIM_INTERVAL {
             return Default::default();
         }
-        self.last_reclaim_check = Instant::now();
-        let labeler = self.labeler.lock().expect("labeler lock");
+        let now = Instant::now();
+        self.last_reclaim_check = now;
+        let mut labeler = self.labeler.lock().expect("labeler lock");
         let root = labeler.cgroups.root().to_path_buf();
         let tgids: HashSet<u32> = self.entries.keys().map(|k| k.tgid).collect();
-        // tgid 0 is the idle task (I/O issued from interrupt context): never gone.
-        let dead: HashSet<u32> = tgids
+        // tgid 0 is the idle task (I/O issued from interrupt context): never gone. A tgid
+        // listed in /proc again is alive (a zombie not yet reaped, or a pid reused).
+        let not_listed: HashSet<u32> = tgids
             .into_iter()
             .filter(|t| *t != 0 && !labeler.comms.alive(*t))
+            .collect();
+        for tgid in &not_listed {
+            labeler.exits.gone(*tgid, now);
+        }
+        let dead = not_listed
+            .into_iter()
+            .filter(|t| labeler.exits.gone_for(*t, RECLAIM_INTERVAL, now))
             .collect();
         let mut paths: HashMap<u64, Arc<str>> = HashMap::new();
         for (k, r) in self.entries.iter() {
@@ -238,11 +247,9 @@ impl BlockIoCollector {
             .filter(|(_, p)| cgroup_gone(&root, p))
             .map(|(id, _)| id)
             .collect();
-        let dead_confirmed = dead.intersection(&self.dead_tgids).copied().collect();
         let gone_confirmed = gone.intersection(&self.gone_cgroups).copied().collect();
-        self.dead_tgids = dead;
         self.gone_cgroups = gone;
-        (dead_confirmed, gone_confirmed)
+        (dead, gone_confirmed)
     }
 
     /// Adds what changed in every `BLOCK_STATS` entry to its series; returns the keys to

@@ -11,7 +11,9 @@
 //! Each refresh reads every kernel entry and adds what changed since the previous read to the
 //! entry's series ([`crate::kernel::cumulative`]), and reclaims the entries of processes that have
 //! exited (after their last values were read), so series are monotonic sums over processes
-//! that come and go.
+//! that come and go. It drains the exit queue and reports every process it finds gone (by
+//! its exit record, or missing from /proc) to the lifecycle all collectors share
+//! ([`crate::metadata::exits`]); a process's calls end with it, so its entries go at once.
 
 use std::{
     borrow::Cow,
@@ -152,9 +154,11 @@ impl SyscallCollector {
     /// Reads the exit queue: tgids whose entries can be reclaimed once read.
     fn read_exits(&mut self) -> HashSet<u32> {
         let mut exited = HashSet::new();
+        let now = Instant::now();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         for (tgid, exit) in self.maps.exits.read() {
             labeler.comms.set_exited(tgid, &exit.comm);
+            labeler.exits.gone(tgid, now);
             exited.insert(tgid);
         }
         self.entries_seen[2] = exited.len() as u64;
@@ -171,7 +175,8 @@ impl SyscallCollector {
             return HashSet::new();
         }
         self.last_orphan_scan = Instant::now();
-        let labeler = self.labeler.lock().expect("labeler lock");
+        let now = Instant::now();
+        let mut labeler = self.labeler.lock().expect("labeler lock");
         // A cgroup's shared key belongs to no process: it is reclaimed when idle (read_stats).
         let tgids: HashSet<u32> = self
             .entries
@@ -179,10 +184,14 @@ impl SyscallCollector {
             .map(|k| k.tgid)
             .filter(|t| *t != FOLDED_TGID)
             .collect();
-        tgids
+        let orphans: HashSet<u32> = tgids
             .into_iter()
             .filter(|t| !exited.contains(t) && !labeler.comms.alive(*t))
-            .collect()
+            .collect();
+        for tgid in &orphans {
+            labeler.exits.gone(*tgid, now);
+        }
+        orphans
     }
 
     /// Adds what changed in every statistics entry to its series; returns the keys to

@@ -1,9 +1,11 @@
 //! What turns kernel ids into labels: cgroup ids into cgroup v2 paths (and Kubernetes pod and
 //! container identity), tgids into process names. One [`Labeler`] is shared by the collectors
-//! so every family labels the same workload the same way.
+//! so every family labels the same workload the same way, and knows which processes have
+//! exited ([`exits`]) so every collector reclaims their entries by one rule.
 
 pub mod cgroups;
 pub(crate) mod devices;
+pub(crate) mod exits;
 pub(crate) mod kubernetes;
 pub mod processes;
 
@@ -55,6 +57,8 @@ struct CachedLabels {
 pub struct Labeler {
     pub cgroups: cgroups::CgroupResolver,
     pub comms: processes::CommResolver,
+    /// Processes known gone, shared by every collector that keys entries by tgid.
+    pub(crate) exits: exits::Exits,
     pid_label: bool,
     derive: Option<Box<dyn CgroupMetadata>>,
     labels: HashMap<u64, CachedLabels>,
@@ -74,6 +78,7 @@ impl Labeler {
         Self {
             cgroups: cgroups::CgroupResolver::new(cgroup_root),
             comms: processes::CommResolver::default(),
+            exits: exits::Exits::default(),
             pid_label,
             derive: None,
             labels: HashMap::new(),
@@ -95,6 +100,7 @@ impl Labeler {
     /// Starts a collection cycle (unknown cgroup ids may walk the hierarchy once more).
     pub(crate) fn new_cycle(&mut self) {
         self.cgroups.new_cycle();
+        self.exits.expire(Instant::now());
     }
 
     /// Labels of cgroup `id`.

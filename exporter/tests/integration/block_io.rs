@@ -281,7 +281,8 @@ fn entries_of_exited_processes_are_reclaimed_and_counters_stay() {
         kernel_block_entries_for_cgroup(id) > 0,
         "dd's entries must be in the kernel map before they are reclaimed"
     );
-    // dd has exited: its kernel entries go once it has been seen gone twice (a few seconds).
+    // dd has exited: its kernel entries go once it has been known gone for a reclaim interval
+    // (a few seconds).
     let reclaimed = eventually(Duration::from_secs(30), || {
         exporter.scrape();
         (kernel_block_entries_for_cgroup(id) == 0).then_some(())
