@@ -13,6 +13,7 @@
 pub mod agent;
 pub(crate) mod build_info;
 pub mod cli;
+pub(crate) mod collector;
 pub mod collectors;
 pub mod config;
 pub mod exposition;

@@ -28,6 +28,7 @@ LAYERS = [
     ("util", ["util/"]),
     ("build_info", ["build_info.rs"]),
     ("config", ["config.rs", "config/"]),
+    ("collector", ["collector.rs"]),
     (
         "kernel",
         [
@@ -77,8 +78,8 @@ EXCEPTIONS = {
         "that the exporter implements"
     ),
     ("spans/mod.rs", "exposition/otlp/mod.rs"): (
-        "spans counts drops in the OTLP exporter's statistics; they become typed counters "
-        "registered once"
+        "spans hands the OTLP exporter's counters (typed handles registered with the "
+        "self-metrics) to the exporter it starts; startup is to start the exporter"
     ),
     ("spans/mod.rs", "exposition/scrape.rs"): (
         "spans adds exemplars through the scrape's annotator hook; the hook is to be defined "
@@ -91,13 +92,6 @@ EXCEPTIONS = {
     ("spans/exemplars.rs", "exposition/otlp/openmetrics.rs"): (
         "adds exemplars by rewriting the encoded OpenMetrics text with the OTLP push's "
         "parser; the text is the internal format until the encoder can carry exemplars"
-    ),
-    ("spans/reader.rs", "exposition/otlp/mod.rs"): (
-        "counts exported and dropped spans in the OTLP statistics (see spans/mod.rs)"
-    ),
-    ("metadata/kubernetes/watch.rs", "collectors/mod.rs"): (
-        "the pod watch is run as a collector and implements the Collector trait; the trait "
-        "moves to a leaf below labels"
     ),
 }
 

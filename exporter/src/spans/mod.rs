@@ -143,8 +143,13 @@ impl SlowCalls {
                     })
                     .and_then(|ring| {
                         let _guard = rt.enter();
-                        reader::spawn(ring, Arc::new(Mutex::new(enricher)), sinks.clone(), stats)
-                            .map_err(SpanError::Watch)
+                        reader::spawn(
+                            ring,
+                            Arc::new(Mutex::new(enricher)),
+                            sinks.clone(),
+                            stats.span_counters(),
+                        )
+                        .map_err(SpanError::Watch)
                     });
                 match started {
                     Ok(task) => Some(task),

@@ -14,7 +14,7 @@ use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use super::{event, Sinks};
-use crate::exposition::otlp::Stats;
+use crate::collectors::self_metrics::SpanCounters;
 
 /// Records handled per wake-up at most, so one burst cannot starve the runtime.
 const MAX_BATCH: usize = 1024;
@@ -24,7 +24,7 @@ pub(crate) fn spawn(
     ring: RingBuf<MapData>,
     enricher: Arc<Mutex<event::Enricher>>,
     sinks: Arc<Sinks>,
-    stats: Arc<Stats>,
+    counters: SpanCounters,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let (resolve_paths, proc_root) = {
         let e = enricher.lock().expect("enricher lock");
@@ -47,14 +47,14 @@ pub(crate) fn spawn(
                     return;
                 }
                 Err(_) => {
-                    let events = drain(fd.get_mut(), resolve_paths, &proc_root, &stats);
+                    let events = drain(fd.get_mut(), resolve_paths, &proc_root, &counters);
                     if !events.is_empty() {
                         deliver(&enricher, &sinks, events).await;
                     }
                     continue;
                 }
             };
-            let events = drain(guard.get_inner_mut(), resolve_paths, &proc_root, &stats);
+            let events = drain(guard.get_inner_mut(), resolve_paths, &proc_root, &counters);
             // Drained: wait for the next wake-up. Otherwise come back for the rest at once.
             if events.len() < MAX_BATCH {
                 guard.clear_ready();
@@ -79,7 +79,7 @@ fn drain(
     ring: &mut RingBuf<MapData>,
     resolve_paths: bool,
     proc_root: &std::path::Path,
-    stats: &Stats,
+    counters: &SpanCounters,
 ) -> Captured {
     let mut events = Vec::new();
     while let Some(item) = ring.next() {
@@ -88,7 +88,9 @@ fn drain(
                 ev,
                 event::ProcContext::capture(&ev, resolve_paths, proc_root),
             )),
-            None => stats.dropped("malformed", 1),
+            None => {
+                counters.dropped("malformed").inc();
+            }
         }
         if events.len() >= MAX_BATCH {
             break;

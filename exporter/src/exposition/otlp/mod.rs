@@ -46,6 +46,11 @@ impl Stats {
         stats
     }
 
+    /// The span counters, for the span pipeline's reader.
+    pub(crate) fn span_counters(&self) -> SpanCounters {
+        self.spans.clone()
+    }
+
     /// Spans go to an OTLP endpoint: their export and drop series exist from now on.
     pub(crate) fn enable_otlp_traces(&self) {
         self.spans.exported("otlp");

@@ -39,7 +39,7 @@ use prometheus_client::{
 
 use super::pods::PodStore;
 use crate::{
-    collectors::{Collector, CollectorError},
+    collector::{Collector, CollectorError},
     config::KubernetesConfig,
 };
 

@@ -1,0 +1,80 @@
+//! What every collector is to the agent: the [`Collector`] trait, its error, and the health it
+//! reports about itself beside its own metrics. A leaf below the labels layer, so sources of
+//! metrics that are not in `collectors/` (the Kubernetes pod watch) implement it too.
+
+use prometheus_client::encoding::DescriptorEncoder;
+
+/// Occupancy of one kernel map, for `sysscope_map_*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MapUsage {
+    pub(crate) map: &'static str,
+    pub(crate) entries: u64,
+    pub(crate) capacity: u64,
+}
+
+impl MapUsage {
+    /// The occupancy of each map of `maps`: entries seen at the last read, and capacity.
+    pub(crate) fn of<const N: usize>(
+        maps: [&'static str; N],
+        entries: [u64; N],
+        capacities: [u64; N],
+    ) -> Vec<Self> {
+        (0..N)
+            .map(|i| Self {
+                map: maps[i],
+                entries: entries[i],
+                capacity: capacities[i],
+            })
+            .collect()
+    }
+}
+
+/// What every collector reports about itself beside its own metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    pub(crate) maps: Vec<MapUsage>,
+    /// Metric family -> label sets folded into "other" by the cardinality budget.
+    pub(crate) folded_series: Vec<(&'static str, u64)>,
+    /// Reason -> events seen only half, found by user space (for `sysscope_probe_missed_events`).
+    pub(crate) missed_events: Vec<(&'static str, u64)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorError {
+    #[error("reading map {map}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub trait Collector: Send {
+    /// The `collector` label value (`syscalls`, `block_io`, `cpu`, `gpu`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Reads fresh values from the kernel or the filesystem.
+    fn refresh(&mut self) -> Result<(), CollectorError>;
+
+    /// Writes this collector's metric families.
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result;
+
+    /// Map occupancy, folded series and events seen only half, for the self-metrics.
+    fn health(&self) -> Health {
+        Health::default()
+    }
+
+    /// Takes the keys of a reloaded configuration that may change while running
+    /// ([`crate::config::LIVE_KEYS`]); the others were refused before this is called.
+    fn reconfigure(&mut self, _config: &crate::config::Config) -> Result<(), CollectorError> {
+        Ok(())
+    }
+}
