@@ -13,19 +13,18 @@ pub(crate) struct MapUsage {
 }
 
 impl MapUsage {
-    /// The occupancy of each map of `maps`: entries seen at the last read, and capacity.
-    pub(crate) fn of<const N: usize>(
-        maps: [&'static str; N],
-        entries: [u64; N],
-        capacities: [u64; N],
-    ) -> Vec<Self> {
-        (0..N)
-            .map(|i| Self {
-                map: maps[i],
-                entries: entries[i],
-                capacity: capacities[i],
-            })
-            .collect()
+    /// Map `map` of `capacity` entries, none seen yet.
+    pub(crate) fn new(map: &'static str, capacity: u32) -> Self {
+        Self {
+            map,
+            entries: 0,
+            capacity: capacity as u64,
+        }
+    }
+
+    /// Records the entries seen at a read.
+    pub(crate) fn seen(&mut self, entries: u64) {
+        self.entries = entries;
     }
 }
 

@@ -115,10 +115,10 @@ pub(crate) struct BlockIoCollector {
     stats: HashReader<BlockKey, BlockStats>,
     latency: HashReader<BlockLatencyKey, BlockLatency>,
     inflight: BpfHashMap<MapData, u64, BlockInflight>,
-    /// Capacities of BLOCK_STATS, BLOCK_LATENCY, BLOCK_INFLIGHT.
-    capacities: [u64; 3],
-    /// Entries seen at the last read, same order.
-    entries_seen: [u64; 3],
+    /// Occupancy of `BLOCK_STATS`, `BLOCK_LATENCY` and `BLOCK_INFLIGHT`.
+    stats_usage: MapUsage,
+    latency_usage: MapUsage,
+    inflight_usage: MapUsage,
     labeler: SharedLabeler,
     devices: DeviceResolver,
     entries: Tracker<BlockKey, BlockStats, Route<IoKey>>,
@@ -168,12 +168,9 @@ impl BlockIoCollector {
             stats,
             latency,
             inflight,
-            capacities: [
-                block.max_entries as u64,
-                latency_capacity(config) as u64,
-                block.max_inflight as u64,
-            ],
-            entries_seen: [0; 3],
+            stats_usage: MapUsage::new(maps::BLOCK_STATS, block.max_entries),
+            latency_usage: MapUsage::new(maps::BLOCK_LATENCY, latency_capacity(config)),
+            inflight_usage: MapUsage::new(maps::BLOCK_INFLIGHT, block.max_inflight),
             labeler,
             devices: DeviceResolver::default(),
             entries: Tracker::default(),
@@ -264,7 +261,7 @@ impl BlockIoCollector {
         let seen_at = Instant::now();
         let snapshot = self.stats.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        self.entries_seen[0] = snapshot.entries.len() as u64;
+        self.stats_usage.seen(snapshot.entries.len() as u64);
         self.entries.begin();
         for (key, cur) in snapshot.entries {
             let entry = self.entries.observe(key, Route::new);
@@ -310,7 +307,7 @@ impl BlockIoCollector {
         let snapshot = self.latency.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let by_cgroup = self.by_cgroup;
-        self.entries_seen[1] = snapshot.entries.len() as u64;
+        self.latency_usage.seen(snapshot.entries.len() as u64);
         self.lat_entries.begin();
         for (key, cur) in snapshot.entries {
             let entry = self.lat_entries.observe(key, Route::new);
@@ -365,7 +362,7 @@ impl BlockIoCollector {
                 seen -= 1;
             }
         }
-        self.entries_seen[2] = seen;
+        self.inflight_usage.seen(seen);
     }
 
     /// Drops series no kernel entry feeds that have been idle for the retention period.
@@ -484,11 +481,11 @@ impl Collector for BlockIoCollector {
             folded_series.push((LATENCY_FAMILY, self.lat_budget.folded()));
         }
         Health {
-            maps: MapUsage::of(
-                [maps::BLOCK_STATS, maps::BLOCK_LATENCY, maps::BLOCK_INFLIGHT],
-                self.entries_seen,
-                self.capacities,
-            ),
+            maps: vec![
+                self.stats_usage.clone(),
+                self.latency_usage.clone(),
+                self.inflight_usage.clone(),
+            ],
             folded_series,
             missed_events: vec![("block_issue_without_complete", self.expired_inflight)],
         }

@@ -568,7 +568,11 @@ mod tests {
         m.observe(
             Vec::new(),
             vec![Health {
-                maps: MapUsage::of(["M"], [3], [8]),
+                maps: vec![MapUsage {
+                    map: "M",
+                    entries: 3,
+                    capacity: 8,
+                }],
                 folded_series: vec![("syscalls", 2)],
                 missed_events: Vec::new(),
             }],

@@ -79,7 +79,6 @@ pub(crate) struct SyscallCollector {
     maps: SyscallMaps,
     /// `SLOW_THRESHOLDS`: per syscall number, the duration from which a call is sampled.
     thresholds: Array<MapData, u64>,
-    capacities: [u64; 3],
     labeler: SharedLabeler,
     entries: Tracker<SyscallKey, SyscallStats, Route<SeriesKey>>,
     error_entries: Tracker<ErrnoKey, u64, Route<ErrorSeriesKey>>,
@@ -90,7 +89,10 @@ pub(crate) struct SyscallCollector {
     bounds: Vec<(usize, f64)>,
     retention: Duration,
     last_orphan_scan: Instant,
-    entries_seen: [u64; 3],
+    /// Occupancy of `SYSCALL_STATS` (slots held), `SYSCALL_ERRORS` and `PROCESS_EXITS`.
+    stats_usage: MapUsage,
+    errors_usage: MapUsage,
+    exits_usage: MapUsage,
 }
 
 impl std::fmt::Debug for SyscallCollector {
@@ -121,11 +123,6 @@ impl SyscallCollector {
         Ok(Self {
             maps,
             thresholds,
-            capacities: [
-                limits.max_syscall_entries as u64,
-                limits.max_error_entries as u64,
-                limits.max_exited_processes as u64,
-            ],
             labeler,
             entries: Tracker::default(),
             error_entries: Tracker::default(),
@@ -135,7 +132,9 @@ impl SyscallCollector {
             bounds: exported_bounds(config.syscalls.histogram_resolution),
             retention: config.collection.series_retention,
             last_orphan_scan: Instant::now(),
-            entries_seen: [0; 3],
+            stats_usage: MapUsage::new(maps::SYSCALL_STATS, limits.max_syscall_entries),
+            errors_usage: MapUsage::new(maps::SYSCALL_ERRORS, limits.max_error_entries),
+            exits_usage: MapUsage::new(maps::PROCESS_EXITS, limits.max_exited_processes),
         })
     }
 
@@ -161,7 +160,7 @@ impl SyscallCollector {
             labeler.exits.gone(tgid, now);
             exited.insert(tgid);
         }
-        self.entries_seen[2] = exited.len() as u64;
+        self.exits_usage.seen(exited.len() as u64);
         exited
     }
 
@@ -170,7 +169,7 @@ impl SyscallCollector {
     /// than half full: under heavy process churn the exit queue overflows first, and waiting
     /// for the next scan would let orphans fill the map and lose new processes' calls.
     fn orphans(&mut self, exited: &HashSet<u32>) -> HashSet<u32> {
-        let filling = self.entries_seen[0] * 2 > self.capacities[0];
+        let filling = self.stats_usage.entries * 2 > self.stats_usage.capacity;
         if self.last_orphan_scan.elapsed() < ORPHAN_SCAN_INTERVAL && !filling {
             return HashSet::new();
         }
@@ -237,7 +236,7 @@ impl SyscallCollector {
         }
         // What fills the table: keys holding a slot (a key whose copies are not written yet
         // holds one too).
-        self.entries_seen[0] = self.maps.stats.keys_held() as u64;
+        self.stats_usage.seen(self.maps.stats.keys_held() as u64);
         (to_delete, snapshot.complete)
     }
 
@@ -248,7 +247,7 @@ impl SyscallCollector {
         let seen_at = Instant::now();
         let snapshot = self.maps.errors.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        self.entries_seen[1] = snapshot.entries.len() as u64;
+        self.errors_usage.seen(snapshot.entries.len() as u64);
         self.error_entries.begin();
         for (key, cur) in snapshot.entries {
             let entry = self.error_entries.observe(key, Route::new);
@@ -481,15 +480,11 @@ impl Collector for SyscallCollector {
 
     fn health(&self) -> Health {
         Health {
-            maps: MapUsage::of(
-                [
-                    maps::SYSCALL_STATS,
-                    maps::SYSCALL_ERRORS,
-                    maps::PROCESS_EXITS,
-                ],
-                self.entries_seen,
-                self.capacities,
-            ),
+            maps: vec![
+                self.stats_usage.clone(),
+                self.errors_usage.clone(),
+                self.exits_usage.clone(),
+            ],
             folded_series: vec![("syscalls", self.budget.folded())],
             ..Health::default()
         }
