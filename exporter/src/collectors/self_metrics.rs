@@ -165,8 +165,6 @@ pub struct SelfMetrics {
     /// The part of `counter_values` already added to `spans.dropped`.
     span_drops_added: Vec<u64>,
     spans: SpanCounters,
-    program_stats: Vec<ProgramStats>,
-    stats_coverage: f64,
     /// Kernel memory per map name, read at the last refresh.
     map_memory: Vec<(String, u64)>,
     collectors_up: Vec<(&'static str, bool)>,
@@ -207,8 +205,6 @@ impl SelfMetrics {
             counter_values: vec![0; counters::COUNT as usize],
             span_drops_added: vec![0; counters::COUNT as usize],
             spans,
-            program_stats: Vec::new(),
-            stats_coverage: 0.0,
             map_memory: Vec::new(),
             collectors_up: Vec::new(),
             health: Vec::new(),
@@ -314,10 +310,8 @@ impl Collector for SelfMetrics {
     }
 
     fn refresh(&mut self) -> Result<(), CollectorError> {
-        if let Some(probes) = &self.probes {
+        if self.probes.is_some() {
             self.map_memory = crate::kernel::map_memory();
-            self.program_stats = probes.program_stats();
-            self.stats_coverage = probes.stats_coverage();
         }
         if let Some(counters) = &self.probe_counters {
             for (i, value) in self.counter_values.iter_mut().enumerate() {
@@ -381,19 +375,21 @@ impl Collector for SelfMetrics {
                     None,
                     MetricType::Gauge,
                 )?
-                .encode_gauge(&self.stats_coverage)?;
+                .encode_gauge(&probes.stats_coverage())?;
+            // Read here, not at refresh: background refreshes encode nothing.
+            let program_stats = probes.program_stats();
             encode_program_counter(
                 encoder,
                 "sysscope_probe_run_seconds",
                 "CPU time spent in the eBPF program (kernel BPF run-time statistics).",
-                &self.program_stats,
+                &program_stats,
                 |s| s.run_time.as_secs_f64(),
             )?;
             encode_program_counter(
                 encoder,
                 "sysscope_probe_runs",
                 "Times the eBPF program ran (kernel BPF run-time statistics).",
-                &self.program_stats,
+                &program_stats,
                 |s| s.run_count,
             )?;
         }
