@@ -65,8 +65,8 @@ const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 2;
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     #[error(
-        "cannot listen on {address}: {source} (is another sysscope or exporter already using \
-         this port? choose another with --web.listen-address)"
+        "cannot listen on {address} (is another sysscope or exporter already using this port? \
+         choose another with --web.listen-address)"
     )]
     Bind {
         address: String,

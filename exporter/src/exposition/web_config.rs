@@ -35,7 +35,7 @@ use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebConfigError {
-    #[error("cannot read web config file {path}: {source}")]
+    #[error("cannot read web config file {path}")]
     Read {
         path: String,
         #[source]

@@ -18,7 +18,7 @@ pub const CHUNK: usize = 512;
 pub(crate) enum BatchError {
     #[error("this kernel does not support batched map lookups")]
     Unsupported,
-    #[error("batched lookup failed: {0}")]
+    #[error("batched lookup failed")]
     Io(#[source] std::io::Error),
 }
 

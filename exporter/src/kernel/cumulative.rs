@@ -12,6 +12,7 @@
 //! Maps: any hash map of counters (`SYSCALL_ERRORS`, `BLOCK_STATS`, `BLOCK_LATENCY`); the
 //! syscall statistics table is read by `syscall_stats` and tracked here like the others.
 
+use crate::util::error::Chain;
 use std::{collections::HashMap, hash::Hash, os::fd::AsFd};
 
 use aya::{
@@ -136,7 +137,7 @@ impl<K: Pod, V: Pod> HashReader<K, V> {
                 }
                 Err(BatchError::Unsupported) => self.batch = false,
                 Err(e) => {
-                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
+                    tracing::debug!(error = %Chain(&e), "batched read failed; reading entry by entry")
                 }
             }
         }
@@ -173,7 +174,7 @@ pub(crate) fn deleted(result: Result<(), MapError>) -> bool {
         Ok(()) | Err(MapError::KeyNotFound) => true,
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => true,
         Err(e) => {
-            tracing::debug!(error = %e, "could not delete a kernel entry; reading it again next time");
+            tracing::debug!(error = %Chain(&e), "could not delete a kernel entry; reading it again next time");
             false
         }
     }

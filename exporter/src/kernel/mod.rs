@@ -479,7 +479,7 @@ impl Probes {
                     tracing::info!(program = %status.program, collector, "detached");
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(program = %status.program, error = %e, "detaching failed")
+                    tracing::warn!(program = %status.program, error = %Chain(&e), "detaching failed")
                 }
                 None => {}
             }

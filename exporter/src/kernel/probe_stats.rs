@@ -19,6 +19,7 @@
 //! pipe only the exporter holds (`1`: statistics on, `0`: off), answers on another, and exits
 //! when the exporter goes away (the pipe closes).
 
+use crate::util::error::Chain;
 use std::{
     collections::HashMap,
     os::fd::OwnedFd,
@@ -173,7 +174,7 @@ fn enable() -> Option<OwnedFd> {
     match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
         Ok(fd) => Some(fd),
         Err(e) => {
-            tracing::warn!(error = %e, "cannot enable BPF run-time statistics; probe cost metrics will read 0");
+            tracing::warn!(error = %Chain(&e), "cannot enable BPF run-time statistics; probe cost metrics will read 0");
             None
         }
     }
@@ -248,13 +249,13 @@ impl RunTimeStats {
             ProbeStatsMode::Sampled => {
                 let s = shared.clone();
                 let handle = StatsHelper::spawn()
-                    .map_err(|e| tracing::warn!(error = %e, "cannot start the BPF statistics helper; probe cost metrics will read 0"))
+                    .map_err(|e| tracing::warn!(error = %Chain(&e), "cannot start the BPF statistics helper; probe cost metrics will read 0"))
                     .ok()
                     .and_then(|helper| {
                         std::thread::Builder::new()
                             .name("sysscope-stats".into())
                             .spawn(move || sample(&s, started, helper))
-                            .map_err(|e| tracing::warn!(error = %e, "cannot start the BPF statistics sampler"))
+                            .map_err(|e| tracing::warn!(error = %Chain(&e), "cannot start the BPF statistics sampler"))
                             .ok()
                     });
                 (None, handle)

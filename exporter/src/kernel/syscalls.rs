@@ -15,6 +15,7 @@
 //! looks the key up again), bump the epoch (every thread's cache is emptied on its next call),
 //! and only then hand the slot back to the stack and count it returned to its cgroup.
 
+use crate::util::error::Chain;
 use std::{collections::HashMap, os::fd::AsFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, Stack};
@@ -218,7 +219,7 @@ impl SyscallStatsTable {
                 Ok(all) => return (all, true),
                 Err(BatchError::Unsupported) => self.batch = false,
                 Err(e) => {
-                    tracing::debug!(error = %e, "batched read failed; reading entry by entry")
+                    tracing::debug!(error = %Chain(&e), "batched read failed; reading entry by entry")
                 }
             }
         }
@@ -273,7 +274,7 @@ impl SyscallStatsTable {
                     Ok(()) => continue,
                     Err(BatchError::Unsupported) => self.batch = false,
                     Err(e) => {
-                        tracing::debug!(error = %e, "batched read failed; reading copy by copy");
+                        tracing::debug!(error = %Chain(&e), "batched read failed; reading copy by copy");
                     }
                 }
                 // What the failed read handed over is dropped and read again below.
@@ -341,7 +342,7 @@ impl SyscallStatsTable {
             match zeroed {
                 Ok(()) => freed.push((slot, *key)),
                 Err(e) => {
-                    tracing::warn!(slot, error = %e, "could not zero a freed slot; keeping it out of use")
+                    tracing::warn!(slot, error = %Chain(&e), "could not zero a freed slot; keeping it out of use")
                 }
             }
         }
@@ -353,7 +354,7 @@ impl SyscallStatsTable {
             .get(&0, 0)
             .and_then(|epoch| self.epoch.set(0, epoch.wrapping_add(1), 0));
         if let Err(e) = bumped {
-            tracing::warn!(slots = freed.len(), error = %e, "could not bump SLOT_EPOCH; keeping the freed slots out of use");
+            tracing::warn!(slots = freed.len(), error = %Chain(&e), "could not bump SLOT_EPOCH; keeping the freed slots out of use");
             return gone;
         }
         let mut returned: HashMap<u64, u64> = HashMap::new();
@@ -361,7 +362,7 @@ impl SyscallStatsTable {
             if let Err(e) = self.free.push(slot, 0) {
                 // Cannot happen (the stack holds every slot), but a lost slot only shrinks
                 // the table: say so rather than fail.
-                tracing::warn!(slot, error = %e, "could not return a slot to FREE_SLOTS");
+                tracing::warn!(slot, error = %Chain(&e), "could not return a slot to FREE_SLOTS");
             }
             // Shared keys hold slots outside the quota.
             if key.tgid != FOLDED_TGID {
@@ -372,7 +373,7 @@ impl SyscallStatsTable {
             let before = self.returned.get(&cgroup_id, 0).unwrap_or(0);
             if let Err(e) = self.returned.insert(cgroup_id, before + n, 0) {
                 // The cgroup then looks fuller than it is: its new keys fold sooner.
-                tracing::debug!(error = %e, "could not count slots returned to a cgroup");
+                tracing::debug!(error = %Chain(&e), "could not count slots returned to a cgroup");
             }
         }
         gone

@@ -21,6 +21,7 @@ pub(crate) mod exemplars;
 pub(crate) mod reader;
 pub(crate) mod recent;
 
+use crate::util::error::Chain;
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -49,13 +50,13 @@ const EXEMPLAR_SERIES: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpanError {
-    #[error("slow-call ring buffer `{map}`: {source}")]
+    #[error("slow-call ring buffer `{map}`")]
     Map {
         map: &'static str,
         #[source]
         source: aya::maps::MapError,
     },
-    #[error("watching the slow-call ring buffer: {0}")]
+    #[error("watching the slow-call ring buffer")]
     Watch(#[source] std::io::Error),
     #[error(transparent)]
     Export(#[from] TraceExportError),
@@ -154,7 +155,7 @@ impl SlowCalls {
                 match started {
                     Ok(task) => Some(task),
                     Err(e) => {
-                        tracing::error!(error = %e, "slow-call spans unavailable");
+                        tracing::error!(error = %Chain(&e), "slow-call spans unavailable");
                         None
                     }
                 }

@@ -8,6 +8,7 @@
 //! takes the labeler lock the collectors share, so it runs on a blocking thread and the
 //! runtime's workers keep serving HTTP.
 
+use crate::util::error::Chain;
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{MapData, RingBuf};
@@ -43,7 +44,7 @@ pub(crate) fn spawn(
             let mut guard = match ready {
                 Ok(Ok(g)) => g,
                 Ok(Err(e)) => {
-                    tracing::error!(error = %e, "slow-call ring buffer cannot be watched; no more spans");
+                    tracing::error!(error = %Chain(&e), "slow-call ring buffer cannot be watched; no more spans");
                     return;
                 }
                 Err(_) => {
@@ -111,6 +112,6 @@ async fn deliver(enricher: &Arc<Mutex<event::Enricher>>, sinks: &Arc<Sinks>, eve
     })
     .await;
     if let Err(e) = done {
-        tracing::error!(error = %e, "enriching slow calls failed");
+        tracing::error!(error = %Chain(&e), "enriching slow calls failed");
     }
 }

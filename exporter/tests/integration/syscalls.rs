@@ -441,6 +441,8 @@ fn port_in_use_is_a_clear_error() {
         stderr.contains(&format!("127.0.0.1:{port}")) && stderr.contains("in use"),
         "{stderr}"
     );
+    // The cause is stated once, not in the message and again as its source.
+    assert_eq!(stderr.matches("in use").count(), 1, "{stderr}");
 }
 
 #[test]

@@ -59,13 +59,13 @@ pub enum MetricPushError {
     Header { name: String, what: &'static str },
     #[error("OTLP gRPC export needs a tokio runtime")]
     NoRuntime,
-    #[error("OTLP metrics endpoint `{endpoint}`: {source}")]
+    #[error("OTLP metrics endpoint `{endpoint}`")]
     Tls {
         endpoint: String,
         #[source]
         source: super::tls::TlsError,
     },
-    #[error("starting the metrics push thread: {0}")]
+    #[error("starting the metrics push thread")]
     Thread(#[source] std::io::Error),
 }
 

@@ -19,7 +19,7 @@ pub enum TlsError {
     Pem { path: String, problem: String },
     #[error("no trusted CA: the system has no root certificates ({0}); set OTEL_EXPORTER_OTLP_CERTIFICATE or otlp.certificate")]
     NoRoots(String),
-    #[error("TLS client configuration: {0}")]
+    #[error("TLS client configuration")]
     Rustls(#[from] rustls::Error),
     #[error("HTTP client: {0}")]
     Client(String),

@@ -43,7 +43,7 @@ pub(crate) const MAX_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceExportError {
-    #[error("OTLP span exporter for {endpoint}: {source}")]
+    #[error("OTLP span exporter for {endpoint}")]
     Build {
         endpoint: String,
         #[source]
@@ -51,7 +51,7 @@ pub enum TraceExportError {
     },
     #[error("OTLP header `{name}`: not a valid {what}")]
     Header { name: String, what: &'static str },
-    #[error("OTLP span exporter for {endpoint}: {source}")]
+    #[error("OTLP span exporter for {endpoint}")]
     Tls {
         endpoint: String,
         #[source]
@@ -59,7 +59,7 @@ pub enum TraceExportError {
     },
     #[error("OTLP gRPC export needs a tokio runtime")]
     NoRuntime,
-    #[error("starting the span export thread: {0}")]
+    #[error("starting the span export thread")]
     Thread(#[source] std::io::Error),
 }
 
