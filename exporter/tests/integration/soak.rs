@@ -263,6 +263,20 @@ fn fifty_clients_scraping_for_thirty_seconds() {
     });
     let (counted, lost) = seen;
     eprintln!("scrape load: workload made {calls} getppid calls, sysscope counted {counted} ({lost} records lost machine-wide)");
+    if exact.is_none() {
+        // Where the calls went: every series of the workload's cgroup and the probes' own
+        // counts of what they could not place.
+        let body = exporter.scrape();
+        for line in body.lines().filter(|l| {
+            (l.starts_with("sysscope_syscalls_total") && l.contains(cg.rel.as_str()))
+                || l.starts_with("sysscope_probe_missed_events_total")
+                || l.starts_with("sysscope_map_insert_failures_total")
+                || l.starts_with("sysscope_syscalls_folded_total")
+                || l.starts_with("sysscope_dropped_series_total")
+        }) {
+            eprintln!("scrape load: {line}");
+        }
+    }
     assert!(counted <= calls, "double counted: {counted} > {calls}");
     assert!(
         exact.is_some() || counted + lost >= calls,

@@ -9,6 +9,7 @@ use std::{
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -340,12 +341,28 @@ pub fn loaded_program_ids() -> Vec<u64> {
         .collect()
 }
 
+/// A port nothing listens on, for an exporter to bind. Taken below the kernel's ephemeral
+/// range: the exporter binds only after loading its probes, and a port the kernel picked for
+/// `bind(0)` can meanwhile become the local port of any outgoing connection (under the scrape
+/// soaks there are thousands), so the exporter would fail with "address in use". Ports below
+/// the range are only ever taken by an explicit bind; each is handed out once per test run.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    // Spread test runs of different processes apart; 10000.. is below every usual range.
+    let (first, span) = (10_000u32, low.saturating_sub(10_000).max(1000));
+    let start = std::process::id() % span;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < span, "no free port below {low}");
+        let port = (first + (start + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A running `sysscope` exporter, stopped with SIGTERM on drop.
