@@ -206,14 +206,20 @@ impl SyscallCollector {
             let entry = self.entries.observe(key, Route::new);
             let d = entry.change(&cur);
             let changed = !d.is_zero();
-            if changed || entry.state.target.is_none() {
+            let new_key = entry.state.target.is_none();
+            if changed || new_key {
                 // Not nameable yet (a process that exited since the snapshot): keep the
                 // values for the next cycle (and the entry in the kernel) rather than
                 // attribute them to a placeholder.
                 let last_chance = reclaim.contains(&key.tgid);
-                let Some(workload) =
-                    workload_of(&mut labeler, key.cgroup_id, key.tgid, seen_at, last_chance)
-                else {
+                let Some(workload) = workload_of(
+                    &mut labeler,
+                    key.cgroup_id,
+                    key.tgid,
+                    seen_at,
+                    last_chance,
+                    new_key,
+                ) else {
                     continue;
                 };
                 let source = (workload, key.nr, key.fd);
@@ -252,11 +258,17 @@ impl SyscallCollector {
         for (key, cur) in snapshot.entries {
             let entry = self.error_entries.observe(key, Route::new);
             let d = entry.change(&cur);
-            if d > 0 || entry.state.target.is_none() {
+            let new_key = entry.state.target.is_none();
+            if d > 0 || new_key {
                 let last_chance = reclaim.contains(&key.tgid);
-                let Some(workload) =
-                    workload_of(&mut labeler, key.cgroup_id, key.tgid, seen_at, last_chance)
-                else {
+                let Some(workload) = workload_of(
+                    &mut labeler,
+                    key.cgroup_id,
+                    key.tgid,
+                    seen_at,
+                    last_chance,
+                    new_key,
+                ) else {
                     continue;
                 };
                 let source = (workload, key.nr as u32, key.fd);
@@ -347,6 +359,7 @@ fn workload_of(
     tgid: u32,
     seen_at: Instant,
     last_chance: bool,
+    new_key: bool,
 ) -> Option<Workload> {
     if tgid == FOLDED_TGID {
         return Some(
@@ -355,7 +368,7 @@ fn workload_of(
                 .fold_comm(),
         );
     }
-    labeler.try_workload(cgroup_id, tgid, seen_at, last_chance)
+    labeler.try_workload(cgroup_id, tgid, seen_at, last_chance, new_key)
 }
 
 impl Collector for SyscallCollector {

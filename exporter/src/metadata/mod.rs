@@ -170,16 +170,24 @@ impl Labeler {
     /// (its exit record, read next cycle, carries the name). The caller keeps the values and
     /// asks again next cycle rather than attribute them to a placeholder. On the `last_chance`
     /// (the entry is about to be reclaimed) the placeholder is used instead. A cgroup removed
-    /// before it could be resolved is `(unresolved)`.
+    /// before it could be resolved is `(unresolved)`. For a `new_key` (one the caller has not
+    /// named before) the process name is read again unless it was read since `seen_at`: the
+    /// cached one may predate an exec.
     pub(crate) fn try_workload(
         &mut self,
         cgroup_id: u64,
         tgid: u32,
         seen_at: Instant,
         last_chance: bool,
+        new_key: bool,
     ) -> Option<Workload> {
         self.settle_cgroup(cgroup_id, seen_at);
-        let comm = match self.comms.lookup(tgid) {
+        let cached = if new_key && !last_chance {
+            self.comms.lookup_since(tgid, seen_at)
+        } else {
+            self.comms.lookup(tgid)
+        };
+        let comm = match cached {
             Some(comm) => comm,
             // Alive but unreadable: waiting would not help.
             None if last_chance || self.comms.alive(tgid) => Arc::from(processes::UNKNOWN_COMM),
@@ -257,16 +265,16 @@ mod tests {
         std::fs::create_dir(proc_root.path().join("42")).unwrap();
         std::fs::write(proc_root.path().join("42/comm"), "trainer\n").unwrap();
         let live = labeler
-            .try_workload(root_id, 42, Instant::now(), false)
+            .try_workload(root_id, 42, Instant::now(), false, false)
             .expect("named");
         assert_eq!((&*live.cgroup.path, &*live.comm), ("/", "trainer"));
 
         // Gone before its name was ever read.
         assert!(labeler
-            .try_workload(root_id, 43, Instant::now(), false)
+            .try_workload(root_id, 43, Instant::now(), false, false)
             .is_none());
         let last = labeler
-            .try_workload(root_id, 43, Instant::now(), true)
+            .try_workload(root_id, 43, Instant::now(), true, false)
             .expect("placeholder");
         assert_eq!(&*last.comm, processes::UNKNOWN_COMM);
         // The exit record arrives: named from then on.
@@ -274,14 +282,14 @@ mod tests {
         comm[..6].copy_from_slice(b"loader");
         labeler.comms.set_exited(43, &comm);
         let named = labeler
-            .try_workload(root_id, 43, Instant::now(), false)
+            .try_workload(root_id, 43, Instant::now(), false, false)
             .expect("named");
         assert_eq!(&*named.comm, "loader");
 
         // Alive but unreadable: waiting would not help, the placeholder is used at once.
         std::fs::create_dir(proc_root.path().join("44")).unwrap();
         let unreadable = labeler
-            .try_workload(root_id, 44, Instant::now(), false)
+            .try_workload(root_id, 44, Instant::now(), false, false)
             .expect("placeholder");
         assert_eq!(&*unreadable.comm, processes::UNKNOWN_COMM);
     }

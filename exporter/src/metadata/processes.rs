@@ -56,6 +56,25 @@ impl CommResolver {
         }
     }
 
+    /// Like [`Self::lookup`], but a name read before `since` is read again: for a key the
+    /// caller has just seen for the first time, whose process may have changed its name (exec,
+    /// `PR_SET_NAME`) after the cached read. Without this, a child whose name was read between
+    /// its fork and its exec kept its parent's name for a whole TTL, on every call it made in
+    /// that time. A name from an exit record is kept; so is the cached one if /proc cannot be
+    /// read.
+    pub(crate) fn lookup_since(&mut self, tgid: u32, since: Instant) -> Option<Arc<str>> {
+        match self.cache.get(&tgid) {
+            Some((comm, at)) if *at >= since => Some(comm.clone()),
+            _ => match self.read(tgid) {
+                Some(comm) => {
+                    self.cache.insert(tgid, (comm.clone(), Instant::now()));
+                    Some(comm)
+                }
+                None => self.cache.get(&tgid).map(|(c, _)| c.clone()),
+            },
+        }
+    }
+
     /// Records the name the kernel saw when the process exited (authoritative from then on).
     pub(crate) fn set_exited(&mut self, tgid: u32, comm: &[u8; 16]) {
         let name = comm_from_bytes(comm);
@@ -185,6 +204,37 @@ mod tests {
         let mut gone = CommResolver::new("/nonexistent/proc".into(), Duration::ZERO);
         assert_eq!(&*gone.resolve(1), UNKNOWN_COMM);
         assert!(!gone.alive(1));
+    }
+
+    /// A child's name read between its fork and its exec is its parent's: a key seen for the
+    /// first time afterwards reads the name again, within the TTL, once per `since`.
+    #[test]
+    fn new_keys_read_a_name_older_than_the_cycle_again() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("20");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("comm"), b"parent-thread\n").unwrap();
+        let mut r = CommResolver::new(root.path().to_path_buf(), Duration::from_secs(3600));
+        assert_eq!(&*r.resolve(20), "parent-thread");
+        // The child execs.
+        std::fs::write(dir.join("comm"), b"trainer\n").unwrap();
+        let cycle = Instant::now();
+        // Within the TTL the cached name stands for keys already named...
+        assert_eq!(&*r.lookup(20).unwrap(), "parent-thread");
+        // ...but a new key reads it again, and the fresh read serves the rest of the cycle.
+        assert_eq!(&*r.lookup_since(20, cycle).unwrap(), "trainer");
+        std::fs::write(dir.join("comm"), b"renamed\n").unwrap();
+        assert_eq!(&*r.lookup_since(20, cycle).unwrap(), "trainer");
+        // An exit record's name is never replaced by /proc (the pid may be reused).
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(b"gone");
+        r.set_exited(20, &comm);
+        assert_eq!(&*r.lookup_since(20, Instant::now()).unwrap(), "gone");
+        // A process gone before the new read keeps its last known name.
+        let mut g = CommResolver::new(root.path().to_path_buf(), Duration::from_secs(3600));
+        assert_eq!(&*g.resolve(20), "renamed");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(&*g.lookup_since(20, Instant::now()).unwrap(), "renamed");
     }
 
     #[test]

@@ -758,3 +758,77 @@ fn descriptor_kinds_can_be_turned_off() {
     assert_eq!(reads[0].value, 150.0);
     assert!(!reads[0].labels.contains_key("fd_kind"), "{reads:?}");
 }
+
+/// A process that changes its name after sysscope read it (as a child does at exec: a name
+/// read between its fork and its exec is the parent thread's) has the calls it makes under
+/// new keys labelled with its new name, although sysscope caches names for seconds. Seen in
+/// the scrape soak: up to 4 million calls of a freshly spawned workload were labelled with the
+/// test thread's name.
+#[test]
+fn calls_after_a_rename_carry_the_new_name() {
+    if !require_root("calls_after_a_rename_carry_the_new_name") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let first = TestCgroup::new("sysscope-test-rename-a");
+    let second = TestCgroup::new("sysscope-test-rename-b");
+    let mut child = Command::new(workload_bin())
+        .arg("join-cgroup")
+        .arg(&first.dir)
+        .args(["set-name", "before-exec", "getppid", "10", "wait-stdin"])
+        .args(["set-name", "after-exec", "join-cgroup"])
+        .arg(&second.dir)
+        .args(["getppid", "1000", "wait-stdin"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The child's calls in the first cgroup carry the name it took (its name from the exec
+    // was read and cached before, for its first calls), and sysscope caches this one.
+    let before = [
+        ("cgroup", first.rel.as_str()),
+        ("comm", "before-exec"),
+        ("syscall", "getppid"),
+    ];
+    let named = eventually(Duration::from_secs(10), || {
+        (sum(
+            &parse_samples(&exporter.scrape()),
+            "sysscope_syscalls_total",
+            &before,
+        ) == 10.0)
+            .then_some(())
+    });
+    assert!(
+        named.is_some(),
+        "the calls after the first rename do not carry its name"
+    );
+    let mut stdin = child.stdin.take().unwrap();
+    use std::io::Write;
+    stdin.write_all(b"\n").unwrap();
+    stdin.flush().unwrap();
+    // The 1000 calls in the second cgroup, under whatever name they are labelled...
+    let in_second = [("cgroup", second.rel.as_str()), ("syscall", "getppid")];
+    let mut samples = Vec::new();
+    let counted = eventually(Duration::from_secs(10), || {
+        samples = parse_samples(&exporter.scrape());
+        (sum(&samples, "sysscope_syscalls_total", &in_second) == 1000.0).then_some(())
+    });
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert!(
+        counted.is_some(),
+        "the second cgroup's calls were not all counted"
+    );
+    // ...all carry the new one.
+    let after = [
+        ("cgroup", second.rel.as_str()),
+        ("comm", "after-exec"),
+        ("syscall", "getppid"),
+    ];
+    assert_eq!(
+        sum(&samples, "sysscope_syscalls_total", &after),
+        1000.0,
+        "{:?}",
+        select(&samples, "sysscope_syscalls_total", &in_second)
+    );
+}
