@@ -674,7 +674,10 @@ intr 746811 0 0 0
         // A removed cgroup disappears, and the cgroup the cap had left out now fits (without
         // a cgroup.stat in this fake root, every refresh walks). CPU 1 going offline removes
         // its series.
-        std::fs::remove_dir_all(cg.join("b")).unwrap();
+        // (Moved out of the fake root rather than deleted: the fake root's cgroup ids are
+        // inode numbers, which the filesystem would hand to the next directory created, `c`
+        // below; the kernel's cgroup ids are never reused.)
+        std::fs::rename(cg.join("b"), dir.path().join("b-removed")).unwrap();
         std::fs::write(&stat, STAT_B.replace("cpu1 ", "xcpu1 ")).unwrap();
         c.refresh().unwrap();
         let paths = |c: &CpuCollector| {
