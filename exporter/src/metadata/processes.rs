@@ -60,8 +60,10 @@ impl CommResolver {
     /// caller has just seen for the first time, whose process may have changed its name (exec,
     /// `PR_SET_NAME`) after the cached read. Without this, a child whose name was read between
     /// its fork and its exec kept its parent's name for a whole TTL, on every call it made in
-    /// that time. A name from an exit record is kept; so is the cached one if /proc cannot be
-    /// read.
+    /// that time. A name from an exit record is kept. When /proc cannot be read, the cached
+    /// name serves a process still alive (unreadable, not renamed), and a process gone has
+    /// none: its exit record, read next, carries the name it ended with, which the cached one
+    /// may not be.
     pub(crate) fn lookup_since(&mut self, tgid: u32, since: Instant) -> Option<Arc<str>> {
         match self.cache.get(&tgid) {
             Some((comm, at)) if *at >= since => Some(comm.clone()),
@@ -70,7 +72,8 @@ impl CommResolver {
                     self.cache.insert(tgid, (comm.clone(), Instant::now()));
                     Some(comm)
                 }
-                None => self.cache.get(&tgid).map(|(c, _)| c.clone()),
+                None if self.alive(tgid) => self.cache.get(&tgid).map(|(c, _)| c.clone()),
+                None => None,
             },
         }
     }
@@ -230,11 +233,16 @@ mod tests {
         comm[..4].copy_from_slice(b"gone");
         r.set_exited(20, &comm);
         assert_eq!(&*r.lookup_since(20, Instant::now()).unwrap(), "gone");
-        // A process gone before the new read keeps its last known name.
+        // Alive but its name unreadable: the cached name.
         let mut g = CommResolver::new(root.path().to_path_buf(), Duration::from_secs(3600));
         assert_eq!(&*g.resolve(20), "renamed");
-        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_file(dir.join("comm")).unwrap();
         assert_eq!(&*g.lookup_since(20, Instant::now()).unwrap(), "renamed");
+        // Gone before the new read: no name until its exit record (the cached one may be
+        // from before an exec); a plain lookup still gives the last known one.
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(g.lookup_since(20, Instant::now()), None);
+        assert_eq!(&*g.lookup(20).unwrap(), "renamed");
     }
 
     #[test]
