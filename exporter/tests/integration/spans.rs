@@ -832,7 +832,9 @@ fn slow_reads_become_exact_spans_over_grpc_with_metrics_and_exemplars() {
     let cg = TestCgroup::new("sysscope-test-spans");
     const N_FAST: u64 = 10_000;
     // The pipe stays open and the trailing sleep keeps the child alive while its last read is
-    // looked up in /proc: a descriptor's path can only be read while the process holds it.
+    // looked up in /proc: a descriptor's path (and the executable's name) can only be read
+    // while the process lives. 1 s: the span reader can lag by hundreds of milliseconds on a
+    // loaded 2-CPU runner, and then the span names the process by its 15-character comm.
     let ran = run(
         Some(&cg),
         &[
@@ -843,7 +845,7 @@ fn slow_reads_become_exact_spans_over_grpc_with_metrics_and_exemplars() {
             &N_FAST.to_string(),
             "sleep",
             "1",
-            "200",
+            "1000",
         ],
     );
     let truth = measured_reads(&ran);
@@ -1012,7 +1014,7 @@ fn http_protobuf_exports_spans_and_metrics() {
             "500",
             "sleep",
             "1",
-            "200",
+            "1000",
         ],
     );
     let truth = measured_reads(&ran);
@@ -1437,7 +1439,7 @@ fn exact_spans_and_metrics(
             &fast.to_string(),
             "sleep",
             "1",
-            "200",
+            "1000",
         ],
     );
     let truth = measured_reads(&ran);
