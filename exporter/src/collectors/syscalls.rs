@@ -37,7 +37,7 @@ use crate::{
     kernel::fd_class,
     kernel::syscalls::SyscallMaps,
     kernel::{ProbeError, Probes},
-    metadata::SharedLabeler,
+    metadata::{Labeler, SharedLabeler, Sighting},
     series::{Budget, Workload, OTHER},
     syscall_table,
 };
@@ -198,7 +198,10 @@ impl SyscallCollector {
     fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<SyscallKey>, bool) {
         let cost = self.series_cost();
         let mut to_delete = Vec::new();
-        let seen_at = Instant::now();
+        let names = Names {
+            seen_at: Instant::now(),
+            reclaim,
+        };
         let snapshot = self.maps.stats.snapshot();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.entries.begin();
@@ -206,20 +209,12 @@ impl SyscallCollector {
             let entry = self.entries.observe(key, Route::new);
             let d = entry.change(&cur);
             let changed = !d.is_zero();
-            let new_key = entry.state.target.is_none();
-            if changed || new_key {
+            let first = entry.state.target.is_none();
+            if changed || first {
                 // Not nameable yet (a process that exited since the snapshot): keep the
                 // values for the next cycle (and the entry in the kernel) rather than
                 // attribute them to a placeholder.
-                let last_chance = reclaim.contains(&key.tgid);
-                let Some(workload) = workload_of(
-                    &mut labeler,
-                    key.cgroup_id,
-                    key.tgid,
-                    seen_at,
-                    last_chance,
-                    new_key,
-                ) else {
+                let Some(workload) = names.of(&mut labeler, key.cgroup_id, key.tgid, first) else {
                     continue;
                 };
                 let source = (workload, key.nr, key.fd);
@@ -250,7 +245,10 @@ impl SyscallCollector {
     fn read_errors(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<ErrnoKey>, bool) {
         let cost = self.series_cost();
         let mut to_delete = Vec::new();
-        let seen_at = Instant::now();
+        let names = Names {
+            seen_at: Instant::now(),
+            reclaim,
+        };
         let snapshot = self.maps.errors.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.errors_usage.seen(snapshot.entries.len() as u64);
@@ -258,17 +256,9 @@ impl SyscallCollector {
         for (key, cur) in snapshot.entries {
             let entry = self.error_entries.observe(key, Route::new);
             let d = entry.change(&cur);
-            let new_key = entry.state.target.is_none();
-            if d > 0 || new_key {
-                let last_chance = reclaim.contains(&key.tgid);
-                let Some(workload) = workload_of(
-                    &mut labeler,
-                    key.cgroup_id,
-                    key.tgid,
-                    seen_at,
-                    last_chance,
-                    new_key,
-                ) else {
+            let first = entry.state.target.is_none();
+            if d > 0 || first {
+                let Some(workload) = names.of(&mut labeler, key.cgroup_id, key.tgid, first) else {
                     continue;
                 };
                 let source = (workload, key.nr as u32, key.fd);
@@ -351,24 +341,33 @@ fn write_thresholds(
     Ok(())
 }
 
-/// The workload of a kernel (cgroup, tgid) pair; a cgroup's shared key
-/// ([`FOLDED_TGID`]) is its cgroup's `comm="other"`.
-fn workload_of(
-    labeler: &mut crate::metadata::Labeler,
-    cgroup_id: u64,
-    tgid: u32,
+/// Names the entries of one read of a map: `seen_at` is when the read began, `reclaim` the
+/// processes whose entries it reads for the last time.
+struct Names<'a> {
     seen_at: Instant,
-    last_chance: bool,
-    new_key: bool,
-) -> Option<Workload> {
-    if tgid == FOLDED_TGID {
-        return Some(
-            labeler
-                .workload_named(cgroup_id, tgid, Arc::from(OTHER))
-                .fold_comm(),
-        );
+    reclaim: &'a HashSet<u32>,
+}
+
+impl Names<'_> {
+    /// The workload of a kernel (cgroup, tgid) pair, `first` when its entry was never named;
+    /// a cgroup's shared key ([`FOLDED_TGID`]) is its cgroup's `comm="other"`.
+    fn of(
+        &self,
+        labeler: &mut Labeler,
+        cgroup_id: u64,
+        tgid: u32,
+        first: bool,
+    ) -> Option<Workload> {
+        if tgid == FOLDED_TGID {
+            return Some(
+                labeler
+                    .workload_named(cgroup_id, tgid, Arc::from(OTHER))
+                    .fold_comm(),
+            );
+        }
+        let sighting = Sighting::of(first, self.reclaim.contains(&tgid));
+        labeler.try_workload(cgroup_id, tgid, self.seen_at, sighting)
     }
-    labeler.try_workload(cgroup_id, tgid, seen_at, last_chance, new_key)
 }
 
 impl Collector for SyscallCollector {

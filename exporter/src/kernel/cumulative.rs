@@ -12,7 +12,6 @@
 //! Maps: any hash map of counters (`SYSCALL_ERRORS`, `BLOCK_STATS`, `BLOCK_LATENCY`); the
 //! syscall statistics table is read by `syscall_stats` and tracked here like the others.
 
-use crate::util::error::Chain;
 use std::{collections::HashMap, hash::Hash, os::fd::AsFd};
 
 use aya::{
@@ -21,7 +20,10 @@ use aya::{
 };
 use sysscope_abi::{BlockStats, LatencyHistogram};
 
-use crate::kernel::bpf_batch::{self, BatchError};
+use crate::{
+    kernel::bpf_batch::{self, BatchError},
+    util::error::Chain,
+};
 
 /// A map value the probes only add to.
 pub(crate) trait Counters: Copy {

@@ -19,7 +19,6 @@
 //! pipe only the exporter holds (`1`: statistics on, `0`: off), answers on another, and exits
 //! when the exporter goes away (the pipe closes).
 
-use crate::util::error::Chain;
 use std::{
     collections::HashMap,
     os::fd::OwnedFd,
@@ -31,7 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::config::ProbeStatsMode;
+use crate::{config::ProbeStatsMode, util::error::Chain};
 
 /// How long statistics stay on in each sampling period.
 pub(crate) const WINDOW: Duration = Duration::from_secs(1);

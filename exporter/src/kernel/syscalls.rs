@@ -15,7 +15,6 @@
 //! looks the key up again), bump the epoch (every thread's cache is emptied on its next call),
 //! and only then hand the slot back to the stack and count it returned to its cgroup.
 
-use crate::util::error::Chain;
 use std::{collections::HashMap, os::fd::AsFd};
 
 use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, Stack};
@@ -28,6 +27,7 @@ use crate::{
     kernel::bpf_batch::{self, BatchError},
     kernel::cumulative::{deleted, HashReader, Snapshot},
     kernel::{ProbeError, Probes},
+    util::error::Chain,
 };
 
 /// This family's map sizes for `config`, which the loader applies: the statistics table with

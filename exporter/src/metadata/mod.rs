@@ -73,6 +73,29 @@ impl std::fmt::Debug for Labeler {
     }
 }
 
+/// How a reader comes to name a kernel entry ([`Labeler::try_workload`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sighting {
+    /// Named before: the cached process name stands.
+    Again,
+    /// Never named: its process may have been renamed (exec) since its name was cached.
+    First,
+    /// About to be reclaimed: named now, with a placeholder if need be.
+    Last,
+}
+
+impl Sighting {
+    /// The sighting of an entry never named (`first`) whose process is (`reclaimed`) or is
+    /// not about to be reclaimed; reclaim wins.
+    pub(crate) fn of(first: bool, reclaimed: bool) -> Self {
+        match (first, reclaimed) {
+            (_, true) => Self::Last,
+            (true, false) => Self::First,
+            (false, false) => Self::Again,
+        }
+    }
+}
+
 impl Labeler {
     pub fn new(cgroup_root: PathBuf, pid_label: bool) -> Self {
         Self {
@@ -170,24 +193,23 @@ impl Labeler {
     /// (its exit record, read next cycle, carries the name). The caller keeps the values and
     /// asks again next cycle rather than attribute them to a placeholder. On the `last_chance`
     /// (the entry is about to be reclaimed) the placeholder is used instead. A cgroup removed
-    /// before it could be resolved is `(unresolved)`. For a `new_key` (one the caller has not
-    /// named before) the process name is read again unless it was read since `seen_at`: the
-    /// cached one may predate an exec.
+    /// before it could be resolved is `(unresolved)`. An entry seen for the `First` time has
+    /// its process name read again unless it was read since `seen_at`: the cached one may
+    /// predate an exec.
     pub(crate) fn try_workload(
         &mut self,
         cgroup_id: u64,
         tgid: u32,
         seen_at: Instant,
-        last_chance: bool,
-        new_key: bool,
+        sighting: Sighting,
     ) -> Option<Workload> {
         self.settle_cgroup(cgroup_id, seen_at);
-        let cached = if new_key && !last_chance {
-            self.comms.lookup_since(tgid, seen_at)
-        } else {
-            self.comms.lookup(tgid)
+        let last_chance = sighting == Sighting::Last;
+        let comm = match sighting {
+            Sighting::First => self.comms.lookup_since(tgid, seen_at),
+            Sighting::Again | Sighting::Last => self.comms.lookup(tgid),
         };
-        let comm = match cached {
+        let comm = match comm {
             Some(comm) => comm,
             // Alive but unreadable: waiting would not help.
             None if last_chance || self.comms.alive(tgid) => Arc::from(processes::UNKNOWN_COMM),
@@ -265,16 +287,16 @@ mod tests {
         std::fs::create_dir(proc_root.path().join("42")).unwrap();
         std::fs::write(proc_root.path().join("42/comm"), "trainer\n").unwrap();
         let live = labeler
-            .try_workload(root_id, 42, Instant::now(), false, false)
+            .try_workload(root_id, 42, Instant::now(), Sighting::Again)
             .expect("named");
         assert_eq!((&*live.cgroup.path, &*live.comm), ("/", "trainer"));
 
         // Gone before its name was ever read.
         assert!(labeler
-            .try_workload(root_id, 43, Instant::now(), false, false)
+            .try_workload(root_id, 43, Instant::now(), Sighting::Again)
             .is_none());
         let last = labeler
-            .try_workload(root_id, 43, Instant::now(), true, false)
+            .try_workload(root_id, 43, Instant::now(), Sighting::Last)
             .expect("placeholder");
         assert_eq!(&*last.comm, processes::UNKNOWN_COMM);
         // The exit record arrives: named from then on.
@@ -282,14 +304,14 @@ mod tests {
         comm[..6].copy_from_slice(b"loader");
         labeler.comms.set_exited(43, &comm);
         let named = labeler
-            .try_workload(root_id, 43, Instant::now(), false, false)
+            .try_workload(root_id, 43, Instant::now(), Sighting::Again)
             .expect("named");
         assert_eq!(&*named.comm, "loader");
 
         // Alive but unreadable: waiting would not help, the placeholder is used at once.
         std::fs::create_dir(proc_root.path().join("44")).unwrap();
         let unreadable = labeler
-            .try_workload(root_id, 44, Instant::now(), false, false)
+            .try_workload(root_id, 44, Instant::now(), Sighting::Again)
             .expect("placeholder");
         assert_eq!(&*unreadable.comm, processes::UNKNOWN_COMM);
     }

@@ -46,36 +46,32 @@ impl CommResolver {
                 return Some(comm.clone());
             }
         }
-        match self.read(tgid) {
-            Some(comm) => {
-                self.cache.insert(tgid, (comm.clone(), Instant::now()));
-                Some(comm)
-            }
-            // Gone: keep the last name we knew, if any.
-            None => self.cache.get(&tgid).map(|(c, _)| c.clone()),
-        }
+        // Gone: keep the last name we knew, if any.
+        self.read_fresh(tgid).or_else(|| self.cached(tgid))
     }
 
-    /// Like [`Self::lookup`], but a name read before `since` is read again: for a key the
-    /// caller has just seen for the first time, whose process may have changed its name (exec,
-    /// `PR_SET_NAME`) after the cached read. Without this, a child whose name was read between
-    /// its fork and its exec kept its parent's name for a whole TTL, on every call it made in
-    /// that time. A name from an exit record is kept. When /proc cannot be read, the cached
-    /// name serves a process still alive (unreadable, not renamed), and a process gone has
-    /// none: its exit record, read next, carries the name it ended with, which the cached one
-    /// may not be.
+    /// Like [`Self::lookup`], but a name cached before `since` is read again (a process may
+    /// have been renamed by its exec since: a child read between fork and exec has its
+    /// parent's name). A name from an exit record is kept. A process gone before the read
+    /// has no name: its exit record, read next, carries the one it ended with.
     pub(crate) fn lookup_since(&mut self, tgid: u32, since: Instant) -> Option<Arc<str>> {
         match self.cache.get(&tgid) {
             Some((comm, at)) if *at >= since => Some(comm.clone()),
-            _ => match self.read(tgid) {
-                Some(comm) => {
-                    self.cache.insert(tgid, (comm.clone(), Instant::now()));
-                    Some(comm)
-                }
-                None if self.alive(tgid) => self.cache.get(&tgid).map(|(c, _)| c.clone()),
-                None => None,
-            },
+            _ => self
+                .read_fresh(tgid)
+                .or_else(|| self.cached(tgid).filter(|_| self.alive(tgid))),
         }
+    }
+
+    /// Reads `/proc/<tgid>/comm` and caches what it finds.
+    fn read_fresh(&mut self, tgid: u32) -> Option<Arc<str>> {
+        let comm = self.read(tgid)?;
+        self.cache.insert(tgid, (comm.clone(), Instant::now()));
+        Some(comm)
+    }
+
+    fn cached(&self, tgid: u32) -> Option<Arc<str>> {
+        self.cache.get(&tgid).map(|(c, _)| c.clone())
     }
 
     /// Records the name the kernel saw when the process exited (authoritative from then on).

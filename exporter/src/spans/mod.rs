@@ -21,7 +21,6 @@ pub(crate) mod exemplars;
 pub(crate) mod reader;
 pub(crate) mod recent;
 
-use crate::util::error::Chain;
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -43,6 +42,7 @@ use crate::{
         scrape::Annotator,
     },
     metadata::SharedLabeler,
+    util::error::Chain,
 };
 
 /// Series remembered for exemplars at most.

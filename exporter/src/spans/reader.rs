@@ -8,14 +8,13 @@
 //! takes the labeler lock the collectors share, so it runs on a blocking thread and the
 //! runtime's workers keep serving HTTP.
 
-use crate::util::error::Chain;
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use super::{event, Sinks};
-use crate::collectors::self_metrics::SpanCounters;
+use crate::{collectors::self_metrics::SpanCounters, util::error::Chain};
 
 /// Records handled per wake-up at most, so one burst cannot starve the runtime.
 const MAX_BATCH: usize = 1024;
