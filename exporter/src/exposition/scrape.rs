@@ -1,6 +1,7 @@
 //! One scrape: refresh the collectors (at most once per `collection.min_interval`) and encode.
 //! Concurrent scrapes inside that interval share one read of the maps and one encoding per
-//! format, so a burst of scrapers costs the kernel nothing extra.
+//! format, so a burst of scrapers costs the kernel nothing extra. The background refresh also
+//! gives freed heap pages back to the kernel (`util::memory`).
 
 use std::{
     collections::HashMap,
@@ -14,7 +15,10 @@ use prometheus_client::{
 };
 
 use super::format::{openmetrics_to_prometheus_text, Format};
-use crate::agent::Agent;
+use crate::{agent::Agent, util::memory::HeapTrimmer};
+
+/// How often at most the background refresh hands freed heap pages back to the kernel.
+const HEAP_TRIM_GAP: Duration = Duration::from_secs(10);
 
 /// Lets prometheus-client's encoder walk the agent's collectors.
 #[derive(Debug)]
@@ -41,6 +45,7 @@ pub struct Scraper {
     min_interval: Duration,
     cache: Mutex<Cache>,
     annotator: OnceLock<Annotator>,
+    trimmer: Mutex<HeapTrimmer>,
 }
 
 impl std::fmt::Debug for Scraper {
@@ -61,6 +66,7 @@ impl Scraper {
             min_interval,
             cache: Mutex::new(Cache::default()),
             annotator: OnceLock::new(),
+            trimmer: Mutex::new(HeapTrimmer::new(HEAP_TRIM_GAP)),
         }
     }
 
@@ -116,11 +122,18 @@ impl Scraper {
         body
     }
 
-    /// Refreshes without encoding (the background tick that reclaims exited processes).
+    /// Refreshes without encoding (the background tick that reclaims exited processes), then
+    /// gives the heap pages freed since the last tick back to the kernel: process churn
+    /// leaves the tables of a cycle freed but resident otherwise.
     pub fn refresh(&self) {
-        let mut cache = self.cache.lock().expect("scrape cache lock");
-        self.agent.lock().expect("agent lock").refresh();
-        cache.refreshed_at = Some(Instant::now());
-        cache.bodies.clear();
+        {
+            let mut cache = self.cache.lock().expect("scrape cache lock");
+            self.agent.lock().expect("agent lock").refresh();
+            cache.refreshed_at = Some(Instant::now());
+            cache.bodies.clear();
+        }
+        if let Some(took) = self.trimmer.lock().expect("trimmer lock").maybe_trim() {
+            tracing::debug!(?took, "freed heap pages given back to the kernel");
+        }
     }
 }

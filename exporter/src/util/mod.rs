@@ -1,7 +1,8 @@
-//! Small utilities every layer may use: durations and the monotonic clock. The bottom layer:
-//! nothing here imports from the rest of the crate.
+//! Small utilities every layer may use: durations, the monotonic clock, giving freed heap
+//! memory back. The bottom layer: nothing here imports from the rest of the crate.
 
 pub(crate) mod clock;
 pub mod duration;
 pub mod error;
 pub(crate) mod fdinfo;
+pub(crate) mod memory;
