@@ -290,14 +290,14 @@ fn entries_of_exited_processes_are_reclaimed_and_counters_stay() {
     assert_eq!(written(&exporter), 8 * MIB);
     let id = cg.id();
     assert!(
-        kernel_block_entries_for_cgroup(id) > 0,
+        kernel_block_entries_for_cgroup(&exporter, id) > 0,
         "dd's entries must be in the kernel map before they are reclaimed"
     );
     // dd has exited: its kernel entries go once it has been known gone for a reclaim interval
     // (a few seconds).
     let reclaimed = eventually(Duration::from_secs(30), || {
         exporter.scrape();
-        (kernel_block_entries_for_cgroup(id) == 0).then_some(())
+        (kernel_block_entries_for_cgroup(&exporter, id) == 0).then_some(())
     });
     assert!(
         reclaimed.is_some(),
@@ -313,28 +313,11 @@ fn entries_of_exited_processes_are_reclaimed_and_counters_stay() {
     assert_eq!(written(&exporter), 10 * MIB);
 }
 
-/// Keys of every `BLOCK_STATS` map whose cgroup id is `id`, read with bpftool (independent of
-/// sysscope). With one such map loaded bpftool prints its entries; with several (tests run in
-/// parallel), one object per map with the entries under `elements`.
-fn kernel_block_entries_for_cgroup(id: u64) -> usize {
-    let out = Command::new("bpftool")
-        .args(["-j", "map", "dump", "name", "BLOCK_STATS"])
-        .output()
-        .expect("bpftool");
-    let maps: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "bpftool map dump: {e}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    let all = maps.as_array().expect("bpftool prints an array");
-    let entries: Vec<&serde_json::Value> = all
-        .iter()
-        .flat_map(|v| match v.get("elements") {
-            Some(serde_json::Value::Array(elements)) => elements.iter().collect(),
-            _ => vec![v],
-        })
-        .collect();
+/// Keys of `exporter`'s `BLOCK_STATS` map whose cgroup id is `id`, read with bpftool
+/// (independent of sysscope). Its own map only: another test's exporter may exit, and its maps
+/// go, while bpftool walks every map of that name.
+fn kernel_block_entries_for_cgroup(exporter: &Exporter, id: u64) -> usize {
+    let entries = dump_exporter_map(exporter, "BLOCK_STATS");
     entries
         .iter()
         .filter(|e| {
