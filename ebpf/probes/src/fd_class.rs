@@ -34,6 +34,14 @@ unsafe fn load<T: Copy>(base: *const u8, off: u32) -> T {
     unsafe { core::ptr::read(base.add(off as usize) as *const T) }
 }
 
+/// Whether calls are classified at all: `syscalls.descriptor_kinds` is on and the loader found
+/// the offsets. When not, a classified call does not even read its descriptor argument.
+#[inline(always)]
+pub fn enabled() -> bool {
+    // SAFETY: a loader-set global.
+    unsafe { core::ptr::read_volatile(&FD_CONFIG.ready) != 0 }
+}
+
 /// The class of the current task's descriptor `fd`, packed (`kind << 32 | fs_magic`, as BPF
 /// functions return one register): 0 until the loader set the offsets, [`fd_class::OTHER`]
 /// for a descriptor not open or not readable. A BPF subprogram, so the syscall entry's

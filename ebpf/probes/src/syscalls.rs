@@ -298,7 +298,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     cpu.nr = nr;
-    cpu.fd = if fd_class::classified(nr) {
+    cpu.fd = if fd_class::classified(nr) && crate::fd_class::enabled() {
         // The descriptor is the first argument, in the `pt_regs` of the tracepoint.
         let fd = read_syscall_arg0(ctx.arg::<*const u8>(0));
         match cpu.fd_cache.get_mut(CpuState::fd_cache_entry(cpu.task, fd)) {
