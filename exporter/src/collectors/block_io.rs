@@ -258,8 +258,8 @@ impl BlockIoCollector {
         gone: &HashSet<u64>,
     ) -> (Vec<BlockKey>, bool) {
         let mut to_delete = Vec::new();
-        let seen_at = Instant::now();
         let snapshot = self.stats.read();
+        let seen_at = snapshot.read_at;
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.stats_usage.seen(snapshot.entries.len() as u64);
         self.entries.begin();
@@ -303,8 +303,8 @@ impl BlockIoCollector {
     fn read_latency(&mut self, now: Instant, gone: &HashSet<u64>) -> (Vec<BlockLatencyKey>, bool) {
         let cost = self.lat_cost();
         let mut to_delete = Vec::new();
-        let seen_at = Instant::now();
         let snapshot = self.latency.read();
+        let seen_at = snapshot.read_at;
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let by_cgroup = self.by_cgroup;
         self.latency_usage.seen(snapshot.entries.len() as u64);

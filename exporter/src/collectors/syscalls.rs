@@ -198,11 +198,11 @@ impl SyscallCollector {
     fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<SyscallKey>, bool) {
         let cost = self.series_cost();
         let mut to_delete = Vec::new();
+        let snapshot = self.maps.stats.snapshot();
         let names = Names {
-            seen_at: Instant::now(),
+            seen_at: snapshot.read_at,
             reclaim,
         };
-        let snapshot = self.maps.stats.snapshot();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.entries.begin();
         for (key, cur) in snapshot.entries {
@@ -245,11 +245,11 @@ impl SyscallCollector {
     fn read_errors(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<ErrnoKey>, bool) {
         let cost = self.series_cost();
         let mut to_delete = Vec::new();
+        let snapshot = self.maps.errors.read();
         let names = Names {
-            seen_at: Instant::now(),
+            seen_at: snapshot.read_at,
             reclaim,
         };
-        let snapshot = self.maps.errors.read();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.errors_usage.seen(snapshot.entries.len() as u64);
         self.error_entries.begin();
@@ -341,7 +341,7 @@ fn write_thresholds(
     Ok(())
 }
 
-/// Names the entries of one read of a map: `seen_at` is when the read began, `reclaim` the
+/// Names the entries of one read of a map: `seen_at` is when the read ended, `reclaim` the
 /// processes whose entries it reads for the last time.
 struct Names<'a> {
     seen_at: Instant,

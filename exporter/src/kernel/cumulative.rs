@@ -12,7 +12,7 @@
 //! Maps: any hash map of counters (`SYSCALL_ERRORS`, `BLOCK_STATS`, `BLOCK_LATENCY`); the
 //! syscall statistics table is read by `syscall_stats` and tracked here like the others.
 
-use std::{collections::HashMap, hash::Hash, os::fd::AsFd};
+use std::{collections::HashMap, hash::Hash, os::fd::AsFd, time::Instant};
 
 use aya::{
     maps::{HashMap as BpfHashMap, IterableMap, MapData, MapError},
@@ -105,6 +105,22 @@ pub struct Snapshot<K, V> {
     pub entries: Vec<(K, V)>,
     /// False when the walk ended early: entries not in `entries` may still exist.
     pub(crate) complete: bool,
+    /// When the read ended. Every cgroup and process its entries name existed before then: a
+    /// walk of the cgroup hierarchy (or a read of a process name) made after it sees them if
+    /// they still exist. One made after the read began but before it ended may not: a cgroup
+    /// created meanwhile would be taken for gone.
+    pub(crate) read_at: Instant,
+}
+
+impl<K, V> Snapshot<K, V> {
+    /// A read that has just ended.
+    pub(crate) fn ended(entries: Vec<(K, V)>, complete: bool) -> Self {
+        Self {
+            entries,
+            complete,
+            read_at: Instant::now(),
+        }
+    }
 }
 
 /// A hash map of the probes, read whole and reclaimed key by key.
@@ -131,12 +147,7 @@ impl<K: Pod, V: Pod> HashReader<K, V> {
     pub(crate) fn read(&mut self) -> Snapshot<K, V> {
         if self.batch {
             match bpf_batch::lookup_all::<K, V>(self.map.map().fd().as_fd()) {
-                Ok(entries) => {
-                    return Snapshot {
-                        entries,
-                        complete: true,
-                    }
-                }
+                Ok(entries) => return Snapshot::ended(entries, true),
                 Err(BatchError::Unsupported) => self.batch = false,
                 Err(e) => {
                     tracing::debug!(error = %Chain(&e), "batched read failed; reading entry by entry")
@@ -156,7 +167,7 @@ impl<K: Pod, V: Pod> HashReader<K, V> {
                 }
             }
         }
-        Snapshot { entries, complete }
+        Snapshot::ended(entries, complete)
     }
 
     /// Deletes `keys` (whose final values the caller has read) and returns those that are

@@ -306,7 +306,7 @@ impl SyscallStatsTable {
             .zip(sums)
             .filter_map(|((key, _), (stats, owned))| owned.then_some((key, stats)))
             .collect();
-        Snapshot { entries, complete }
+        Snapshot::ended(entries, complete)
     }
 
     /// Keys holding a slot at the last [`snapshot`](Self::snapshot) (what fills the table).

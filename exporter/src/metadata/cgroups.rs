@@ -195,10 +195,11 @@ impl CgroupResolver {
         }
     }
 
-    /// Looks up cgroup `id`, which was in use at `seen_at` (e.g. it keys an entry of a map
-    /// snapshot taken then). Unlike `lookup` this never answers `Pending`: a walk
-    /// started after `seen_at` finds every cgroup that still exists, so an id it did not find
-    /// is gone, and an older walk is simply repeated. At most one walk per `seen_at`.
+    /// Looks up cgroup `id`, which existed at `seen_at` (e.g. it keys an entry of a map read
+    /// that ended then; not when it began: a cgroup created during the read is in it). Unlike
+    /// `lookup` this never answers `Pending`: a walk started after `seen_at` finds every
+    /// cgroup that still exists, so an id it did not find is gone, and an older walk is
+    /// simply repeated. At most one walk per `seen_at`.
     pub(crate) fn lookup_seen(&mut self, id: u64, seen_at: Instant) -> Resolution {
         if let Some(known) = self.known(id) {
             return known;
@@ -307,6 +308,35 @@ mod tests {
         assert_eq!(
             r.lookup_seen(kept_id, seen_at),
             Resolution::Known(Arc::from("/kept"))
+        );
+    }
+
+    /// Why a reader passes the instant its read of a map ended, not began: a walk another
+    /// thread makes during the read may predate a cgroup created meanwhile whose id the read
+    /// then finds; to the read's start that walk looks recent enough, and the cgroup is taken
+    /// for gone (its values labelled `(unresolved)` for good).
+    #[test]
+    fn ids_found_by_a_read_are_resolved_against_its_end() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap().keep().join("new");
+        std::fs::create_dir(&outside).unwrap();
+        let new = root.path().join("new");
+        let mut early = CgroupResolver::new(root.path().into());
+        let mut late = CgroupResolver::new(root.path().into());
+
+        let read_began = Instant::now();
+        // Another thread walks during the read, before the cgroup exists.
+        early.rescan();
+        late.rescan();
+        std::fs::rename(&outside, &new).unwrap();
+        let new_id = id_of(&new).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let read_ended = Instant::now();
+
+        assert_eq!(early.lookup_seen(new_id, read_began), Resolution::Gone);
+        assert_eq!(
+            late.lookup_seen(new_id, read_ended),
+            Resolution::Known(Arc::from("/new"))
         );
     }
 

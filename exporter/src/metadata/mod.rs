@@ -188,7 +188,7 @@ impl Labeler {
         }
     }
 
-    /// The workload of a kernel (cgroup id, tgid) pair from a map snapshot taken at `seen_at`,
+    /// The workload of a kernel (cgroup id, tgid) pair from a map read that ended at `seen_at`,
     /// or `None` while it cannot be named yet: its process exited between the snapshot and now
     /// (its exit record, read next cycle, carries the name). The caller keeps the values and
     /// asks again next cycle rather than attribute them to a placeholder. On the `last_chance`
