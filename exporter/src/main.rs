@@ -17,7 +17,7 @@ use sysscope::{
         http::{self, AppState},
         otlp,
         scrape::Scraper,
-        web_config::WebConfig,
+        web_config::WebConfigFile,
     },
     privileges, reload, spans, startup,
     util::error::Chain,
@@ -312,7 +312,7 @@ fn main() -> ExitCode {
         None if cli.config_check => return exit(config_check(&config)),
         None => {
             // Validated before anything is loaded, so a bad file costs nothing.
-            let web = match cli.web_config_file.as_ref().map(|p| WebConfig::load(p)) {
+            let web = match cli.web_config_file.as_ref().map(|p| WebConfigFile::load(p)) {
                 None => None,
                 Some(Ok(w)) => Some(Arc::new(w)),
                 Some(Err(e)) => {
@@ -389,7 +389,7 @@ fn config_check(config: &Config) -> anyhow::Result<ExitCode> {
 fn run_exporter(
     cli: &Cli,
     config: Config,
-    web: Option<Arc<WebConfig>>,
+    web: Option<Arc<WebConfigFile>>,
 ) -> anyhow::Result<ExitCode> {
     if !cli.telemetry_path.starts_with('/') {
         anyhow::bail!(
@@ -529,8 +529,10 @@ fn run_exporter(
         tracing::info!(
             address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             path = %cli.telemetry_path,
-            tls = web.as_ref().is_some_and(|w| w.tls.is_some()),
-            basic_auth = web.as_ref().is_some_and(|w| w.basic_auth.is_some()),
+            tls = web.as_ref().is_some_and(|w| w.tls().is_some()),
+            basic_auth = web
+                .as_ref()
+                .is_some_and(|w| w.current().is_ok_and(|c| c.basic_auth.is_some())),
             "serving metrics"
         );
         http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;

@@ -4,7 +4,9 @@
 //!
 //! With `--web.config.file` ([`super::web_config`]) connections are TLS (a plain-HTTP request
 //! to the TLS port gets a readable 400, as Go's servers answer), every request needs basic
-//! auth when users are configured (401 otherwise), and the configured headers are added.
+//! auth when users are configured (401 otherwise), and the configured headers are added. The
+//! file is followed as it changes ([`WebConfigFile`]): each request is checked against it as
+//! it is now, and answered 500 while a change left it invalid.
 //! Concurrent connections are capped ([`MAX_CONNECTIONS`]) so a flood of clients cannot take
 //! the file descriptors the collectors need to read /proc and the cgroup tree.
 //!
@@ -47,7 +49,7 @@ use tokio::{
 use super::{
     format::Format,
     scrape::Scraper,
-    web_config::{AuthPrecheck, WebConfig},
+    web_config::{AuthPrecheck, WebConfigFile},
 };
 
 /// Connections served at once; more are closed as soon as they are accepted.
@@ -429,7 +431,7 @@ async fn idle_deadline(activity: &Activity, epoch: Instant) {
 
 /// What `--web.config.file` asks of every request, shared by the connections.
 struct Security {
-    web: Option<Arc<WebConfig>>,
+    web: Option<Arc<WebConfigFile>>,
     password_checks: PasswordChecks,
 }
 
@@ -493,6 +495,15 @@ impl PasswordChecks {
     }
 }
 
+/// The answer to every request while the web config file is invalid.
+fn web_config_invalid() -> Response<Full<Bytes>> {
+    response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "text/plain; charset=utf-8",
+        "The web config file is invalid; see the exporter's log.\n",
+    )
+}
+
 fn unauthorized() -> Response<Full<Bytes>> {
     let mut r = response(
         StatusCode::UNAUTHORIZED,
@@ -513,8 +524,13 @@ async fn handle_secured(
     peer: IpAddr,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let Some(web) = security.web.clone() else {
+    let Some(file) = &security.web else {
         return handle(state, req).await;
+    };
+    let web = match file.current() {
+        Ok(web) => web,
+        // Logged when the file changed; refused until it is fixed.
+        Err(_) => return Ok(web_config_invalid()),
     };
     let allowed = match &web.basic_auth {
         None => true,
@@ -594,7 +610,7 @@ pub async fn serve(
 pub async fn serve_with(
     listener: TcpListener,
     state: Arc<AppState>,
-    web: Option<Arc<WebConfig>>,
+    web: Option<Arc<WebConfigFile>>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
@@ -605,14 +621,10 @@ pub async fn serve_with(
         .max_buf_size(64 * 1024)
         .header_read_timeout(Duration::from_secs(10))
         .timer(hyper_util::rt::TokioTimer::new());
-    if web.as_ref().is_some_and(|w| !w.http2) {
+    if web.as_ref().is_some_and(|w| !w.http2()) {
         builder = builder.http1_only();
     }
     let builder = Arc::new(builder);
-    let tls = web
-        .as_ref()
-        .and_then(|w| w.tls.clone())
-        .map(tokio_rustls::TlsAcceptor::from);
     let security = Arc::new(Security {
         web,
         password_checks: PasswordChecks::new(),
@@ -644,7 +656,12 @@ pub async fn serve_with(
                 let state = state.clone();
                 let security = security.clone();
                 let builder = builder.clone();
-                let tls = tls.clone();
+                // The file's TLS settings as they are now (they may have been changed).
+                let tls = security
+                    .web
+                    .as_ref()
+                    .and_then(|w| w.tls())
+                    .map(tokio_rustls::TlsAcceptor::from);
                 let watcher = graceful.watcher();
                 let table = connections.clone();
                 tokio::spawn(async move {

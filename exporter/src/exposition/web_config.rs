@@ -13,6 +13,11 @@
 //! TLS is rustls with the ring provider. The certificate and key are re-read when their files
 //! change (checked at most once a second, at handshakes), so a rotated certificate needs no
 //! restart; a pair that fails to load keeps the previous one in use and is logged.
+//!
+//! The file itself, and the client CA file it names, are re-read when they change (checked at
+//! most once a second, at requests and connections: [`WebConfigFile`]), so users, passwords,
+//! headers and TLS settings need no restart either, as exporter-toolkit re-reads its file on
+//! every request. A change that makes the file invalid fails closed.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -105,6 +110,9 @@ pub struct WebConfig {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Whether HTTP/2 is offered (default true).
     pub http2: bool,
+    /// Other files this config was read from (the client CA file): a change to one is a
+    /// change of the config.
+    watched: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -182,7 +190,8 @@ fn load_certified_key(
     })
 }
 
-/// How often a handshake may look at the certificate files' modification times.
+/// How often a handshake may look at the certificate files' modification times, and a request
+/// or connection at the web config file's contents.
 const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
 struct ResolverState {
@@ -498,15 +507,22 @@ impl WebConfig {
             }
         };
 
+        let mut watched = Vec::new();
         let tls = match raw.tls_server_config {
             None => None,
-            Some(t) => build_tls(t, base_dir, http2, &invalid)?,
+            Some(t) => {
+                if let Some(ca) = t.client_ca_file.as_ref().filter(|f| !f.trim().is_empty()) {
+                    watched.push(base_dir.join(ca));
+                }
+                build_tls(t, base_dir, http2, &invalid)?
+            }
         };
         Ok(Self {
             tls,
             basic_auth,
             headers,
             http2,
+            watched,
         })
     }
 }
@@ -702,6 +718,167 @@ fn build_tls(
     Ok(Some(Arc::new(config)))
 }
 
+/// The web config file as the endpoint enforces it: read at start, and read again when it or
+/// a file it names (the client CA) changes, compared at most once a second ([`RELOAD_CHECK`])
+/// by the requests and connections that ask for it.
+///
+/// A changed file that is invalid fails closed: [`WebConfigFile::current`] is an error (every
+/// request is refused) until the file is valid again, because the change may be the
+/// revocation of a leaked password, which keeping the previous users would undo. What the
+/// listener was started with stays: turning TLS on or off needs a restart (a file that does is
+/// refused the same way: serving plain HTTP when the file asks for TLS would send credentials
+/// in clear), and a change of `http2` is logged and applied at the next start. Connections
+/// already open keep the TLS session they negotiated.
+pub struct WebConfigFile {
+    path: PathBuf,
+    started_tls: bool,
+    started_http2: bool,
+    check_every: Duration,
+    state: Mutex<FileState>,
+}
+
+impl std::fmt::Debug for WebConfigFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfigFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+struct FileState {
+    checked: Instant,
+    /// The bytes of the file and of each watched file when last read (`None`: unreadable).
+    contents: Vec<Option<Vec<u8>>>,
+    current: Result<Arc<WebConfig>, String>,
+    /// The last valid config: new TLS connections use its certificate while the file is
+    /// invalid, so that clients get the refusal as an HTTP status, not a failed handshake.
+    last_valid: Arc<WebConfig>,
+}
+
+impl WebConfigFile {
+    /// Reads and validates the file; an error here stops the start-up.
+    pub fn load(path: &Path) -> Result<Self, WebConfigError> {
+        Self::load_checking_every(path, RELOAD_CHECK)
+    }
+
+    fn load_checking_every(path: &Path, check_every: Duration) -> Result<Self, WebConfigError> {
+        let config = Arc::new(WebConfig::load(path)?);
+        let contents = Self::read_contents(path, &config);
+        Ok(Self {
+            path: path.to_path_buf(),
+            started_tls: config.tls.is_some(),
+            started_http2: config.http2,
+            check_every,
+            state: Mutex::new(FileState {
+                checked: Instant::now(),
+                contents,
+                current: Ok(config.clone()),
+                last_valid: config,
+            }),
+        })
+    }
+
+    /// Whether the listener offers HTTP/2: as started.
+    pub fn http2(&self) -> bool {
+        self.started_http2
+    }
+
+    /// What a request is checked against now; the reason while the file is invalid.
+    pub fn current(&self) -> Result<Arc<WebConfig>, String> {
+        self.with_state(|s| s.current.clone())
+    }
+
+    /// The TLS configuration of a new connection (`None`: plain HTTP): the current file's, or
+    /// the last valid one's while the file is invalid.
+    pub fn tls(&self) -> Option<Arc<ServerConfig>> {
+        self.with_state(|s| match &s.current {
+            Ok(config) => config.tls.clone(),
+            Err(_) => s.last_valid.tls.clone(),
+        })
+    }
+
+    fn with_state<T>(&self, f: impl FnOnce(&FileState) -> T) -> T {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.checked.elapsed() >= self.check_every {
+            state.checked = Instant::now();
+            self.reload_if_changed(&mut state);
+        }
+        f(&state)
+    }
+
+    fn read_contents(path: &Path, config: &WebConfig) -> Vec<Option<Vec<u8>>> {
+        std::iter::once(path)
+            .chain(config.watched.iter().map(PathBuf::as_path))
+            .map(|p| std::fs::read(p).ok())
+            .collect()
+    }
+
+    fn reload_if_changed(&self, state: &mut FileState) {
+        let watched_by = match &state.current {
+            Ok(config) => config.clone(),
+            Err(_) => state.last_valid.clone(),
+        };
+        let contents = Self::read_contents(&self.path, &watched_by);
+        if contents == state.contents {
+            return;
+        }
+        let loaded = WebConfig::load(&self.path).map_err(|e| e.to_string());
+        // What the new config watches may differ: remember its files, or this change is seen
+        // again at the next check.
+        state.contents = match &loaded {
+            Ok(config) => Self::read_contents(&self.path, config),
+            Err(_) => contents,
+        };
+        state.current = match loaded.and_then(|config| self.applicable(config)) {
+            Ok(config) => {
+                tracing::info!(path = %self.path.display(), "web config file reloaded");
+                let config = Arc::new(config);
+                state.last_valid = config.clone();
+                Ok(config)
+            }
+            Err(reason) => {
+                tracing::error!(
+                    error = %reason,
+                    "web config file changed and cannot be applied: every request is refused \
+                     (500) until it is fixed"
+                );
+                Err(reason)
+            }
+        };
+    }
+
+    /// `config` if the running listener can enforce it.
+    fn applicable(&self, config: WebConfig) -> Result<WebConfig, String> {
+        let path = self.path.display();
+        match (self.started_tls, config.tls.is_some()) {
+            (false, true) => {
+                return Err(format!(
+                    "web config file {path}: tls_server_config now configures TLS, but the \
+                     endpoint was started serving plain HTTP: restart sysscope to serve TLS"
+                ))
+            }
+            (true, false) => {
+                return Err(format!(
+                    "web config file {path}: tls_server_config no longer configures TLS, but \
+                     the endpoint was started serving TLS: restart sysscope to serve plain HTTP"
+                ))
+            }
+            _ => {}
+        }
+        if config.http2 != self.started_http2 {
+            tracing::warn!(
+                path = %path,
+                http2 = config.http2,
+                "http_server_config.http2 changed: it takes effect at the next start"
+            );
+        }
+        Ok(config)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -789,6 +966,110 @@ mod tests {
         assert!(e.contains("http_server_config.headers.X-Powered-By"), "{e}");
         let e = err("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n");
         assert!(e.contains("nosniff"), "{e}");
+    }
+
+    #[test]
+    fn a_changed_file_applies_without_restart_and_an_invalid_one_fails_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        let users = |password: &str| {
+            let hash = bcrypt::hash(password, 4).unwrap();
+            format!("basic_auth_users:\n  ops: '{hash}'\n")
+        };
+        std::fs::write(&path, users("old")).unwrap();
+        let file = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        let allows = |password: &str| {
+            let auth = file.current().unwrap().basic_auth.clone().unwrap();
+            auth.verify("ops", password.as_bytes())
+        };
+        assert!(allows("old"));
+
+        std::fs::write(&path, users("new")).unwrap();
+        assert!(allows("new"));
+        assert!(
+            !allows("old"),
+            "a rotated password must stop working at once"
+        );
+
+        std::fs::write(&path, "basic_auth_users: [\n").unwrap();
+        let e = file.current().unwrap_err();
+        assert!(e.contains("web.yml"), "{e}");
+        // Still refused at the next check: the previous users are not taken back.
+        assert!(file.current().is_err());
+
+        std::fs::write(&path, users("fixed")).unwrap();
+        assert!(allows("fixed"));
+        assert!(!allows("new"));
+    }
+
+    #[test]
+    fn turning_tls_on_or_off_needs_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.path().join("s.crt"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("s.key"), key.serialize_pem()).unwrap();
+        let tls = "tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n";
+        let path = dir.path().join("web.yml");
+
+        std::fs::write(&path, "").unwrap();
+        let plain = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        assert!(plain.tls().is_none());
+        std::fs::write(&path, tls).unwrap();
+        let e = plain.current().unwrap_err();
+        assert!(e.contains("restart"), "{e}");
+        assert!(plain.tls().is_none(), "a plain listener stays plain");
+
+        let secured = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        assert!(secured.tls().is_some());
+        std::fs::write(&path, "").unwrap();
+        assert!(secured.current().is_err());
+        // New connections still handshake (with the last valid certificate) to be refused
+        // with a status, not a broken handshake.
+        assert!(secured.tls().is_some());
+        std::fs::write(&path, format!("{tls}basic_auth_users: {{}}\n")).unwrap();
+        assert!(secured.current().is_ok());
+    }
+
+    #[test]
+    fn a_changed_client_ca_file_reloads_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let self_signed = |name: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let cert = rcgen::CertificateParams::new(vec![name.into()])
+                .unwrap()
+                .self_signed(&key)
+                .unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let (cert, key) = self_signed("localhost");
+        std::fs::write(dir.path().join("s.crt"), cert).unwrap();
+        std::fs::write(dir.path().join("s.key"), key).unwrap();
+        std::fs::write(dir.path().join("ca.crt"), self_signed("first CA").0).unwrap();
+        let path = dir.path().join("web.yml");
+        std::fs::write(
+            &path,
+            "tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  \
+             client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n",
+        )
+        .unwrap();
+        let file = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        let first = file.current().unwrap();
+        assert!(Arc::ptr_eq(&first, &file.current().unwrap()), "unchanged");
+
+        std::fs::write(dir.path().join("ca.crt"), self_signed("second CA").0).unwrap();
+        let second = file.current().unwrap();
+        assert!(
+            !Arc::ptr_eq(&first, &second),
+            "a new client CA was not read"
+        );
+
+        std::fs::write(dir.path().join("ca.crt"), "not a certificate").unwrap();
+        let e = file.current().unwrap_err();
+        assert!(e.contains("client_ca_file"), "{e}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Configuration reload without restart (SIGHUP and `POST /-/reload`): live keys take effect on
 //! the real probes, restart-only keys and bad files are refused with the running configuration
-//! kept, every outcome is counted, and the endpoint sits behind basic auth.
+//! kept, every outcome is counted, and the endpoint sits behind basic auth. The web config file
+//! (users, headers) applies when it changes, and a broken one fails closed.
 
 use std::{
     io::{Read, Write},
@@ -20,9 +21,17 @@ fn config(extra: &str) -> String {
     format!("{BASE}[slow_calls]\nthreshold = \"1h\"\n{extra}")
 }
 
-/// `POST path` with optional basic credentials: (status, body).
-fn post(port: u16, path: &str, credentials: Option<(&str, &str)>) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+/// `METHOD path` with optional basic credentials: (status, raw head, body); status 0 while
+/// nothing listens.
+fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    credentials: Option<(&str, &str)>,
+) -> (u16, String, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new(), String::new());
+    };
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let auth = credentials
         .map(|(user, password)| {
@@ -33,7 +42,7 @@ fn post(port: u16, path: &str, credentials: Option<(&str, &str)>) -> (u16, Strin
         .unwrap_or_default();
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut out = String::new();
@@ -43,8 +52,20 @@ fn post(port: u16, path: &str, credentials: Option<(&str, &str)>) -> (u16, Strin
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    (status, head.to_string(), body.to_string())
+}
+
+/// `POST path` with optional basic credentials: (status, body).
+fn post(port: u16, path: &str, credentials: Option<(&str, &str)>) -> (u16, String) {
+    let (status, _, body) = request(port, "POST", path, credentials);
     (status, body)
+}
+
+/// `GET path` with optional basic credentials: (status, raw head).
+fn get_as(port: u16, path: &str, credentials: Option<(&str, &str)>) -> (u16, String) {
+    let (status, head, _) = request(port, "GET", path, credentials);
+    (status, head)
 }
 
 fn reloads(exporter: &Exporter, result: &str) -> f64 {
@@ -204,4 +225,62 @@ fn post_reload_is_behind_basic_auth() {
     let (status, body) = post(port, "/-/reload", Some(("ops", "s3cret")));
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("limits.max_series"), "{body}");
+}
+
+#[test]
+fn web_config_changes_apply_without_restart() {
+    if !require_root("web_config_changes_apply_without_restart") {
+        return;
+    }
+    let users = |password: &str, extra: &str| {
+        let hash = bcrypt::hash(password, 4).unwrap();
+        format!("basic_auth_users:\n  ops: '{hash}'\n{extra}")
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let web = dir.path().join("web.yml");
+    std::fs::write(&web, users("old", "")).unwrap();
+    let port = free_port();
+    let mut exporter = Exporter::spawn_on(
+        port,
+        &config(""),
+        &[&format!("--web.config.file={}", web.display())],
+    );
+    exporter.wait_for(|| get_as(port, "/-/ready", Some(("ops", "old"))).0 == 200);
+    assert_eq!(get_as(port, "/-/ready", None).0, 401);
+
+    // A rotated password (and a new header) apply within a couple of seconds, and the old
+    // password stops working: no restart.
+    std::fs::write(
+        &web,
+        users(
+            "new",
+            "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+        ),
+    )
+    .unwrap();
+    let rotated = eventually(Duration::from_secs(10), || {
+        (get_as(port, "/-/ready", Some(("ops", "new"))).0 == 200).then_some(())
+    });
+    assert!(rotated.is_some(), "the new password was not accepted");
+    assert_eq!(get_as(port, "/-/ready", Some(("ops", "old"))).0, 401);
+    let (status, head) = get_as(port, "/metrics", Some(("ops", "new")));
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase().contains("x-frame-options: deny"),
+        "{head}"
+    );
+
+    // A broken file fails closed, with neither password, until it is fixed.
+    std::fs::write(&web, "basic_auth_users: [\n").unwrap();
+    let refused = eventually(Duration::from_secs(10), || {
+        (get_as(port, "/-/ready", Some(("ops", "new"))).0 == 500).then_some(())
+    });
+    assert!(refused.is_some(), "an invalid web config was not refused");
+    assert_eq!(get_as(port, "/-/ready", Some(("ops", "old"))).0, 500);
+    std::fs::write(&web, users("fixed", "")).unwrap();
+    let fixed = eventually(Duration::from_secs(10), || {
+        (get_as(port, "/-/ready", Some(("ops", "fixed"))).0 == 200).then_some(())
+    });
+    assert!(fixed.is_some(), "the fixed web config was not applied");
+    assert_eq!(get_as(port, "/-/ready", Some(("ops", "new"))).0, 401);
 }
