@@ -527,19 +527,33 @@ async fn handle_secured(
     let Some(file) = &security.web else {
         return handle(state, req).await;
     };
-    let web = match file.current() {
-        Ok(web) => web,
-        // Logged when the file changed; refused until it is fixed.
-        Err(_) => return Ok(web_config_invalid()),
-    };
-    let allowed = match &web.basic_auth {
-        None => true,
-        Some(auth) => {
-            let header = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .map(|v| v.as_bytes());
-            security.password_checks.allowed(peer, auth, header).await
+    let header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes().to_vec());
+    // A password check can wait for its turn: if the file changed meanwhile (a rotated
+    // password), the request is checked again against what is in force now.
+    let mut checks = 0;
+    let (web, allowed) = loop {
+        let web = match file.current() {
+            Ok(web) => web,
+            // Logged when the file changed; refused until it is fixed.
+            Err(_) => return Ok(web_config_invalid()),
+        };
+        let allowed = match &web.basic_auth {
+            None => true,
+            Some(auth) => {
+                security
+                    .password_checks
+                    .allowed(peer, auth, header.as_deref())
+                    .await
+            }
+        };
+        checks += 1;
+        match file.current() {
+            Ok(now) if Arc::ptr_eq(&now, &web) => break (web, allowed),
+            _ if checks >= 3 => break (web, false),
+            _ => continue,
         }
     };
     let mut resp = if allowed {
@@ -625,6 +639,8 @@ pub async fn serve_with(
         builder = builder.http1_only();
     }
     let builder = Arc::new(builder);
+    // Follows the web config file while the endpoint serves.
+    let follower = web.clone().map(|file| tokio::spawn(file.follow()));
     let security = Arc::new(Security {
         web,
         password_checks: PasswordChecks::new(),
@@ -724,6 +740,9 @@ pub async fn serve_with(
         }
     }
     drop(listener);
+    if let Some(follower) = follower {
+        follower.abort();
+    }
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()

@@ -14,10 +14,11 @@
 //! change (checked at most once a second, at handshakes), so a rotated certificate needs no
 //! restart; a pair that fails to load keeps the previous one in use and is logged.
 //!
-//! The file itself, and the client CA file it names, are re-read when they change (checked at
-//! most once a second, at requests and connections: [`WebConfigFile`]), so users, passwords,
-//! headers and TLS settings need no restart either, as exporter-toolkit re-reads its file on
-//! every request. A change that makes the file invalid fails closed.
+//! The file itself, and the client CA file it names, are followed as they change (compared
+//! once a second in the background; applied once two checks in a row read the change alike:
+//! [`WebConfigFile`]), so users, passwords, headers and TLS settings need no restart either,
+//! as exporter-toolkit re-reads its file on every request. A change that makes the file
+//! invalid fails closed.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -190,8 +191,8 @@ fn load_certified_key(
     })
 }
 
-/// How often a handshake may look at the certificate files' modification times, and a request
-/// or connection at the web config file's contents.
+/// How often a handshake may look at the certificate files' modification times, and how often
+/// the web config file is compared with what was last read.
 const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
 struct ResolverState {
@@ -718,12 +719,14 @@ fn build_tls(
     Ok(Some(Arc::new(config)))
 }
 
-/// The web config file as the endpoint enforces it: read at start, and read again when it or
-/// a file it names (the client CA) changes, compared at most once a second ([`RELOAD_CHECK`])
-/// by the requests and connections that ask for it.
+/// The web config file as the endpoint enforces it: read at start, then followed by
+/// [`WebConfigFile::follow`], which compares the file and the files it names (the client CA)
+/// with what was last read, once a second ([`RELOAD_CHECK`]), off the request path. A change
+/// is applied once the file reads the same at two checks in a row, so a file caught half
+/// written (a writer that truncates, then writes) is never applied.
 ///
-/// A changed file that is invalid fails closed: [`WebConfigFile::current`] is an error (every
-/// request is refused) until the file is valid again, because the change may be the
+/// A change that makes the file invalid fails closed: [`WebConfigFile::current`] is an error
+/// (every request is refused) until the file is valid again, because the change may be the
 /// revocation of a leaked password, which keeping the previous users would undo. What the
 /// listener was started with stays: turning TLS on or off needs a restart (a file that does is
 /// refused the same way: serving plain HTTP when the file asks for TLS would send credentials
@@ -733,7 +736,6 @@ pub struct WebConfigFile {
     path: PathBuf,
     started_tls: bool,
     started_http2: bool,
-    check_every: Duration,
     state: Mutex<FileState>,
 }
 
@@ -745,35 +747,63 @@ impl std::fmt::Debug for WebConfigFile {
     }
 }
 
-struct FileState {
-    checked: Instant,
-    /// The bytes of the file and of each watched file when last read (`None`: unreadable).
+/// The files a config was read from (the web config file first) and their bytes (`None`:
+/// unreadable).
+#[derive(Clone, PartialEq, Eq)]
+struct Snapshot {
+    paths: Vec<PathBuf>,
     contents: Vec<Option<Vec<u8>>>,
+}
+
+impl Snapshot {
+    fn read(paths: Vec<PathBuf>) -> Self {
+        let contents = paths.iter().map(|p| std::fs::read(p).ok()).collect();
+        Self { paths, contents }
+    }
+
+    /// The files `config`, read from `path`, depends on.
+    fn paths_of(path: &Path, config: &WebConfig) -> Vec<PathBuf> {
+        std::iter::once(path.to_path_buf())
+            .chain(config.watched.iter().cloned())
+            .collect()
+    }
+}
+
+struct FileState {
+    /// What the config in force (or the refusal) was made from.
+    applied: Snapshot,
+    /// A change seen at the last check, applied if the next check reads it again.
+    pending: Option<Snapshot>,
     current: Result<Arc<WebConfig>, String>,
     /// The last valid config: new TLS connections use its certificate while the file is
     /// invalid, so that clients get the refusal as an HTTP status, not a failed handshake.
     last_valid: Arc<WebConfig>,
+    /// Changes applied (valid or refused), for tests.
+    changes: u64,
 }
 
 impl WebConfigFile {
     /// Reads and validates the file; an error here stops the start-up.
     pub fn load(path: &Path) -> Result<Self, WebConfigError> {
-        Self::load_checking_every(path, RELOAD_CHECK)
-    }
-
-    fn load_checking_every(path: &Path, check_every: Duration) -> Result<Self, WebConfigError> {
-        let config = Arc::new(WebConfig::load(path)?);
-        let contents = Self::read_contents(path, &config);
+        // The bytes parsed are the bytes remembered: a change made meanwhile is seen as one.
+        let bytes = std::fs::read(path).map_err(|source| WebConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let config = Arc::new(Self::parse(path, &bytes)?);
+        let mut applied = Snapshot::read(config.watched.clone());
+        applied.paths.insert(0, path.to_path_buf());
+        applied.contents.insert(0, Some(bytes));
         Ok(Self {
             path: path.to_path_buf(),
             started_tls: config.tls.is_some(),
             started_http2: config.http2,
-            check_every,
             state: Mutex::new(FileState {
-                checked: Instant::now(),
-                contents,
+                applied,
+                pending: None,
                 current: Ok(config.clone()),
                 last_valid: config,
+                changes: 0,
             }),
         })
     }
@@ -785,69 +815,110 @@ impl WebConfigFile {
 
     /// What a request is checked against now; the reason while the file is invalid.
     pub fn current(&self) -> Result<Arc<WebConfig>, String> {
-        self.with_state(|s| s.current.clone())
+        self.lock().current.clone()
     }
 
     /// The TLS configuration of a new connection (`None`: plain HTTP): the current file's, or
     /// the last valid one's while the file is invalid.
     pub fn tls(&self) -> Option<Arc<ServerConfig>> {
-        self.with_state(|s| match &s.current {
+        let state = self.lock();
+        match &state.current {
             Ok(config) => config.tls.clone(),
-            Err(_) => s.last_valid.tls.clone(),
-        })
-    }
-
-    fn with_state<T>(&self, f: impl FnOnce(&FileState) -> T) -> T {
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if state.checked.elapsed() >= self.check_every {
-            state.checked = Instant::now();
-            self.reload_if_changed(&mut state);
+            Err(_) => state.last_valid.tls.clone(),
         }
-        f(&state)
     }
 
-    fn read_contents(path: &Path, config: &WebConfig) -> Vec<Option<Vec<u8>>> {
-        std::iter::once(path)
-            .chain(config.watched.iter().map(PathBuf::as_path))
-            .map(|p| std::fs::read(p).ok())
-            .collect()
+    /// Checks the files every [`RELOAD_CHECK`] until `self` is dropped elsewhere. Reading and
+    /// validating a file (bcrypt, certificates) runs on the blocking pool, never on a thread
+    /// that serves requests, and never under the lock requests take.
+    pub async fn follow(self: Arc<Self>) {
+        let file = Arc::downgrade(&self);
+        drop(self);
+        let mut tick = tokio::time::interval(RELOAD_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(file) = file.upgrade() else {
+                return;
+            };
+            if tokio::task::spawn_blocking(move || file.check())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
     }
 
-    fn reload_if_changed(&self, state: &mut FileState) {
-        let watched_by = match &state.current {
-            Ok(config) => config.clone(),
-            Err(_) => state.last_valid.clone(),
+    /// One check: reads the files, and applies a change that two checks in a row read alike.
+    fn check(&self) {
+        let (applied, pending) = {
+            let state = self.lock();
+            (state.applied.clone(), state.pending.clone())
         };
-        let contents = Self::read_contents(&self.path, &watched_by);
-        if contents == state.contents {
+        let seen = Snapshot::read(applied.paths.clone());
+        if seen == applied {
+            self.lock().pending = None;
             return;
         }
-        let loaded = WebConfig::load(&self.path).map_err(|e| e.to_string());
-        // What the new config watches may differ: remember its files, or this change is seen
-        // again at the next check.
-        state.contents = match &loaded {
-            Ok(config) => Self::read_contents(&self.path, config),
-            Err(_) => contents,
+        if pending.as_ref() != Some(&seen) {
+            // First sight of this change: it may be a file still being written.
+            self.lock().pending = Some(seen);
+            return;
+        }
+        // The exact bytes compared are parsed, so what is in force is what was compared.
+        let loaded = match seen.contents.first().and_then(Option::as_ref) {
+            None => Err(format!(
+                "cannot read web config file {}",
+                self.path.display()
+            )),
+            Some(bytes) => Self::parse(&self.path, bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|config| self.applicable(config)),
         };
-        state.current = match loaded.and_then(|config| self.applicable(config)) {
+        // A valid config may name other files than the one before: follow those from now on.
+        let applied = match &loaded {
+            Ok(config) if Snapshot::paths_of(&self.path, config) != seen.paths => {
+                Snapshot::read(Snapshot::paths_of(&self.path, config))
+            }
+            _ => seen,
+        };
+        match &loaded {
+            Ok(_) => tracing::info!(path = %self.path.display(), "web config file reloaded"),
+            Err(reason) => tracing::error!(
+                error = %reason,
+                "web config file changed and cannot be applied: every request is refused \
+                 (500) until it is fixed"
+            ),
+        }
+        let mut state = self.lock();
+        state.applied = applied;
+        state.pending = None;
+        state.changes += 1;
+        match loaded {
             Ok(config) => {
-                tracing::info!(path = %self.path.display(), "web config file reloaded");
                 let config = Arc::new(config);
                 state.last_valid = config.clone();
-                Ok(config)
+                state.current = Ok(config);
             }
-            Err(reason) => {
-                tracing::error!(
-                    error = %reason,
-                    "web config file changed and cannot be applied: every request is refused \
-                     (500) until it is fixed"
-                );
-                Err(reason)
-            }
-        };
+            Err(reason) => state.current = Err(reason),
+        }
+    }
+
+    fn parse(path: &Path, bytes: &[u8]) -> Result<WebConfig, WebConfigError> {
+        WebConfig::parse(
+            &String::from_utf8_lossy(bytes),
+            &path.display().to_string(),
+            path.parent().unwrap_or(Path::new(".")),
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
+        // Every update of the state is a few assignments made together: a panic elsewhere
+        // cannot leave it half written.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// `config` if the running listener can enforce it.
@@ -977,7 +1048,7 @@ mod tests {
             format!("basic_auth_users:\n  ops: '{hash}'\n")
         };
         std::fs::write(&path, users("old")).unwrap();
-        let file = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
         let allows = |password: &str| {
             let auth = file.current().unwrap().basic_auth.clone().unwrap();
             auth.verify("ops", password.as_bytes())
@@ -985,21 +1056,48 @@ mod tests {
         assert!(allows("old"));
 
         std::fs::write(&path, users("new")).unwrap();
+        file.check();
+        assert!(
+            allows("old"),
+            "a change seen once may be a file still being written"
+        );
+        file.check();
         assert!(allows("new"));
         assert!(
             !allows("old"),
             "a rotated password must stop working at once"
         );
 
+        // Caught half written (truncated), then complete: the empty file is never applied.
+        std::fs::write(&path, "").unwrap();
+        file.check();
+        std::fs::write(&path, users("newer")).unwrap();
+        file.check();
+        assert!(allows("new"));
+        file.check();
+        assert!(allows("newer"));
+
         std::fs::write(&path, "basic_auth_users: [\n").unwrap();
+        settle(&file);
         let e = file.current().unwrap_err();
         assert!(e.contains("web.yml"), "{e}");
-        // Still refused at the next check: the previous users are not taken back.
+        // Still refused at the next checks, and not applied again: the previous users are
+        // not taken back.
+        let changes = file.lock().changes;
+        settle(&file);
         assert!(file.current().is_err());
+        assert_eq!(file.lock().changes, changes);
 
         std::fs::write(&path, users("fixed")).unwrap();
+        settle(&file);
         assert!(allows("fixed"));
-        assert!(!allows("new"));
+        assert!(!allows("newer"));
+    }
+
+    /// Two checks: enough for a change to be applied.
+    fn settle(file: &WebConfigFile) {
+        file.check();
+        file.check();
     }
 
     #[test]
@@ -1016,22 +1114,40 @@ mod tests {
         let path = dir.path().join("web.yml");
 
         std::fs::write(&path, "").unwrap();
-        let plain = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        let plain = WebConfigFile::load(&path).unwrap();
         assert!(plain.tls().is_none());
         std::fs::write(&path, tls).unwrap();
+        settle(&plain);
         let e = plain.current().unwrap_err();
         assert!(e.contains("restart"), "{e}");
         assert!(plain.tls().is_none(), "a plain listener stays plain");
 
-        let secured = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        // With a client CA (the usual mutual-TLS set-up), turning TLS off is refused once,
+        // not again at every check although the refused file names no CA.
+        std::fs::write(dir.path().join("ca.crt"), cert.pem()).unwrap();
+        let mutual = format!(
+            "{tls}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+        );
+        std::fs::write(&path, &mutual).unwrap();
+        let secured = WebConfigFile::load(&path).unwrap();
         assert!(secured.tls().is_some());
         std::fs::write(&path, "").unwrap();
+        settle(&secured);
         assert!(secured.current().is_err());
+        assert_eq!(secured.lock().changes, 1);
+        settle(&secured);
+        assert_eq!(
+            secured.lock().changes,
+            1,
+            "a refused change was applied again"
+        );
         // New connections still handshake (with the last valid certificate) to be refused
         // with a status, not a broken handshake.
         assert!(secured.tls().is_some());
-        std::fs::write(&path, format!("{tls}basic_auth_users: {{}}\n")).unwrap();
+        std::fs::write(&path, format!("{mutual}basic_auth_users: {{}}\n")).unwrap();
+        settle(&secured);
         assert!(secured.current().is_ok());
+        assert_eq!(secured.lock().changes, 2);
     }
 
     #[test]
@@ -1056,11 +1172,13 @@ mod tests {
              client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n",
         )
         .unwrap();
-        let file = WebConfigFile::load_checking_every(&path, Duration::ZERO).unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
         let first = file.current().unwrap();
+        settle(&file);
         assert!(Arc::ptr_eq(&first, &file.current().unwrap()), "unchanged");
 
         std::fs::write(dir.path().join("ca.crt"), self_signed("second CA").0).unwrap();
+        settle(&file);
         let second = file.current().unwrap();
         assert!(
             !Arc::ptr_eq(&first, &second),
@@ -1068,6 +1186,7 @@ mod tests {
         );
 
         std::fs::write(dir.path().join("ca.crt"), "not a certificate").unwrap();
+        settle(&file);
         let e = file.current().unwrap_err();
         assert!(e.contains("client_ca_file"), "{e}");
     }

@@ -227,6 +227,13 @@ fn post_reload_is_behind_basic_auth() {
     assert!(body.contains("limits.max_series"), "{body}");
 }
 
+/// Replaces `path` the way Kubernetes updates a mounted Secret: a new file renamed over it.
+fn replace(path: &std::path::Path, text: impl AsRef<[u8]>) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, path).unwrap();
+}
+
 #[test]
 fn web_config_changes_apply_without_restart() {
     if !require_root("web_config_changes_apply_without_restart") {
@@ -250,14 +257,13 @@ fn web_config_changes_apply_without_restart() {
 
     // A rotated password (and a new header) apply within a couple of seconds, and the old
     // password stops working: no restart.
-    std::fs::write(
+    replace(
         &web,
         users(
             "new",
             "http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
         ),
-    )
-    .unwrap();
+    );
     let rotated = eventually(Duration::from_secs(10), || {
         (get_as(port, "/-/ready", Some(("ops", "new"))).0 == 200).then_some(())
     });
@@ -271,13 +277,13 @@ fn web_config_changes_apply_without_restart() {
     );
 
     // A broken file fails closed, with neither password, until it is fixed.
-    std::fs::write(&web, "basic_auth_users: [\n").unwrap();
+    replace(&web, "basic_auth_users: [\n");
     let refused = eventually(Duration::from_secs(10), || {
         (get_as(port, "/-/ready", Some(("ops", "new"))).0 == 500).then_some(())
     });
     assert!(refused.is_some(), "an invalid web config was not refused");
     assert_eq!(get_as(port, "/-/ready", Some(("ops", "old"))).0, 500);
-    std::fs::write(&web, users("fixed", "")).unwrap();
+    replace(&web, users("fixed", ""));
     let fixed = eventually(Duration::from_secs(10), || {
         (get_as(port, "/-/ready", Some(("ops", "fixed"))).0 == 200).then_some(())
     });
