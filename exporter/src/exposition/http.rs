@@ -552,8 +552,9 @@ async fn handle_secured(
         checks += 1;
         match file.current() {
             Ok(now) if Arc::ptr_eq(&now, &web) => break (web, allowed),
-            _ if checks >= 3 => break (web, false),
-            _ => continue,
+            Err(_) => return Ok(web_config_invalid()),
+            Ok(_) if checks >= 3 => break (web, false),
+            Ok(_) => continue,
         }
     };
     let mut resp = if allowed {
@@ -640,7 +641,11 @@ pub async fn serve_with(
     }
     let builder = Arc::new(builder);
     // Follows the web config file while the endpoint serves.
-    let follower = web.clone().map(|file| tokio::spawn(file.follow()));
+    if let Some(file) = &web {
+        if let Err(e) = file.follow() {
+            tracing::error!(error = %e, "cannot follow the web config file: changes need a restart");
+        }
+    }
     let security = Arc::new(Security {
         web,
         password_checks: PasswordChecks::new(),
@@ -740,9 +745,6 @@ pub async fn serve_with(
         }
     }
     drop(listener);
-    if let Some(follower) = follower {
-        follower.abort();
-    }
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()

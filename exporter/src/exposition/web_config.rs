@@ -723,7 +723,8 @@ fn build_tls(
 /// [`WebConfigFile::follow`], which compares the file and the files it names (the client CA)
 /// with what was last read, once a second ([`RELOAD_CHECK`]), off the request path. A change
 /// is applied once the file reads the same at two checks in a row, so a file caught half
-/// written (a writer that truncates, then writes) is never applied.
+/// written (a writer that truncates, then writes) is not applied unless it stays so; an empty
+/// file, which is what such a writer leaves while it stalls, is refused.
 ///
 /// A change that makes the file invalid fails closed: [`WebConfigFile::current`] is an error
 /// (every request is refused) until the file is valid again, because the change may be the
@@ -828,26 +829,28 @@ impl WebConfigFile {
         }
     }
 
-    /// Checks the files every [`RELOAD_CHECK`] until `self` is dropped elsewhere. Reading and
-    /// validating a file (bcrypt, certificates) runs on the blocking pool, never on a thread
-    /// that serves requests, and never under the lock requests take.
-    pub async fn follow(self: Arc<Self>) {
-        let file = Arc::downgrade(&self);
-        drop(self);
-        let mut tick = tokio::time::interval(RELOAD_CHECK);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let Some(file) = file.upgrade() else {
-                return;
-            };
-            if tokio::task::spawn_blocking(move || file.check())
-                .await
-                .is_err()
-            {
-                return;
-            }
-        }
+    /// Checks the files every [`RELOAD_CHECK`] on a thread of its own until `self` is dropped
+    /// elsewhere. Reading and validating a file (bcrypt, certificates) never runs on a thread
+    /// that serves requests, never waits behind them in the blocking pool, and never under
+    /// the lock requests take.
+    pub fn follow(self: &Arc<Self>) -> std::io::Result<()> {
+        let file = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("web-config".into())
+            .spawn(move || loop {
+                std::thread::sleep(RELOAD_CHECK);
+                let Some(file) = file.upgrade() else {
+                    return;
+                };
+                let checked =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| file.check()));
+                if checked.is_err() {
+                    // Fail closed: a file nobody follows any more would keep revoked users.
+                    tracing::error!("checking the web config file failed; refusing requests");
+                    file.lock().current = Err("the web config file could not be checked".into());
+                }
+            })
+            .map(drop)
     }
 
     /// One check: reads the files, and applies a change that two checks in a row read alike.
@@ -872,14 +875,26 @@ impl WebConfigFile {
                 "cannot read web config file {}",
                 self.path.display()
             )),
+            // Empty is valid at start (no TLS, no users), but while running it is what a
+            // writer that truncates the file and stalls leaves behind: refused, not applied.
+            Some(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Err(format!(
+                "web config file {} is empty: refused while running (to serve without TLS and \
+                 users, restart sysscope with it empty)",
+                self.path.display()
+            )),
             Some(bytes) => Self::parse(&self.path, bytes)
                 .map_err(|e| e.to_string())
                 .and_then(|config| self.applicable(config)),
         };
-        // A valid config may name other files than the one before: follow those from now on.
+        // A valid config may name other files than the one before: follow those from now on
+        // (the web config file as compared and parsed, the others as they are now).
         let applied = match &loaded {
             Ok(config) if Snapshot::paths_of(&self.path, config) != seen.paths => {
-                Snapshot::read(Snapshot::paths_of(&self.path, config))
+                let mut next = Snapshot::read(config.watched.clone());
+                next.paths.insert(0, self.path.clone());
+                next.contents
+                    .insert(0, seen.contents.first().cloned().flatten());
+                next
             }
             _ => seen,
         };
@@ -1076,6 +1091,12 @@ mod tests {
         assert!(allows("new"));
         file.check();
         assert!(allows("newer"));
+
+        // Truncated and left so (a writer that stalls): refused, not applied as "no users".
+        std::fs::write(&path, "").unwrap();
+        settle(&file);
+        let e = file.current().unwrap_err();
+        assert!(e.contains("empty"), "{e}");
 
         std::fs::write(&path, "basic_auth_users: [\n").unwrap();
         settle(&file);
