@@ -49,7 +49,7 @@ use tokio::{
 use super::{
     format::Format,
     scrape::Scraper,
-    web_config::{AuthPrecheck, WebConfigFile},
+    web_config::{AuthPrecheck, WebConfig, WebConfigFile},
 };
 
 /// Connections served at once; more are closed as soon as they are accepted.
@@ -435,6 +435,32 @@ struct Security {
     password_checks: PasswordChecks,
 }
 
+impl Security {
+    /// Checks a request's credentials against `file` as it is in force: the config checked
+    /// against and whether they are allowed; `None` while the file is invalid. A password
+    /// check can wait for its turn; if the file changed meanwhile (a rotated password), the
+    /// request is checked again against what is in force now.
+    async fn authorize(
+        &self,
+        file: &WebConfigFile,
+        peer: IpAddr,
+        header: Option<&[u8]>,
+    ) -> Option<(Arc<WebConfig>, bool)> {
+        for _ in 0..3 {
+            let web = file.current().ok()?;
+            let allowed = match &web.basic_auth {
+                None => true,
+                Some(auth) => self.password_checks.allowed(peer, auth, header).await,
+            };
+            if Arc::ptr_eq(&file.current().ok()?, &web) {
+                return Some((web, allowed));
+            }
+        }
+        // Changed at every check: refuse rather than check forever.
+        Some((file.current().ok()?, false))
+    }
+}
+
 /// Who runs bcrypt, and when. Checks are capped at [`MAX_CONCURRENT_PASSWORD_CHECKS`] and
 /// each peer address gets one lane: its requests are checked one after another, so however
 /// many guesses one peer sends, they hold one slot at most and a login from another address
@@ -530,32 +556,10 @@ async fn handle_secured(
     let header = req
         .headers()
         .get(header::AUTHORIZATION)
-        .map(|v| v.as_bytes().to_vec());
-    // A password check can wait for its turn: if the file changed meanwhile (a rotated
-    // password), the request is checked again against what is in force now.
-    let mut checks = 0;
-    let (web, allowed) = loop {
-        let web = match file.current() {
-            Ok(web) => web,
-            // Logged when the file changed; refused until it is fixed.
-            Err(_) => return Ok(web_config_invalid()),
-        };
-        let allowed = match &web.basic_auth {
-            None => true,
-            Some(auth) => {
-                security
-                    .password_checks
-                    .allowed(peer, auth, header.as_deref())
-                    .await
-            }
-        };
-        checks += 1;
-        match file.current() {
-            Ok(now) if Arc::ptr_eq(&now, &web) => break (web, allowed),
-            Err(_) => return Ok(web_config_invalid()),
-            Ok(_) if checks >= 3 => break (web, false),
-            Ok(_) => continue,
-        }
+        .map(|v| v.as_bytes());
+    let Some((web, allowed)) = security.authorize(file, peer, header).await else {
+        // Logged when the file changed; refused until it is fixed.
+        return Ok(web_config_invalid());
     };
     let mut resp = if allowed {
         handle(state, req).await?
@@ -775,6 +779,65 @@ mod tests {
         })
         .join();
         assert_eq!(health(&state).status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn a_password_check_that_waited_through_a_rotation_is_checked_again() {
+        use crate::exposition::web_config::tests::ops_with as users;
+        use base64::Engine as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        std::fs::write(&path, users("old")).unwrap();
+        let file = Arc::new(WebConfigFile::load(&path).unwrap());
+        let security = Arc::new(Security {
+            web: Some(file.clone()),
+            password_checks: PasswordChecks::new(),
+        });
+        let peer: IpAddr = "192.0.2.1".parse().unwrap();
+        let header = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("ops:old")
+        );
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let allowed = |security: Arc<Security>, file: Arc<WebConfigFile>| {
+                let header = header.clone();
+                async move {
+                    security
+                        .authorize(&file, peer, Some(header.as_bytes()))
+                        .await
+                        .map(|(_, allowed)| allowed)
+                }
+            };
+            assert_eq!(allowed(security.clone(), file.clone()).await, Some(true));
+
+            // The peer's lane is busy (another check of its in progress): the request waits,
+            // and the password is rotated meanwhile.
+            let lane = security
+                .password_checks
+                .lanes
+                .lock()
+                .unwrap()
+                .entry(peer)
+                .or_default()
+                .clone();
+            let busy = lane.lock().await;
+            let waiting = tokio::spawn(allowed(security.clone(), file.clone()));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            std::fs::write(&path, users("new")).unwrap();
+            file.check();
+            file.check();
+            drop(busy);
+            assert_eq!(
+                waiting.await.unwrap(),
+                Some(false),
+                "a request that waited through a rotation was let in with the old password"
+            );
+        });
     }
 
     #[test]

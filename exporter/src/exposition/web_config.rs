@@ -854,7 +854,7 @@ impl WebConfigFile {
     }
 
     /// One check: reads the files, and applies a change that two checks in a row read alike.
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         let (applied, pending) = {
             let state = self.lock();
             (state.applied.clone(), state.pending.clone())
@@ -966,7 +966,7 @@ impl WebConfigFile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn err(text: &str) -> String {
@@ -1054,14 +1054,17 @@ mod tests {
         assert!(e.contains("nosniff"), "{e}");
     }
 
+    /// A web config of one user, `ops`, with `password` (bcrypt cost 4, the fastest).
+    pub(crate) fn ops_with(password: &str) -> String {
+        let hash = bcrypt::hash(password, 4).unwrap();
+        format!("basic_auth_users:\n  ops: '{hash}'\n")
+    }
+
     #[test]
     fn a_changed_file_applies_without_restart_and_an_invalid_one_fails_closed() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("web.yml");
-        let users = |password: &str| {
-            let hash = bcrypt::hash(password, 4).unwrap();
-            format!("basic_auth_users:\n  ops: '{hash}'\n")
-        };
+        let users = ops_with;
         std::fs::write(&path, users("old")).unwrap();
         let file = WebConfigFile::load(&path).unwrap();
         let allows = |password: &str| {
