@@ -403,17 +403,6 @@ fn tls_version(key: &str, v: &str) -> Result<&'static SupportedProtocolVersion, 
 }
 
 impl WebConfig {
-    /// Reads and validates a web config file.
-    pub fn load(path: &Path) -> Result<Self, WebConfigError> {
-        let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| WebConfigError::Read {
-            path: display.clone(),
-            source,
-        })?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        Self::parse(&text, &display, base)
-    }
-
     /// Parses and validates web config text; `origin` names it in errors and relative paths
     /// are resolved against `base_dir`.
     pub fn parse(text: &str, origin: &str, base_dir: &Path) -> Result<Self, WebConfigError> {
@@ -511,12 +500,7 @@ impl WebConfig {
         let mut watched = Vec::new();
         let tls = match raw.tls_server_config {
             None => None,
-            Some(t) => {
-                if let Some(ca) = t.client_ca_file.as_ref().filter(|f| !f.trim().is_empty()) {
-                    watched.push(base_dir.join(ca));
-                }
-                build_tls(t, base_dir, http2, &invalid)?
-            }
+            Some(t) => build_tls(t, base_dir, http2, &mut watched, &invalid)?,
         };
         Ok(Self {
             tls,
@@ -528,10 +512,13 @@ impl WebConfig {
     }
 }
 
+/// The TLS server configuration of a `tls_server_config` section; the client CA file it reads,
+/// if any, is added to `watched`.
 fn build_tls(
     t: RawTls,
     base_dir: &Path,
     http2: bool,
+    watched: &mut Vec<PathBuf>,
     invalid: &dyn Fn(&str, String) -> WebConfigError,
 ) -> Result<Option<Arc<ServerConfig>>, WebConfigError> {
     const K: &str = "tls_server_config";
@@ -596,6 +583,9 @@ fn build_tls(
         (None, Some(c)) => Some(Source::Inline(c)),
         (None, None) => None,
     };
+    if let Some(Source::File(ca)) = &client_ca {
+        watched.push(ca.clone());
+    }
 
     let (cert, key) = match (cert, key) {
         // A TLS section without a certificate serves plain HTTP, as exporter-toolkit does.
@@ -762,6 +752,15 @@ impl Snapshot {
         Self { paths, contents }
     }
 
+    /// The web config file at `path` as it was parsed (`bytes`) into `config`, and the files
+    /// `config` names as they are now.
+    fn of(path: &Path, bytes: Option<Vec<u8>>, config: &WebConfig) -> Self {
+        let mut snapshot = Self::read(config.watched.clone());
+        snapshot.paths.insert(0, path.to_path_buf());
+        snapshot.contents.insert(0, bytes);
+        snapshot
+    }
+
     /// The files `config`, read from `path`, depends on.
     fn paths_of(path: &Path, config: &WebConfig) -> Vec<PathBuf> {
         std::iter::once(path.to_path_buf())
@@ -792,9 +791,7 @@ impl WebConfigFile {
             source,
         })?;
         let config = Arc::new(Self::parse(path, &bytes)?);
-        let mut applied = Snapshot::read(config.watched.clone());
-        applied.paths.insert(0, path.to_path_buf());
-        applied.contents.insert(0, Some(bytes));
+        let applied = Snapshot::of(path, Some(bytes), &config);
         Ok(Self {
             path: path.to_path_buf(),
             started_tls: config.tls.is_some(),
@@ -890,11 +887,7 @@ impl WebConfigFile {
         // (the web config file as compared and parsed, the others as they are now).
         let applied = match &loaded {
             Ok(config) if Snapshot::paths_of(&self.path, config) != seen.paths => {
-                let mut next = Snapshot::read(config.watched.clone());
-                next.paths.insert(0, self.path.clone());
-                next.contents
-                    .insert(0, seen.contents.first().cloned().flatten());
-                next
+                Snapshot::of(&self.path, seen.contents.first().cloned().flatten(), config)
             }
             _ => seen,
         };

@@ -318,7 +318,8 @@ mod tests {
     #[test]
     fn ids_found_by_a_read_are_resolved_against_its_end() {
         let root = tempfile::tempdir().unwrap();
-        let outside = tempfile::tempdir().unwrap().keep().join("new");
+        let elsewhere = tempfile::tempdir().unwrap();
+        let outside = elsewhere.path().join("new");
         std::fs::create_dir(&outside).unwrap();
         let new = root.path().join("new");
         let mut early = CgroupResolver::new(root.path().into());
