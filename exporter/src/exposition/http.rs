@@ -827,7 +827,16 @@ mod tests {
                 .clone();
             let busy = lane.lock().await;
             let waiting = tokio::spawn(allowed(security.clone(), file.clone()));
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // The request holds the lane (the map's, ours, its own) once it has read the
+            // config in force and waits for its turn: only then is the rotation "meanwhile".
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while Arc::strong_count(&lane) < 3 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the request never queued"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             std::fs::write(&path, users("new")).unwrap();
             file.check();
             file.check();

@@ -111,9 +111,6 @@ pub struct WebConfig {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Whether HTTP/2 is offered (default true).
     pub http2: bool,
-    /// Other files this config was read from (the client CA file): a change to one is a
-    /// change of the config.
-    watched: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -497,28 +494,24 @@ impl WebConfig {
             }
         };
 
-        let mut watched = Vec::new();
         let tls = match raw.tls_server_config {
             None => None,
-            Some(t) => build_tls(t, base_dir, http2, &mut watched, &invalid)?,
+            Some(t) => build_tls(t, base_dir, http2, &invalid)?,
         };
         Ok(Self {
             tls,
             basic_auth,
             headers,
             http2,
-            watched,
         })
     }
 }
 
-/// The TLS server configuration of a `tls_server_config` section; the client CA file it reads,
-/// if any, is added to `watched`.
+/// The TLS server configuration of a `tls_server_config` section.
 fn build_tls(
     t: RawTls,
     base_dir: &Path,
     http2: bool,
-    watched: &mut Vec<PathBuf>,
     invalid: &dyn Fn(&str, String) -> WebConfigError,
 ) -> Result<Option<Arc<ServerConfig>>, WebConfigError> {
     const K: &str = "tls_server_config";
@@ -583,10 +576,6 @@ fn build_tls(
         (None, Some(c)) => Some(Source::Inline(c)),
         (None, None) => None,
     };
-    if let Some(Source::File(ca)) = &client_ca {
-        watched.push(ca.clone());
-    }
-
     let (cert, key) = match (cert, key) {
         // A TLS section without a certificate serves plain HTTP, as exporter-toolkit does.
         (None, None) => {
@@ -701,12 +690,36 @@ fn build_tls(
     };
     let resolver = CertResolver::new(cert, key, provider).map_err(|p| invalid(&cert_key, p))?;
     let mut config = builder.with_cert_resolver(Arc::new(resolver));
-    config.alpn_protocols = if http2 {
+    config.alpn_protocols = alpn(http2);
+    Ok(Some(Arc::new(config)))
+}
+
+/// The protocols a TLS handshake offers: they must be what the listener serves.
+fn alpn(http2: bool) -> Vec<Vec<u8>> {
+    if http2 {
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
     } else {
         vec![b"http/1.1".to_vec()]
+    }
+}
+
+/// The files web config text names (`tls_server_config`'s `cert_file`, `key_file` and
+/// `client_ca_file`), resolved against `base_dir`; whatever can be found of them in text that
+/// is not valid. A change to one of them is a change of the config, and a config refused
+/// because one was missing or unreadable is tried again when it changes.
+fn named_files(bytes: &[u8], base_dir: &Path) -> Vec<PathBuf> {
+    let Ok(value) = serde_yaml_ng::from_slice::<serde_yaml_ng::Value>(bytes) else {
+        return Vec::new();
     };
-    Ok(Some(Arc::new(config)))
+    let Some(tls) = value.get("tls_server_config") else {
+        return Vec::new();
+    };
+    ["cert_file", "key_file", "client_ca_file"]
+        .iter()
+        .filter_map(|key| tls.get(*key)?.as_str())
+        .filter(|name| !name.trim().is_empty())
+        .map(|name| base_dir.join(name))
+        .collect()
 }
 
 /// The web config file as the endpoint enforces it: read at start, then followed by
@@ -738,8 +751,8 @@ impl std::fmt::Debug for WebConfigFile {
     }
 }
 
-/// The files a config was read from (the web config file first) and their bytes (`None`:
-/// unreadable).
+/// The files a config is made from (the web config file first, then the files it names) and
+/// their bytes (`None`: unreadable).
 #[derive(Clone, PartialEq, Eq)]
 struct Snapshot {
     paths: Vec<PathBuf>,
@@ -752,20 +765,38 @@ impl Snapshot {
         Self { paths, contents }
     }
 
-    /// The web config file at `path` as it was parsed (`bytes`) into `config`, and the files
-    /// `config` names as they are now.
-    fn of(path: &Path, bytes: Option<Vec<u8>>, config: &WebConfig) -> Self {
-        let mut snapshot = Self::read(config.watched.clone());
+    /// The web config file at `path` as `bytes`, and the files those bytes name as they are
+    /// now. Taken before the bytes are parsed: a named file that changes meanwhile differs at
+    /// the next check and is read again, never taken for read when it was not.
+    fn of(path: &Path, bytes: Option<Vec<u8>>) -> Self {
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        let named = bytes
+            .as_deref()
+            .map(|b| named_files(b, base_dir))
+            .unwrap_or_default();
+        let mut snapshot = Self::read(named);
         snapshot.paths.insert(0, path.to_path_buf());
         snapshot.contents.insert(0, bytes);
         snapshot
     }
 
-    /// The files `config`, read from `path`, depends on.
-    fn paths_of(path: &Path, config: &WebConfig) -> Vec<PathBuf> {
-        std::iter::once(path.to_path_buf())
-            .chain(config.watched.iter().cloned())
-            .collect()
+    /// This snapshot, or a new one if its web config file now names other files.
+    fn renamed(self, path: &Path) -> Self {
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        let named = self.contents[0]
+            .as_deref()
+            .map(|b| named_files(b, base_dir))
+            .unwrap_or_default();
+        if named[..] == self.paths[1..] {
+            self
+        } else {
+            Self::of(path, self.contents[0].clone())
+        }
+    }
+
+    /// A snapshot no read of the files equals: the next two checks apply them again.
+    fn forget(&mut self) {
+        self.contents.clear();
     }
 }
 
@@ -790,8 +821,8 @@ impl WebConfigFile {
             path: path.display().to_string(),
             source,
         })?;
+        let applied = Snapshot::of(path, Some(bytes.clone()));
         let config = Arc::new(Self::parse(path, &bytes)?);
-        let applied = Snapshot::of(path, Some(bytes), &config);
         Ok(Self {
             path: path.to_path_buf(),
             started_tls: config.tls.is_some(),
@@ -844,10 +875,18 @@ impl WebConfigFile {
                 if checked.is_err() {
                     // Fail closed: a file nobody follows any more would keep revoked users.
                     tracing::error!("checking the web config file failed; refusing requests");
-                    file.lock().current = Err("the web config file could not be checked".into());
+                    file.check_failed();
                 }
             })
             .map(drop)
+    }
+
+    /// After a check that could not finish: requests are refused until the files are checked
+    /// again from scratch (at the next two checks, even if they do not change).
+    fn check_failed(&self) {
+        let mut state = self.lock();
+        state.current = Err("the web config file could not be checked".into());
+        state.applied.forget();
     }
 
     /// One check: reads the files, and applies a change that two checks in a row read alike.
@@ -866,8 +905,12 @@ impl WebConfigFile {
             self.lock().pending = Some(seen);
             return;
         }
-        // The exact bytes compared are parsed, so what is in force is what was compared.
-        let loaded = match seen.contents.first().and_then(Option::as_ref) {
+        // The exact bytes compared are parsed, so what is in force is what was compared. If
+        // they name other files than before (a new certificate or CA), those are followed
+        // from now on, whether the config is valid or refused (a refusal for a file not yet
+        // written is tried again when it is).
+        let applied = seen.renamed(&self.path);
+        let loaded = match applied.contents.first().and_then(Option::as_ref) {
             None => Err(format!(
                 "cannot read web config file {}",
                 self.path.display()
@@ -882,14 +925,6 @@ impl WebConfigFile {
             Some(bytes) => Self::parse(&self.path, bytes)
                 .map_err(|e| e.to_string())
                 .and_then(|config| self.applicable(config)),
-        };
-        // A valid config may name other files than the one before: follow those from now on
-        // (the web config file as compared and parsed, the others as they are now).
-        let applied = match &loaded {
-            Ok(config) if Snapshot::paths_of(&self.path, config) != seen.paths => {
-                Snapshot::of(&self.path, seen.contents.first().cloned().flatten(), config)
-            }
-            _ => seen,
         };
         match &loaded {
             Ok(_) => tracing::info!(path = %self.path.display(), "web config file reloaded"),
@@ -930,7 +965,7 @@ impl WebConfigFile {
     }
 
     /// `config` if the running listener can enforce it.
-    fn applicable(&self, config: WebConfig) -> Result<WebConfig, String> {
+    fn applicable(&self, mut config: WebConfig) -> Result<WebConfig, String> {
         let path = self.path.display();
         match (self.started_tls, config.tls.is_some()) {
             (false, true) => {
@@ -947,12 +982,26 @@ impl WebConfigFile {
             }
             _ => {}
         }
+        // Users gone from a file that had them is also what a writer stalled after
+        // `basic_auth_users:` leaves: serving everyone without credentials waits for a restart.
+        if config.basic_auth.is_none() && self.lock().last_valid.basic_auth.is_some() {
+            return Err(format!(
+                "web config file {path}: basic_auth_users no longer lists any user, but the \
+                 endpoint requires credentials: restart sysscope to serve without them"
+            ));
+        }
         if config.http2 != self.started_http2 {
             tracing::warn!(
                 path = %path,
                 http2 = config.http2,
                 "http_server_config.http2 changed: it takes effect at the next start"
             );
+            // The listener serves what it was started with, so new handshakes must offer
+            // exactly that: a client that negotiated `h2` with an HTTP/1-only server fails.
+            config.http2 = self.started_http2;
+            if let Some(tls) = config.tls.as_mut().and_then(Arc::get_mut) {
+                tls.alpn_protocols = alpn(self.started_http2);
+            }
         }
         Ok(config)
     }
@@ -1165,6 +1214,117 @@ pub(crate) mod tests {
         settle(&secured);
         assert!(secured.current().is_ok());
         assert_eq!(secured.lock().changes, 2);
+    }
+
+    /// Writes a self-signed certificate for localhost and its key as `<name>.crt` and
+    /// `<name>.key` in `dir`.
+    fn write_cert(dir: &Path, name: &str) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+
+    #[test]
+    fn a_changed_http2_setting_keeps_the_protocols_the_listener_serves() {
+        let dir = tempfile::tempdir().unwrap();
+        write_cert(dir.path(), "s");
+        let path = dir.path().join("web.yml");
+        let tls = "tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n";
+        std::fs::write(&path, format!("{tls}http_server_config:\n  http2: false\n")).unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
+        assert_eq!(file.tls().unwrap().alpn_protocols, alpn(false));
+
+        // http2 back to its default (true), and a header so that the change is applied.
+        std::fs::write(
+            &path,
+            format!("{tls}http_server_config:\n  headers:\n    X-Frame-Options: deny\n"),
+        )
+        .unwrap();
+        settle(&file);
+        let config = file.current().unwrap();
+        assert_eq!(config.headers.len(), 1, "the change was not applied");
+        assert!(!config.http2);
+        assert_eq!(
+            file.tls().unwrap().alpn_protocols,
+            alpn(false),
+            "new handshakes would offer h2 to an HTTP/1-only listener"
+        );
+    }
+
+    #[test]
+    fn a_change_refused_for_a_missing_file_applies_once_the_file_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        write_cert(dir.path(), "old");
+        let path = dir.path().join("web.yml");
+        std::fs::write(
+            &path,
+            "tls_server_config:\n  cert_file: old.crt\n  key_file: old.key\n",
+        )
+        .unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
+
+        // The file names a certificate its writer has not written yet.
+        std::fs::write(
+            &path,
+            "tls_server_config:\n  cert_file: new.crt\n  key_file: new.key\n",
+        )
+        .unwrap();
+        settle(&file);
+        let e = file.current().unwrap_err();
+        assert!(e.contains("new.crt"), "{e}");
+        settle(&file);
+        assert!(file.current().is_err());
+
+        write_cert(dir.path(), "new");
+        settle(&file);
+        assert!(
+            file.current().is_ok(),
+            "the refusal was not tried again when the named certificate appeared"
+        );
+    }
+
+    #[test]
+    fn users_removed_while_running_are_refused_until_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        std::fs::write(&path, ops_with("pw")).unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
+        // What a writer that stalled after the key leaves: a valid file with no users.
+        std::fs::write(&path, "basic_auth_users:\n").unwrap();
+        settle(&file);
+        let e = file.current().unwrap_err();
+        assert!(e.contains("restart"), "{e}");
+        std::fs::write(&path, ops_with("pw2")).unwrap();
+        settle(&file);
+        assert!(file.current().is_ok());
+        // At start, a file without users is what the operator asked for.
+        std::fs::write(&path, "basic_auth_users:\n").unwrap();
+        assert!(WebConfigFile::load(&path)
+            .unwrap()
+            .current()
+            .unwrap()
+            .basic_auth
+            .is_none());
+    }
+
+    #[test]
+    fn a_check_that_failed_is_made_again_although_nothing_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        std::fs::write(&path, ops_with("pw")).unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
+        // What the follower does when a check panics.
+        file.check_failed();
+        assert!(file.current().is_err());
+        settle(&file);
+        assert!(
+            file.current().is_ok(),
+            "refused for good after one failed check"
+        );
     }
 
     #[test]
