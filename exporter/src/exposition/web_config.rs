@@ -1169,13 +1169,7 @@ pub(crate) mod tests {
     #[test]
     fn turning_tls_on_or_off_needs_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        std::fs::write(dir.path().join("s.crt"), cert.pem()).unwrap();
-        std::fs::write(dir.path().join("s.key"), key.serialize_pem()).unwrap();
+        write_cert(dir.path(), "s");
         let tls = "tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n";
         let path = dir.path().join("web.yml");
 
@@ -1190,7 +1184,7 @@ pub(crate) mod tests {
 
         // With a client CA (the usual mutual-TLS set-up), turning TLS off is refused once,
         // not again at every check although the refused file names no CA.
-        std::fs::write(dir.path().join("ca.crt"), cert.pem()).unwrap();
+        std::fs::copy(dir.path().join("s.crt"), dir.path().join("ca.crt")).unwrap();
         let mutual = format!(
             "{tls}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
         );
