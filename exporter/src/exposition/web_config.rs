@@ -769,12 +769,7 @@ impl Snapshot {
     /// now. Taken before the bytes are parsed: a named file that changes meanwhile differs at
     /// the next check and is read again, never taken for read when it was not.
     fn of(path: &Path, bytes: Option<Vec<u8>>) -> Self {
-        let base_dir = path.parent().unwrap_or(Path::new("."));
-        let named = bytes
-            .as_deref()
-            .map(|b| named_files(b, base_dir))
-            .unwrap_or_default();
-        let mut snapshot = Self::read(named);
+        let mut snapshot = Self::read(Self::named(path, bytes.as_deref()));
         snapshot.paths.insert(0, path.to_path_buf());
         snapshot.contents.insert(0, bytes);
         snapshot
@@ -782,16 +777,17 @@ impl Snapshot {
 
     /// This snapshot, or a new one if its web config file now names other files.
     fn renamed(self, path: &Path) -> Self {
-        let base_dir = path.parent().unwrap_or(Path::new("."));
-        let named = self.contents[0]
-            .as_deref()
-            .map(|b| named_files(b, base_dir))
-            .unwrap_or_default();
-        if named[..] == self.paths[1..] {
+        if Self::named(path, self.contents[0].as_deref())[..] == self.paths[1..] {
             self
         } else {
             Self::of(path, self.contents[0].clone())
         }
+    }
+
+    /// The files the web config file at `path` names when it reads `bytes`.
+    fn named(path: &Path, bytes: Option<&[u8]>) -> Vec<PathBuf> {
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        bytes.map(|b| named_files(b, base_dir)).unwrap_or_default()
     }
 
     /// A snapshot no read of the files equals: the next two checks apply them again.
