@@ -7,13 +7,14 @@
 //!   getppid N                 N getppid calls
 //!   openat-missing N          N openat calls that fail with ENOENT
 //!   sleep N MS                N nanosleep calls of MS milliseconds
-//!   slow-pipe-read N MS       N reads of a pipe that another thread fills MS ms later
+//!   slow-pipe-read N MS       N reads of a pipe that another thread fills MS ms after the
+//!                             read has blocked (so each read lasts at least MS ms)
 //!   slow-pipe-read-timed N MS the same, then prints "read_ns=<n>" per read (its duration as
 //!                             measured here) and leaves the pipe open until the process exits
 //!   slow-pipe-burst N MS      N threads each block in a read of its own pipe; at least MS ms
-//!                             later, early in a second of CLOCK_MONOTONIC (100-400 ms past
-//!                             it), all pipes are filled at once: N slow reads ending together
-//!                             (the pipes stay open until the process exits)
+//!                             after all have blocked, early in a second of CLOCK_MONOTONIC
+//!                             (100-400 ms past it), all pipes are filled at once: N slow reads
+//!                             ending together (the pipes stay open until the process exits)
 //!   read-file PATH BYTES BS   read BYTES of PATH in BS-byte read calls (looping over the file)
 //!   read-loop PATH SECS BS    read PATH in BS-byte calls, over and over, for SECS seconds
 //!   write-fsync PATH N BS     N writes of BS bytes to PATH, each followed by fsync
@@ -481,11 +482,13 @@ fn slow_pipe_read(n: u64, ms: u64, timed: bool) {
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0, "pipe");
     let (rd, wr) = (fds[0], fds[1]);
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let reader = gettid();
     let writer = std::thread::spawn(move || {
         for _ in 0..n {
             if go_rx.recv().is_err() {
                 return;
             }
+            wait_until_blocked_in_read(reader, rd);
             std::thread::sleep(Duration::from_millis(ms));
             // SAFETY: writes one byte from a valid buffer to our pipe.
             unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
@@ -518,6 +521,38 @@ fn slow_pipe_read(n: u64, ms: u64, timed: bool) {
     }
 }
 
+/// This thread's id (the main thread's is the process id).
+fn gettid() -> i32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+}
+
+/// Waits until thread `tid` of this process is blocked in `read(fd, ...)`, as
+/// /proc/self/task/TID/syscall shows it, for at most 10 s. A delay started only then makes
+/// the read last at least the delay, however late a loaded machine schedules the reader
+/// into its call. The file is read with pread, so the waiting adds no `read` calls (the
+/// calls the tests sample). Without the file (a kernel built without it), returns at once.
+fn wait_until_blocked_in_read(tid: i32, fd: i32) {
+    use std::os::unix::fs::FileExt;
+    let path = format!("/proc/self/task/{tid}/syscall");
+    // "<nr> <arg0> ..." with the arguments in hex while blocked in a syscall.
+    let want = format!("{} {:#x} ", libc::SYS_read, fd);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 128];
+    while Instant::now() < deadline {
+        let Ok(file) = std::fs::File::open(&path) else {
+            return;
+        };
+        let Ok(len) = file.read_at(&mut buf, 0) else {
+            return;
+        };
+        if buf[..len].starts_with(want.as_bytes()) {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// Clock `clock` now, in ns.
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
@@ -535,6 +570,7 @@ fn monotonic_ns() -> u64 {
 
 fn slow_pipe_burst(n: u64, ms: u64) {
     let ready = Arc::new(std::sync::Barrier::new(n as usize + 1));
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
     let mut writers = Vec::new();
     let mut readers = Vec::new();
     for _ in 0..n {
@@ -544,8 +580,10 @@ fn slow_pipe_burst(n: u64, ms: u64) {
         let (rd, wr) = (fds[0], fds[1]);
         writers.push(wr);
         let ready = ready.clone();
+        let tid = tid_tx.clone();
         readers.push(std::thread::spawn(move || {
             let mut buf = [0u8; 1];
+            tid.send((gettid(), rd)).unwrap();
             ready.wait();
             // SAFETY: reads one byte into a valid buffer; blocks until the byte arrives.
             let r = unsafe { libc::syscall(libc::SYS_read, rd, buf.as_mut_ptr(), 1usize) };
@@ -554,6 +592,9 @@ fn slow_pipe_burst(n: u64, ms: u64) {
         }));
     }
     ready.wait();
+    for (tid, rd) in tid_rx.iter().take(n as usize) {
+        wait_until_blocked_in_read(tid, rd);
+    }
     std::thread::sleep(Duration::from_millis(ms));
     // Start the burst 100-400 ms into a second of CLOCK_MONOTONIC, so that all the reads end
     // within one second as the kernel's rate limiter counts them (whole seconds).

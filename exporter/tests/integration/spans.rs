@@ -129,13 +129,17 @@ impl Received {
         }
     }
 
-    fn spans_of(&self, pid: u32) -> Vec<Span> {
+    /// The spans of `ran`: of its pid, and started after it was spawned (a pid used earlier
+    /// by another process is not its).
+    fn spans_of(&self, ran: &Ran) -> Vec<Span> {
         let mut v: Vec<Span> = self
             .spans
             .lock()
             .unwrap()
             .iter()
-            .filter(|s| s.int("process.pid") == Some(pid as i64))
+            .filter(|s| {
+                s.int("process.pid") == Some(ran.pid as i64) && s.start_ns >= ran.spawned_ns
+            })
             .cloned()
             .collect();
         v.sort_by_key(|s| s.start_ns);
@@ -373,10 +377,13 @@ impl Receiver {
                         None => serve_otlp_http(stream, data).await,
                         Some(acceptor) => match acceptor.accept(stream).await {
                             Ok(tls) => serve_otlp_http(tls, data).await,
-                            Err(_) => {
+                            // A refused handshake (a TLS error), not a client that gave up
+                            // on a slow one (an I/O error).
+                            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                                 data.tls_failures
                                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
+                            Err(_) => {}
                         },
                     }
                 });
@@ -693,6 +700,8 @@ fn slow_reads_with(extra: &str) -> String {
 struct Ran {
     pid: u32,
     stdout: Vec<String>,
+    /// Wall-clock time just before the spawn (Unix ns).
+    spawned_ns: u64,
 }
 
 /// Runs the workload with `args` (joining `cg` first when given) and waits for it.
@@ -701,11 +710,9 @@ fn run(cg: Option<&TestCgroup>, args: &[&str]) -> Ran {
     if let Some(cg) = cg {
         cmd.arg("join-cgroup").arg(&cg.dir);
     }
-    let mut child = cmd
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn workload");
+    cmd.args(args).stdout(Stdio::piped());
+    let spawned_ns = now_unix_ns();
+    let mut child = cmd.spawn().expect("spawn workload");
     let pid = child.id();
     let stdout: Vec<String> = BufReader::new(child.stdout.take().unwrap())
         .lines()
@@ -713,7 +720,11 @@ fn run(cg: Option<&TestCgroup>, args: &[&str]) -> Ran {
         .collect();
     let status = child.wait().unwrap();
     assert!(status.success(), "workload {args:?} failed: {status}");
-    Ran { pid, stdout }
+    Ran {
+        pid,
+        stdout,
+        spawned_ns,
+    }
 }
 
 /// Durations the workload measured for its reads (`read_ns=` lines).
@@ -852,21 +863,17 @@ fn slow_reads_become_exact_spans_over_grpc_with_metrics_and_exemplars() {
     assert_eq!(truth.len(), 10, "{:?}", ran.stdout);
 
     let got = eventually(Duration::from_secs(20), || {
-        (receiver.data.spans_of(ran.pid).len() >= 10).then_some(())
+        (receiver.data.spans_of(&ran).len() >= 10).then_some(())
     });
-    assert!(
-        got.is_some(),
-        "spans: {:?}",
-        receiver.data.spans_of(ran.pid)
-    );
+    assert!(got.is_some(), "spans: {:?}", receiver.data.spans_of(&ran));
     // Export is first in, first out: once a later child's span is in, every span of the
     // first child is too. Then the count must be exact.
     let marker = run(None, &["slow-pipe-read", "1", "25", "sleep", "1", "200"]);
     assert!(eventually(Duration::from_secs(20), || {
-        (!receiver.data.spans_of(marker.pid).is_empty()).then_some(())
+        (!receiver.data.spans_of(&marker).is_empty()).then_some(())
     })
     .is_some());
-    let spans = receiver.data.spans_of(ran.pid);
+    let spans = receiver.data.spans_of(&ran);
     assert_eq!(spans.len(), 10, "exactly the slow calls: {spans:?}");
     eprintln!(
         "span durations (ms): {:?}; measured by the workload: {:?}",
@@ -1020,10 +1027,10 @@ fn http_protobuf_exports_spans_and_metrics() {
     let truth = measured_reads(&ran);
     let marker = run(None, &["slow-pipe-read", "1", "25", "sleep", "1", "200"]);
     assert!(eventually(Duration::from_secs(20), || {
-        (!receiver.data.spans_of(marker.pid).is_empty()).then_some(())
+        (!receiver.data.spans_of(&marker).is_empty()).then_some(())
     })
     .is_some());
-    let spans = receiver.data.spans_of(ran.pid);
+    let spans = receiver.data.spans_of(&ran);
     assert_eq!(spans.len(), 3, "{spans:?}");
     for (span, measured) in spans.iter().zip(&truth) {
         check_pipe_read_span(span, ran.pid, &cg, *measured);
@@ -1263,7 +1270,7 @@ fn collector_outage_keeps_memory_bounded_counts_drops_and_resumes() {
     for _ in 0..3 {
         let up = run(None, &["slow-pipe-read", "3", "25", "sleep", "1", "200"]);
         if eventually(Duration::from_secs(10), || {
-            (receiver.data.spans_of(up.pid).len() == 3).then_some(())
+            (receiver.data.spans_of(&up).len() == 3).then_some(())
         })
         .is_some()
         {
@@ -1277,7 +1284,7 @@ fn collector_outage_keeps_memory_bounded_counts_drops_and_resumes() {
         exporter.scrape()
     );
     // What was queued during the outage (at most the queue) went out first.
-    assert!(receiver.data.spans_of(down.pid).len() as u64 <= QUEUE);
+    assert!(receiver.data.spans_of(&down).len() as u64 <= QUEUE);
     let samples = parse_samples(&exporter.scrape());
     assert!(
         sum(
@@ -1448,13 +1455,13 @@ fn exact_spans_and_metrics(
     let marker = run(None, &["slow-pipe-read", "1", "25", "sleep", "1", "200"]);
     assert!(
         eventually(Duration::from_secs(20), || {
-            (!receiver.data.spans_of(marker.pid).is_empty()).then_some(())
+            (!receiver.data.spans_of(&marker).is_empty()).then_some(())
         })
         .is_some(),
         "no span arrived; receiver has {} spans",
         receiver.data.spans.lock().unwrap().len()
     );
-    let spans = receiver.data.spans_of(ran.pid);
+    let spans = receiver.data.spans_of(&ran);
     assert_eq!(spans.len(), slow, "exactly the slow calls: {spans:?}");
     for (span, measured) in spans.iter().zip(&truth) {
         check_pipe_read_span(span, ran.pid, &cg, *measured);
@@ -1851,23 +1858,29 @@ fn spans_reach_the_collector_within_the_batch_delay() {
     for round in 0..3 {
         // The child stays alive and holds its pipe (the timed reads leave it open) long after
         // its reads: every path can be read, and arrival times are the exporter's alone.
+        let spawned_ns = now_unix_ns();
         let mut child = Command::new(workload_bin())
             .args(["slow-pipe-read-timed", "3", "40", "sleep", "1", "6000"])
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn workload");
         let pid = child.id();
+        let ran = Ran {
+            pid,
+            stdout: Vec::new(),
+            spawned_ns,
+        };
         let got = eventually(Duration::from_secs(15), || {
-            (receiver.data.spans_of(pid).len() >= 3).then_some(())
+            (receiver.data.spans_of(&ran).len() >= 3).then_some(())
         });
         let _ = child.kill();
         let _ = child.wait();
         assert!(
             got.is_some(),
             "spans of {pid}: {:?}",
-            receiver.data.spans_of(pid)
+            receiver.data.spans_of(&ran)
         );
-        let spans = receiver.data.spans_of(pid);
+        let spans = receiver.data.spans_of(&ran);
         assert_eq!(spans.len(), 3, "{spans:?}");
         for (i, span) in spans.iter().enumerate() {
             let path = span.str("file.path").unwrap_or("");

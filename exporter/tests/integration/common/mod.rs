@@ -36,7 +36,7 @@ pub fn cgroup_root() -> PathBuf {
 /// Every exporter a test starts sees every process of the node. Tests that flood the node
 /// (thousands of processes, cgroups or syscall keys) would push the series of tests running
 /// beside them over those exporters' budgets, so they run alone ([`alone`]); every other test
-/// shares the node while it holds a [`TestCgroup`].
+/// shares the node while it holds a [`TestCgroup`] or an [`Exporter`].
 static NODE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 thread_local! {
@@ -68,7 +68,8 @@ impl Drop for AloneGuard {
     }
 }
 
-/// A share of the node, held by each [`TestCgroup`].
+/// A share of the node, held by each [`TestCgroup`] and each [`Exporter`]. Taken and dropped
+/// on the test's own thread (the hold is counted per thread).
 struct NodeShare;
 
 impl NodeShare {
@@ -371,6 +372,10 @@ pub struct Exporter {
     pub port: u16,
     pub config: PathBuf,
     _dir: tempfile::TempDir,
+    /// An exporter sees every process of the node: it must not run while a test floods it
+    /// (its maps would fill and pids wrap around under it), even before its test takes a
+    /// cgroup. Declared last: dropped after the process is stopped.
+    _node: NodeShare,
 }
 
 /// Config every test starts from: no scrape caching, so each scrape reads the maps.
@@ -422,6 +427,7 @@ impl Exporter {
         env: &[(&str, &str)],
         wrapper: &[&str],
     ) -> Self {
+        let node = NodeShare::take();
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("sysscope.toml");
         std::fs::write(&config_path, config).unwrap();
@@ -447,6 +453,7 @@ impl Exporter {
             port,
             config: config_path,
             _dir: dir,
+            _node: node,
         }
     }
 
