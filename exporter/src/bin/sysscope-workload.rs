@@ -37,8 +37,8 @@
 //!                             read PATH (page cache) in BS-byte reads on THREADS threads for
 //!                             SECS seconds, seeking back at end of file; prints the same line
 //!   sleep-migrating N MS      N nanosleep calls of MS ms on a thread pinned to CPU 0, which
-//!                             another thread moves to CPU 1 halfway through each sleep: every
-//!                             call is switched out on one CPU and returns on the other;
+//!                             another thread moves to CPU 1 once it sleeps: every call is
+//!                             switched out on one CPU and returns on the other;
 //!                             prints slept_ns=<time slept> and migrated=<calls that returned on
 //!                             CPU 1> on stderr
 //!   loop-pingpong SECS PAIRS  PAIRS pairs of threads pass one byte back and forth over two
@@ -439,7 +439,9 @@ fn sleep_migrating(n: u64, ms: u64) {
     let tid = tid_rx.recv().unwrap();
     for _ in 0..n {
         asleep_rx.recv().unwrap();
-        std::thread::sleep(Duration::from_millis(ms / 2));
+        // Moved as soon as it sleeps (on CPU 0), not a fixed time after it was told to: a
+        // mover scheduled late must not miss the sleep.
+        wait_until_blocked_in(tid, &format!("{} ", libc::SYS_nanosleep));
         set_affinity(tid, 1).expect("move the sleeper to CPU 1");
     }
     sleeper.join().unwrap();
@@ -527,16 +529,20 @@ fn gettid() -> i32 {
     unsafe { libc::syscall(libc::SYS_gettid) as i32 }
 }
 
-/// Waits until thread `tid` of this process is blocked in `read(fd, ...)`, as
-/// /proc/self/task/TID/syscall shows it, for at most 10 s. A delay started only then makes
-/// the read last at least the delay, however late a loaded machine schedules the reader
-/// into its call. The file is read with pread, so the waiting adds no `read` calls (the
-/// calls the tests sample). Without the file (a kernel built without it), returns at once.
+/// Waits until thread `tid` of this process is blocked in `read(fd, ...)`. A delay started
+/// only then makes the read last at least the delay, however late a loaded machine schedules
+/// the reader into its call.
 fn wait_until_blocked_in_read(tid: i32, fd: i32) {
+    wait_until_blocked_in(tid, &format!("{} {:#x} ", libc::SYS_read, fd));
+}
+
+/// Waits until /proc/self/task/TID/syscall starts with `prefix` ("<nr> <arg0 in hex> ...",
+/// what it shows while the thread is blocked in a syscall), for at most 10 s. The file is read
+/// with pread, so the waiting adds no `read` calls (the calls the tests sample). Without the
+/// file (a kernel built without it), returns at once.
+fn wait_until_blocked_in(tid: i32, prefix: &str) {
     use std::os::unix::fs::FileExt;
     let path = format!("/proc/self/task/{tid}/syscall");
-    // "<nr> <arg0> ..." with the arguments in hex while blocked in a syscall.
-    let want = format!("{} {:#x} ", libc::SYS_read, fd);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut buf = [0u8; 128];
     while Instant::now() < deadline {
@@ -546,7 +552,7 @@ fn wait_until_blocked_in_read(tid: i32, fd: i32) {
         let Ok(len) = file.read_at(&mut buf, 0) else {
             return;
         };
-        if buf[..len].starts_with(want.as_bytes()) {
+        if buf[..len].starts_with(prefix.as_bytes()) {
             return;
         }
         std::thread::sleep(Duration::from_micros(200));

@@ -44,6 +44,7 @@ fn within(a: u64, b: u64, ratio: f64) -> bool {
 /// removed so the workload's dynamic loader makes the same calls as from a shell, and glibc
 /// keeps one malloc arena so threads map and trim the same memory on every run.
 fn sysscope(args: &[&str]) -> (i32, String, String) {
+    let _node = share_node();
     let out = Command::new(sysscope_bin())
         .env_remove("LD_LIBRARY_PATH")
         .env("MALLOC_ARENA_MAX", "1")
@@ -127,6 +128,11 @@ fn summary_matches_strace_c_f() {
     assert_eq!(ours.get("openat").map(|r| r.1), Some(500), "{table}");
     assert_eq!(ours.get("fsync"), Some(&(40, 0)), "{table}");
     for name in truth.keys().chain(ours.keys()) {
+        // How often threads wait for each other (joins, the allocator's locks) depends on how
+        // they interleave, which strace changes: not a count both runs must share.
+        if name == "futex" {
+            continue;
+        }
         let t = truth.get(name).copied().unwrap_or((0, 0));
         let o = ours.get(name).copied().unwrap_or((0, 0));
         if t.0 >= 10 || o.0 >= 10 {
@@ -484,7 +490,9 @@ fn top_shows_the_busy_cgroup_without_a_terminal() {
     let cg = TestCgroup::new("sysscope-test-top");
     let mut work = cg
         .command(workload_bin())
-        .args(["loop-getppid", "4", "1"])
+        // Busy until killed below: however long loading the probes takes on a loaded
+        // machine, the workload is still making calls when the frames are taken.
+        .args(["loop-getppid", "60", "1"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -556,7 +564,9 @@ fn top_from_a_running_exporter_needs_no_privileges() {
     let cg = TestCgroup::new("sysscope-test-top-from");
     let mut work = cg
         .command(workload_bin())
-        .args(["loop-getppid", "4", "1"])
+        // Busy until killed below: however long loading the probes takes on a loaded
+        // machine, the workload is still making calls when the frames are taken.
+        .args(["loop-getppid", "60", "1"])
         .stdout(Stdio::null())
         .spawn()
         .unwrap();

@@ -23,11 +23,23 @@ fn timed_get(port: u16, path: &str) -> (u16, Duration) {
     (status, started.elapsed())
 }
 
+/// How long a request may take while connections are held: far below the 10 s the server
+/// gives a silent connection, so an answer in time means nobody waited for one to time out.
+/// `/metrics` reads every map (a debug build, on a machine the neighbouring tests load), so it
+/// gets more room than the health check.
+fn answer_limit(path: &str) -> Duration {
+    if path == "/metrics" {
+        Duration::from_secs(3)
+    } else {
+        Duration::from_secs(1)
+    }
+}
+
 fn assert_answers_quickly(port: u16, when: &str) {
     for path in ["/-/healthy", "/metrics"] {
         let (status, took) = timed_get(port, path);
         assert_eq!(status, 200, "{path} {when}");
-        assert!(took < Duration::from_secs(1), "{path} took {took:?} {when}");
+        assert!(took < answer_limit(path), "{path} took {took:?} {when}");
     }
 }
 
@@ -170,6 +182,6 @@ fn tls_handshakes_followed_by_silence_lock_nobody_out() {
             status, 200,
             "{path} over TLS with the cap held by idle TLS connections"
         );
-        assert!(took < Duration::from_secs(1), "{path} took {took:?}");
+        assert!(took < answer_limit(path), "{path} took {took:?}");
     }
 }

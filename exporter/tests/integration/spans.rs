@@ -1743,8 +1743,12 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
     let _serial = serial();
     let exporter = Exporter::start(SLOW_READS, &[]);
     for round in 0..3 {
-        // Three slow pipe reads, then the process stays a moment (its /proc is readable).
-        let ran = run(None, &["slow-pipe-read", "3", "40", "sleep", "1", "300"]);
+        // Three slow pipe reads, then the process stays a second with the pipe open (its
+        // /proc and the descriptor are readable).
+        let ran = run(
+            None,
+            &["slow-pipe-read-timed", "3", "40", "sleep", "1", "1000"],
+        );
         let spans = eventually(Duration::from_secs(5), || {
             let (_, _, body) = http_get(exporter.port, "/api/v1/slow-calls", None).ok()?;
             let doc: serde_json::Value = serde_json::from_str(&body).ok()?;
@@ -1764,9 +1768,10 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
         });
         let mut spans = spans;
         spans.sort_by_key(|s| s["start_time_unix_nano"].as_u64().unwrap_or(0));
-        // The first two reads are followed by another read of the same pipe 40 ms later: their
-        // descriptor is certainly still open when their records are read. The last one's is
-        // closed right after it; its span has the path, or says why not.
+        // The descriptor stays open a second after the last read: a record read within that
+        // second (the reader wakes for the first record of a fresh process, it does not wait
+        // for another's) finds the path. (A loaded machine can delay the reader by hundreds of
+        // milliseconds, so a tighter window would test the machine, not sysscope.)
         for (i, span) in spans.iter().enumerate() {
             // What the descriptor was, classified in the kernel at entry: always known.
             assert_eq!(
@@ -1775,18 +1780,10 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
             );
             assert!(span["attributes"]["sysscope.fd.fs"].is_null(), "{span}");
             let path = span["attributes"]["file.path"].as_str().unwrap_or("");
-            let why = span["attributes"]["sysscope.file.path_unavailable"].as_str();
-            if i < 2 {
-                assert!(
-                    path.starts_with("pipe:["),
-                    "round {round}: slow read {i} without its path: {span}"
-                );
-            } else {
-                assert!(
-                    path.starts_with("pipe:[") || why == Some("gone"),
-                    "round {round}: the last slow read neither has its path nor says why: {span}"
-                );
-            }
+            assert!(
+                path.starts_with("pipe:["),
+                "round {round}: slow read {i} without its path: {span}"
+            );
         }
     }
 }

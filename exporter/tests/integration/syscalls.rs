@@ -112,11 +112,14 @@ fn latency_histogram_of_known_sleeps() {
     );
     let total = sum(&samples, "sysscope_syscall_duration_seconds_sum", &labels);
     let truth = slept_ns / 1e9;
+    // Inside the window the child measured around its calls (50 us a call for its clock
+    // reads), and never less than what was asked for. (A band around the child's figure would
+    // fail on a loaded machine, which can preempt the child between its clock read and the
+    // call, time the kernel rightly does not count.)
     assert!(
-        (total - truth).abs() <= truth * 0.10,
-        "sum {total}s not within 10% of the {truth}s the child slept"
+        total <= truth + K as f64 * 50e-6,
+        "sum {total}s above the {truth}s the child measured around its calls"
     );
-    // Never less than what was asked for.
     let asked = K as f64 * 0.020;
     assert!(total >= asked, "sum {total}s below the {asked}s asked for");
     // 20 ms lies in (16.8 ms, 67.1 ms]: nothing at or below 16.8 ms, all at 67.1 ms.
@@ -149,7 +152,8 @@ fn calls_switched_out_and_resumed_on_another_cpu_are_exact() {
     let exporter = Exporter::start(ISOLATED, &[]);
     let cg = TestCgroup::new("sysscope-test-migrate");
     const K: u64 = 12;
-    const MS: u64 = 20;
+    // Long enough that a mover scheduled late on a loaded machine still finds it asleep.
+    const MS: u64 = 30;
     let out = cg
         .command(workload_bin())
         .args(["sleep-migrating", &K.to_string(), &MS.to_string()])
@@ -181,7 +185,7 @@ fn calls_switched_out_and_resumed_on_another_cpu_are_exact() {
         total <= truth,
         "sum {total}s above the {truth}s the child measured around its calls"
     );
-    // 20 ms lies in (16.8 ms, 67.1 ms].
+    // 30 ms lies in (16.8 ms, 67.1 ms].
     let mut le = labels.to_vec();
     le.push(("le", "0.067108864"));
     assert_eq!(
@@ -469,6 +473,9 @@ fn default_budget_keeps_100_cgroups_and_500_processes_under_50k_series() {
     if !require_root("default_budget_keeps_100_cgroups_and_500_processes_under_50k_series") {
         return;
     }
+    // 500 processes with names of their own: the exporters of tests running beside it would
+    // fold their series into "other" at the default budget.
+    let _alone = alone();
     // The series budget is at its default; the kernel map is made roomier than its default so
     // that other processes on a shared machine cannot fill it during the test (map capacity is
     // not what is under test here, and insert failures are asserted to be zero below).
@@ -769,7 +776,7 @@ fn calls_after_a_rename_carry_the_new_name() {
     if !require_root("calls_after_a_rename_carry_the_new_name") {
         return;
     }
-    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let exporter = Exporter::start(ISOLATED, &[]);
     let first = TestCgroup::new("sysscope-test-rename-a");
     let second = TestCgroup::new("sysscope-test-rename-b");
     let mut child = Command::new(workload_bin())

@@ -68,6 +68,12 @@ impl Drop for AloneGuard {
     }
 }
 
+/// A share of the node for a test that loads the probes by other means (the command-line
+/// tools): they see every process too.
+pub fn share_node() -> impl Drop {
+    NodeShare::take()
+}
+
 /// A share of the node, held by each [`TestCgroup`] and each [`Exporter`]. Taken and dropped
 /// on the test's own thread (the hold is counted per thread).
 struct NodeShare;
