@@ -359,6 +359,23 @@ impl BasicAuth {
         ok
     }
 
+    /// Keeps the credentials `earlier` verified. An entry binds user, password and hash, so it
+    /// only ever matches a user whose hash is unchanged: a rotated password or a removed user
+    /// is checked afresh, and the others do not pay a bcrypt check again after each change.
+    fn keep_verified(&self, earlier: &BasicAuth) {
+        let Ok(earlier) = earlier.cache.lock() else {
+            return;
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            for key in earlier
+                .iter()
+                .take(AUTH_CACHE_MAX.saturating_sub(cache.len()))
+            {
+                cache.insert(*key);
+            }
+        }
+    }
+
     /// Both steps at once (blocking).
     pub fn check(&self, header: Option<&[u8]>) -> bool {
         match self.precheck(header) {
@@ -936,6 +953,11 @@ impl WebConfigFile {
         state.changes += 1;
         match loaded {
             Ok(config) => {
+                if let (Some(now), Some(before)) =
+                    (&config.basic_auth, &state.last_valid.basic_auth)
+                {
+                    now.keep_verified(before);
+                }
                 let config = Arc::new(config);
                 state.last_valid = config.clone();
                 state.current = Ok(config);
@@ -1299,6 +1321,69 @@ pub(crate) mod tests {
             .unwrap()
             .basic_auth
             .is_none());
+    }
+
+    #[test]
+    fn verified_users_stay_verified_across_a_change_unless_their_hash_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        let hash = |password: &str| bcrypt::hash(password, 4).unwrap();
+        let (ops, dev) = (hash("ops-pw"), hash("dev-pw"));
+        std::fs::write(
+            &path,
+            format!("basic_auth_users:\n  ops: '{ops}'\n  dev: '{dev}'\n"),
+        )
+        .unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
+        let header = |user: &str, password: &str| {
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+            )
+        };
+        let precheck = |user: &str, password: &str| {
+            let auth = file.current().unwrap().basic_auth.clone().unwrap();
+            auth.precheck(Some(header(user, password).as_bytes()))
+        };
+        let auth = file.current().unwrap().basic_auth.clone().unwrap();
+        assert!(auth.check(Some(header("ops", "ops-pw").as_bytes())));
+        assert!(auth.check(Some(header("dev", "dev-pw").as_bytes())));
+        // dev's password rotates and a user joins; ops is untouched.
+        let dev2 = hash("dev-pw2");
+        let new = hash("new-pw");
+        std::fs::write(
+            &path,
+            format!("basic_auth_users:\n  ops: '{ops}'\n  dev: '{dev2}'\n  new: '{new}'\n"),
+        )
+        .unwrap();
+        settle(&file);
+        assert_eq!(file.lock().changes, 1);
+        assert_eq!(precheck("ops", "ops-pw"), AuthPrecheck::Allowed);
+        assert!(matches!(
+            precheck("dev", "dev-pw"),
+            AuthPrecheck::Verify { .. }
+        ));
+        let auth = file.current().unwrap().basic_auth.clone().unwrap();
+        assert!(!auth.check(Some(header("dev", "dev-pw").as_bytes())));
+        assert!(auth.check(Some(header("dev", "dev-pw2").as_bytes())));
+        // A user removed and added back with another hash is not taken as verified either.
+        std::fs::write(&path, format!("basic_auth_users:\n  dev: '{dev2}'\n")).unwrap();
+        settle(&file);
+        std::fs::write(
+            &path,
+            format!(
+                "basic_auth_users:\n  dev: '{dev2}'\n  ops: '{}'\n",
+                hash("ops-pw")
+            ),
+        )
+        .unwrap();
+        settle(&file);
+        assert_eq!(file.lock().changes, 3);
+        assert!(matches!(
+            precheck("ops", "ops-pw"),
+            AuthPrecheck::Verify { .. }
+        ));
+        assert_eq!(precheck("dev", "dev-pw2"), AuthPrecheck::Allowed);
     }
 
     #[test]
