@@ -1179,6 +1179,14 @@ pub(crate) mod tests {
     }
 
     /// Two checks: enough for a change to be applied.
+    /// An `Authorization` header value for `user` and `password`.
+    fn basic_header(user: &str, password: &str) -> String {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+    }
+
     fn settle(file: &WebConfigFile) {
         file.check();
         file.check();
@@ -1335,12 +1343,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         let file = WebConfigFile::load(&path).unwrap();
-        let header = |user: &str, password: &str| {
-            format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-            )
-        };
+        let header = basic_header;
         let precheck = |user: &str, password: &str| {
             let auth = file.current().unwrap().basic_auth.clone().unwrap();
             auth.precheck(Some(header(user, password).as_bytes()))
@@ -1462,12 +1465,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         let auth = c.basic_auth.unwrap();
-        let header = |u: &str, p: &str| {
-            format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
-            )
-        };
+        let header = basic_header;
         assert!(auth.check(Some(header("alice", "s3cret").as_bytes())));
         // The second check of the same credentials comes from the cache.
         assert_eq!(
