@@ -421,8 +421,7 @@ fn sleep_migrating(n: u64, ms: u64) {
     let (tid_tx, tid_rx) = std::sync::mpsc::channel::<libc::pid_t>();
     let (asleep_tx, asleep_rx) = std::sync::mpsc::channel::<()>();
     let sleeper = std::thread::spawn(move || {
-        // SAFETY: gettid has no preconditions.
-        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        tid_tx.send(gettid()).unwrap();
         let (mut slept, mut migrated) = (Duration::ZERO, 0u64);
         for _ in 0..n {
             set_affinity(0, 0).expect("pin the sleeper to CPU 0");
@@ -524,15 +523,15 @@ fn slow_pipe_read(n: u64, ms: u64, timed: bool) {
 }
 
 /// This thread's id (the main thread's is the process id).
-fn gettid() -> i32 {
+fn gettid() -> libc::pid_t {
     // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as i32 }
+    unsafe { libc::gettid() }
 }
 
 /// Waits until thread `tid` of this process is blocked in `read(fd, ...)`. A delay started
 /// only then makes the read last at least the delay, however late a loaded machine schedules
 /// the reader into its call.
-fn wait_until_blocked_in_read(tid: i32, fd: i32) {
+fn wait_until_blocked_in_read(tid: libc::pid_t, fd: i32) {
     wait_until_blocked_in(tid, &format!("{} {:#x} ", libc::SYS_read, fd));
 }
 
@@ -540,7 +539,7 @@ fn wait_until_blocked_in_read(tid: i32, fd: i32) {
 /// what it shows while the thread is blocked in a syscall), for at most 10 s. The file is read
 /// with pread, so the waiting adds no `read` calls (the calls the tests sample). Without the
 /// file (a kernel built without it), returns at once.
-fn wait_until_blocked_in(tid: i32, prefix: &str) {
+fn wait_until_blocked_in(tid: libc::pid_t, prefix: &str) {
     use std::os::unix::fs::FileExt;
     let path = format!("/proc/self/task/{tid}/syscall");
     let deadline = Instant::now() + Duration::from_secs(10);
