@@ -15,7 +15,9 @@
 //! [`IDLE_TIMEOUT`] between requests, HTTP/2 included). And when the cap is reached, a new
 //! client is not turned away while a connection sits idle: the idle connection of the peer
 //! holding the most connections is closed to make room, so silent or half-open connections
-//! from one peer can never lock out Prometheus or the liveness probe.
+//! from one peer can never lock out Prometheus or the liveness probe. A connection whose
+//! requests only wait in their peer's password lane counts as idle for this: a peer can send
+//! bad passwords far faster than bcrypt answers them.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -312,19 +314,59 @@ pub async fn handle(
 #[derive(Debug)]
 struct Activity {
     in_flight: AtomicUsize,
+    /// Of those, the requests waiting for their turn in their peer's password lane.
+    queued: AtomicUsize,
     /// Milliseconds since the connection table's epoch at the last request start or end.
     last_ms: AtomicU64,
 }
 
 impl Activity {
+    fn new(epoch: Instant) -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
+            last_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+        }
+    }
+
+    fn since_last(&self, epoch: Instant) -> Duration {
+        let now = epoch.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Acquire)))
+    }
+
+    /// How long no request has been in progress; `None` while one is.
     fn idle_for(&self, epoch: Instant) -> Option<Duration> {
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let now = epoch.elapsed().as_millis() as u64;
-        Some(Duration::from_millis(
-            now.saturating_sub(self.last_ms.load(Ordering::Acquire)),
-        ))
+        Some(self.since_last(epoch))
+    }
+
+    /// Whether closing the connection costs no work in progress: it is idle, or every request
+    /// on it still waits for its peer's earlier password checks (a client can send those
+    /// faster than bcrypt answers them, and must not fill the cap with them). For how long.
+    fn evictable_for(&self, epoch: Instant) -> Option<Duration> {
+        let queued = self.queued.load(Ordering::Acquire);
+        if self.in_flight.load(Ordering::Acquire) > queued {
+            return None;
+        }
+        Some(self.since_last(epoch))
+    }
+}
+
+/// Marks a request as waiting in its peer's password lane for as long as it lives.
+struct Queued<'a>(&'a Activity);
+
+impl<'a> Queued<'a> {
+    fn start(activity: &'a Activity) -> Self {
+        activity.queued.fetch_add(1, Ordering::AcqRel);
+        Self(activity)
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -375,9 +417,9 @@ impl Connections {
         }
     }
 
-    /// Registers a new connection from `peer`. At the cap, an idle connection is evicted
-    /// first: one of the peer with the most connections, the longest idle of those; `None`
-    /// when every connection is busy.
+    /// Registers a new connection from `peer`. At the cap, a connection that is idle or only
+    /// waits for password checks is evicted first: one of the peer with the most connections,
+    /// the longest idle (or waiting) of those; `None` when every connection is busy.
     fn admit(&mut self, peer: IpAddr) -> Option<(u64, Arc<Activity>, Arc<Notify>)> {
         if self.open.len() >= MAX_CONNECTIONS {
             let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
@@ -388,22 +430,19 @@ impl Connections {
                 .open
                 .iter()
                 .filter_map(|(id, c)| {
-                    let idle = c.activity.idle_for(self.epoch)?;
+                    let idle = c.activity.evictable_for(self.epoch)?;
                     Some((per_peer[&c.peer], idle, *id))
                 })
                 .max()
                 .map(|(_, _, id)| id)?;
             if let Some(c) = self.open.remove(&victim) {
-                tracing::debug!(peer = %c.peer, "connection cap reached; closing an idle connection");
+                tracing::debug!(peer = %c.peer, "connection cap reached; closing an idle or waiting connection");
                 c.evict.notify_one();
             }
         }
         let id = self.next_id;
         self.next_id += 1;
-        let activity = Arc::new(Activity {
-            in_flight: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(self.epoch.elapsed().as_millis() as u64),
-        });
+        let activity = Arc::new(Activity::new(self.epoch));
         let evict = Arc::new(Notify::new());
         self.open.insert(
             id,
@@ -445,12 +484,17 @@ impl Security {
         file: &WebConfigFile,
         peer: IpAddr,
         header: Option<&[u8]>,
+        activity: &Activity,
     ) -> Option<(Arc<WebConfig>, bool)> {
         for _ in 0..3 {
             let web = file.current().ok()?;
             let allowed = match &web.basic_auth {
                 None => true,
-                Some(auth) => self.password_checks.allowed(peer, auth, header).await,
+                Some(auth) => {
+                    self.password_checks
+                        .allowed(peer, auth, header, activity)
+                        .await
+                }
             };
             if Arc::ptr_eq(&file.current().ok()?, &web) {
                 return Some((web, allowed));
@@ -484,6 +528,7 @@ impl PasswordChecks {
         peer: IpAddr,
         auth: &Arc<super::web_config::BasicAuth>,
         header: Option<&[u8]>,
+        activity: &Activity,
     ) -> bool {
         let lane = self
             .lanes
@@ -493,7 +538,10 @@ impl PasswordChecks {
             .or_default()
             .clone();
         let allowed = {
-            let _turn = lane.lock().await;
+            let _turn = {
+                let _queued = Queued::start(activity);
+                lane.lock().await
+            };
             match auth.precheck(header) {
                 AuthPrecheck::Allowed => true,
                 AuthPrecheck::Denied => false,
@@ -548,6 +596,7 @@ async fn handle_secured(
     state: Arc<AppState>,
     security: Arc<Security>,
     peer: IpAddr,
+    activity: Arc<Activity>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let Some(file) = &security.web else {
@@ -557,7 +606,7 @@ async fn handle_secured(
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes());
-    let Some((web, allowed)) = security.authorize(file, peer, header).await else {
+    let Some((web, allowed)) = security.authorize(file, peer, header, &activity).await else {
         // Logged when the file changed; refused until it is fixed.
         return Ok(web_config_invalid());
     };
@@ -694,8 +743,10 @@ pub async fn serve_with(
                     let service = hyper::service::service_fn(move |req| {
                         let in_flight = InFlight::start(serve_activity.clone(), epoch);
                         let (state, security) = (state.clone(), security.clone());
+                        let activity = serve_activity.clone();
                         async move {
-                            let resp = handle_secured(state, security, peer.ip(), req).await;
+                            let resp =
+                                handle_secured(state, security, peer.ip(), activity, req).await;
                             drop(in_flight);
                             resp
                         }
@@ -762,6 +813,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn at_the_cap_requests_waiting_for_password_checks_make_room_and_work_in_progress_does_not() {
+        let mut table = Connections::new();
+        let (flooder, scraper): (IpAddr, IpAddr) =
+            ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
+        // Every connection has a request in progress: one being served, the rest waiting in
+        // the flooder's password lane.
+        let mut flood = Vec::new();
+        for i in 0..MAX_CONNECTIONS {
+            let (id, activity, evict) = table.admit(flooder).unwrap();
+            activity.in_flight.fetch_add(1, Ordering::AcqRel);
+            if i > 0 {
+                activity.queued.fetch_add(1, Ordering::AcqRel);
+            }
+            flood.push((id, activity, evict));
+        }
+        // A newcomer gets in: one of the waiting requests' connections is closed for it.
+        let (scraper_id, scraper_activity, _) = table.admit(scraper).expect("admitted");
+        assert_eq!(table.open.len(), MAX_CONNECTIONS);
+        let evicted: Vec<u64> = flood
+            .iter()
+            .filter(|(id, _, _)| !table.open.contains_key(id))
+            .map(|(id, _, _)| *id)
+            .collect();
+        assert_eq!(evicted.len(), 1);
+        assert_ne!(
+            evicted[0], flood[0].0,
+            "the request being served was closed"
+        );
+        // Once nothing waits, nothing busy is closed: the newcomer is refused.
+        for (_, activity, _) in &flood {
+            activity.queued.store(0, Ordering::Release);
+        }
+        scraper_activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        assert!(table.admit(scraper).is_none());
+        assert!(table.open.contains_key(&scraper_id));
+    }
+
+    #[test]
     fn a_poisoned_agent_is_unhealthy() {
         let agent = Arc::new(Mutex::new(crate::agent::Agent::new(None)));
         let state = AppState {
@@ -807,8 +896,9 @@ mod tests {
             let allowed = |security: Arc<Security>, file: Arc<WebConfigFile>| {
                 let header = header.clone();
                 async move {
+                    let activity = Activity::new(Instant::now());
                     security
-                        .authorize(&file, peer, Some(header.as_bytes()))
+                        .authorize(&file, peer, Some(header.as_bytes()), &activity)
                         .await
                         .map(|(_, allowed)| allowed)
                 }

@@ -67,13 +67,10 @@ fn get_as(source: Ipv4Addr, port: u16, path: &str, user: &str, password: &str) -
         .unwrap_or(0)
 }
 
-#[test]
-fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
-    if !require_root("password_guessing_from_one_address_does_not_delay_a_login_from_another") {
-        return;
-    }
-    // A low cost keeps the test short; what is checked is the order, not the time.
-    let hash = bcrypt::hash("right", 6).unwrap();
+/// A running exporter whose one user, alice, has the password "right" hashed at bcrypt
+/// `cost`, and the directory of its web config file (keep it while the exporter runs).
+fn with_alice(cost: u32) -> (Exporter, tempfile::TempDir) {
+    let hash = bcrypt::hash("right", cost).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let web = dir.path().join("web.yml");
     std::fs::write(&web, format!("basic_auth_users:\n  alice: '{hash}'\n")).unwrap();
@@ -84,6 +81,17 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
         &[&format!("--web.config.file={}", web.display())],
     );
     exporter.wait_for(|| matches!(http_get(port, "/-/ready", None), Ok((401, _, _))));
+    (exporter, dir)
+}
+
+#[test]
+fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
+    if !require_root("password_guessing_from_one_address_does_not_delay_a_login_from_another") {
+        return;
+    }
+    // A low cost keeps the test short; what is checked is the order, not the time.
+    let (exporter, _web) = with_alice(6);
+    let port = exporter.port;
 
     let guesser = Ipv4Addr::new(127, 0, 0, 2);
     let stop = Arc::new(AtomicBool::new(false));
@@ -124,6 +132,62 @@ fn password_guessing_from_one_address_does_not_delay_a_login_from_another() {
         during <= 15,
         "{during} guesses were answered while the login from another address waited"
     );
+}
+
+/// A peer that fills the connection cap with requests waiting for their password checks (it
+/// can send them far faster than bcrypt answers them, one at a time in its lane) does not
+/// lock anyone else out: its waiting connections make room for a newcomer.
+#[test]
+fn a_peer_filling_the_cap_with_password_checks_locks_nobody_out() {
+    if !require_root("a_peer_filling_the_cap_with_password_checks_locks_nobody_out") {
+        return;
+    }
+    const CAP: usize = sysscope::exposition::http::MAX_CONNECTIONS;
+    // Cost 8: a check takes long enough (unoptimized) that the flood's queue lasts minutes.
+    let (exporter, _web) = with_alice(8);
+    let port = exporter.port;
+
+    let flooder = Ipv4Addr::new(127, 0, 0, 4);
+    let wrong = base64::engine::general_purpose::STANDARD.encode("alice:wrong");
+    // Pipelined: once a request is answered the next one is in progress at once, so no
+    // connection of the flood is ever idle.
+    let requests =
+        format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Basic {wrong}\r\n\r\n")
+            .repeat(20);
+    let mut flood = Vec::with_capacity(CAP);
+    for i in 0..CAP {
+        let mut s = connect_from(flooder, port).unwrap_or_else(|e| panic!("connect {i}: {e}"));
+        s.write_all(requests.as_bytes()).unwrap();
+        flood.push(s);
+    }
+    // Let the server read every request and queue it in the flooder's lane.
+    std::thread::sleep(Duration::from_secs(1));
+    let status = get_as(
+        Ipv4Addr::new(127, 0, 0, 5),
+        port,
+        "/metrics",
+        "alice",
+        "right",
+    );
+    // The scenario happened: much of the flood had not had a single answer (nor been closed)
+    // when the login came. (The others are busy too: each has more requests pipelined.)
+    let waiting = flood
+        .iter()
+        .filter(|s| {
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 1];
+            matches!(s.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    assert!(
+        waiting >= CAP / 4,
+        "only {waiting} of the flood's {CAP} requests were still waiting: the cap was not full of them"
+    );
+    assert_eq!(
+        status, 200,
+        "a login was locked out by a peer whose {CAP} requests wait for password checks"
+    );
+    eprintln!("cap filled by {CAP} waiting requests ({waiting} still waiting after): login got in");
 }
 
 /// Whether `pid` catches `signal` (SigCgt in /proc/<pid>/status).
