@@ -16,8 +16,8 @@
 //! client is not turned away while a connection sits idle: the idle connection of the peer
 //! holding the most connections is closed to make room, so silent or half-open connections
 //! from one peer can never lock out Prometheus or the liveness probe. A connection whose
-//! requests only wait in their peer's password lane counts as idle for this: a peer can send
-//! bad passwords far faster than bcrypt answers them.
+//! requests only wait for their password checks counts as idle for this: peers can send bad
+//! passwords far faster than bcrypt answers them.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -314,7 +314,7 @@ pub async fn handle(
 #[derive(Debug)]
 struct Activity {
     in_flight: AtomicUsize,
-    /// Of those, the requests waiting for their turn in their peer's password lane.
+    /// Of those, the requests waiting for their password check to start.
     queued: AtomicUsize,
     /// Milliseconds since the connection table's epoch at the last request start or end.
     last_ms: AtomicU64,
@@ -354,7 +354,8 @@ impl Activity {
     }
 }
 
-/// Marks a request as waiting in its peer's password lane for as long as it lives.
+/// Marks a request as waiting for its password check (its turn in its peer's lane, then a
+/// check slot) for as long as it lives.
 struct Queued<'a>(&'a Activity);
 
 impl<'a> Queued<'a> {
@@ -545,15 +546,22 @@ impl PasswordChecks {
             match auth.precheck(header) {
                 AuthPrecheck::Allowed => true,
                 AuthPrecheck::Denied => false,
-                AuthPrecheck::Verify { user, password } => match self.slots.acquire().await {
-                    Ok(_permit) => {
-                        let auth = auth.clone();
-                        tokio::task::spawn_blocking(move || auth.verify(&user, &password))
-                            .await
-                            .unwrap_or(false)
+                AuthPrecheck::Verify { user, password } => {
+                    let slot = {
+                        // Waiting for a check slot (other peers' checks) is waiting too.
+                        let _queued = Queued::start(activity);
+                        self.slots.acquire().await
+                    };
+                    match slot {
+                        Ok(_permit) => {
+                            let auth = auth.clone();
+                            tokio::task::spawn_blocking(move || auth.verify(&user, &password))
+                                .await
+                                .unwrap_or(false)
+                        }
+                        Err(_) => false,
                     }
-                    Err(_) => false,
-                },
+                }
             }
         };
         let mut lanes = self
