@@ -10,21 +10,21 @@
 //! suites and groups), TLS 1.0/1.1, and the client-auth types that would accept a client
 //! certificate without verifying it. Relative paths are relative to the file's directory.
 //!
-//! TLS is rustls with the ring provider. The certificate and key are re-read when their files
-//! change (checked at most once a second, at handshakes), so a rotated certificate needs no
-//! restart; a pair that fails to load keeps the previous one in use and is logged.
+//! TLS is rustls with the ring provider.
 //!
-//! The file itself, and the client CA file it names, are followed as they change (compared
-//! once a second in the background; applied once two checks in a row read the change alike:
-//! [`WebConfigFile`]), so users, passwords, headers and TLS settings need no restart either,
-//! as exporter-toolkit re-reads its file on every request. A change that makes the file
-//! invalid fails closed.
+//! The file itself and the files it names (certificate, key, client CA) are followed as they
+//! change (compared once a second in the background; applied once two checks in a row read the
+//! change alike: [`WebConfigFile`]), so a rotated certificate, users, passwords, headers and TLS
+//! settings need no restart, as exporter-toolkit re-reads its file on every request. A change
+//! that makes the file invalid fails closed, except a certificate and key that do not load as a
+//! pair (a key written before its certificate): the previous pair stays in use, logged, until
+//! the new one loads.
 
 use std::{
     collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime},
+    time::Duration,
 };
 
 use base64::Engine;
@@ -111,6 +111,8 @@ pub struct WebConfig {
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// Whether HTTP/2 is offered (default true).
     pub http2: bool,
+    /// The certificate and key TLS serves (with `tls`).
+    served_cert: Option<Arc<CertifiedKey>>,
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -124,7 +126,7 @@ impl std::fmt::Debug for WebConfig {
     }
 }
 
-/// Where PEM data comes from: a file (re-read on change) or the config itself.
+/// Where PEM data comes from: a file (followed by [`WebConfigFile`]) or the config itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Source {
     File(PathBuf),
@@ -136,13 +138,6 @@ impl Source {
         match self {
             Source::File(p) => p.display().to_string(),
             Source::Inline(_) => "inline PEM".into(),
-        }
-    }
-
-    fn modified(&self) -> Option<SystemTime> {
-        match self {
-            Source::File(p) => std::fs::metadata(p).and_then(|m| m.modified()).ok(),
-            Source::Inline(_) => None,
         }
     }
 
@@ -188,73 +183,22 @@ fn load_certified_key(
     })
 }
 
-/// How often a handshake may look at the certificate files' modification times, and how often
-/// the web config file is compared with what was last read.
+/// How often the web config file and the files it names are compared with what was last read.
 const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
-struct ResolverState {
-    key: Arc<CertifiedKey>,
-    stamp: (Option<SystemTime>, Option<SystemTime>),
-    checked: Instant,
-}
+/// Serves the one certificate a config was built with. (A rotated certificate is a change of
+/// the files the config names, so it arrives as a new config: one mechanism, one set of rules.)
+struct ServedCert(Arc<CertifiedKey>);
 
-/// Serves the configured certificate, re-reading it when its files change.
-struct CertResolver {
-    cert: Source,
-    key: Source,
-    provider: Arc<CryptoProvider>,
-    state: Mutex<ResolverState>,
-}
-
-impl std::fmt::Debug for CertResolver {
+impl std::fmt::Debug for ServedCert {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertResolver")
-            .field("cert", &self.cert.describe())
-            .field("key", &self.key.describe())
-            .finish_non_exhaustive()
+        f.debug_struct("ServedCert").finish_non_exhaustive()
     }
 }
 
-impl CertResolver {
-    fn new(cert: Source, key: Source, provider: Arc<CryptoProvider>) -> Result<Self, String> {
-        let stamp = (cert.modified(), key.modified());
-        let loaded = load_certified_key(&cert, &key, &provider)?;
-        Ok(Self {
-            cert,
-            key,
-            provider,
-            state: Mutex::new(ResolverState {
-                key: Arc::new(loaded),
-                stamp,
-                checked: Instant::now(),
-            }),
-        })
-    }
-}
-
-impl ResolvesServerCert for CertResolver {
+impl ResolvesServerCert for ServedCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let mut state = self.state.lock().ok()?;
-        if state.checked.elapsed() >= RELOAD_CHECK {
-            state.checked = Instant::now();
-            let stamp = (self.cert.modified(), self.key.modified());
-            if stamp != state.stamp {
-                // Remember the new stamp either way: a half-written pair is retried when the
-                // other file changes, not logged once a second.
-                state.stamp = stamp;
-                match load_certified_key(&self.cert, &self.key, &self.provider) {
-                    Ok(k) => {
-                        state.key = Arc::new(k);
-                        tracing::info!(cert = %self.cert.describe(), "TLS certificate reloaded");
-                    }
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        "TLS certificate changed but cannot be loaded; keeping the previous one"
-                    ),
-                }
-            }
-        }
-        Some(state.key.clone())
+        Some(self.0.clone())
     }
 }
 
@@ -420,6 +364,19 @@ impl WebConfig {
     /// Parses and validates web config text; `origin` names it in errors and relative paths
     /// are resolved against `base_dir`.
     pub fn parse(text: &str, origin: &str, base_dir: &Path) -> Result<Self, WebConfigError> {
+        Self::parse_serving(text, origin, base_dir, None)
+    }
+
+    /// [`parse`](Self::parse) for a change while running: a certificate and key from files
+    /// that do not load as a pair (caught mid-rotation, or not written yet) leave `serving`,
+    /// the pair in use, in use, logged; the rest of the change applies. The files are followed,
+    /// so the new pair is taken once it loads.
+    fn parse_serving(
+        text: &str,
+        origin: &str,
+        base_dir: &Path,
+        serving: Option<&Arc<CertifiedKey>>,
+    ) -> Result<Self, WebConfigError> {
         let invalid = |key: &str, problem: String| WebConfigError::Invalid {
             path: origin.to_string(),
             key: key.to_string(),
@@ -511,26 +468,35 @@ impl WebConfig {
             }
         };
 
-        let tls = match raw.tls_server_config {
-            None => None,
-            Some(t) => build_tls(t, base_dir, http2, &invalid)?,
+        let (tls, served_cert) = match raw.tls_server_config {
+            None => (None, None),
+            Some(t) => match build_tls(t, base_dir, http2, serving, &invalid)? {
+                Some((tls, served)) => (Some(tls), Some(served)),
+                None => (None, None),
+            },
         };
         Ok(Self {
             tls,
             basic_auth,
             headers,
             http2,
+            served_cert,
         })
     }
 }
 
-/// The TLS server configuration of a `tls_server_config` section.
+/// A TLS server configuration and the certificate and key it serves.
+type ServedTls = (Arc<ServerConfig>, Arc<CertifiedKey>);
+
+/// The TLS server configuration of a `tls_server_config` section, and the pair it serves
+/// (`serving` when the files name a pair that does not load: see [`WebConfig::parse_serving`]).
 fn build_tls(
     t: RawTls,
     base_dir: &Path,
     http2: bool,
+    serving: Option<&Arc<CertifiedKey>>,
     invalid: &dyn Fn(&str, String) -> WebConfigError,
-) -> Result<Option<Arc<ServerConfig>>, WebConfigError> {
+) -> Result<Option<ServedTls>, WebConfigError> {
     const K: &str = "tls_server_config";
     let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
     let path = |p: String| Source::File(base_dir.join(p));
@@ -705,10 +671,25 @@ fn build_tls(
     } else {
         format!("{K}.cert")
     };
-    let resolver = CertResolver::new(cert, key, provider).map_err(|p| invalid(&cert_key, p))?;
-    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    let served = match load_certified_key(&cert, &key, &provider) {
+        Ok(pair) => Arc::new(pair),
+        // Only files change under a running config: inline PEM is part of the text itself.
+        Err(problem) if matches!((&cert, &key), (Source::File(_), _) | (_, Source::File(_))) => {
+            let Some(serving) = serving else {
+                return Err(invalid(&cert_key, problem));
+            };
+            tracing::warn!(
+                error = %problem,
+                "TLS certificate or key changed but they do not load as a pair; the previous \
+                 pair stays in use until they do"
+            );
+            serving.clone()
+        }
+        Err(problem) => return Err(invalid(&cert_key, problem)),
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(ServedCert(served.clone())));
     config.alpn_protocols = alpn(http2);
-    Ok(Some(Arc::new(config)))
+    Ok(Some((Arc::new(config), served)))
 }
 
 /// The protocols a TLS handshake offers: they must be what the listener serves.
@@ -835,7 +816,7 @@ impl WebConfigFile {
             source,
         })?;
         let applied = Snapshot::of(path, Some(bytes.clone()));
-        let config = Arc::new(Self::parse(path, &bytes)?);
+        let config = Arc::new(Self::parse(path, &bytes, None)?);
         Ok(Self {
             path: path.to_path_buf(),
             started_tls: config.tls.is_some(),
@@ -935,9 +916,12 @@ impl WebConfigFile {
                  users, restart sysscope with it empty)",
                 self.path.display()
             )),
-            Some(bytes) => Self::parse(&self.path, bytes)
-                .map_err(|e| e.to_string())
-                .and_then(|config| self.applicable(config)),
+            Some(bytes) => {
+                let serving = self.lock().last_valid.served_cert.clone();
+                Self::parse(&self.path, bytes, serving.as_ref())
+                    .map_err(|e| e.to_string())
+                    .and_then(|config| self.applicable(config))
+            }
         };
         match &loaded {
             Ok(_) => tracing::info!(path = %self.path.display(), "web config file reloaded"),
@@ -966,11 +950,16 @@ impl WebConfigFile {
         }
     }
 
-    fn parse(path: &Path, bytes: &[u8]) -> Result<WebConfig, WebConfigError> {
-        WebConfig::parse(
+    fn parse(
+        path: &Path,
+        bytes: &[u8],
+        serving: Option<&Arc<CertifiedKey>>,
+    ) -> Result<WebConfig, WebConfigError> {
+        WebConfig::parse_serving(
             &String::from_utf8_lossy(bytes),
             &path.display().to_string(),
             path.parent().unwrap_or(Path::new(".")),
+            serving,
         )
     }
 
@@ -1275,8 +1264,19 @@ pub(crate) mod tests {
         );
     }
 
+    /// The certificate `config` serves, and the one in the file `name`.crt.
+    fn serves(config: &WebConfig, dir: &Path, name: &str) -> bool {
+        let served = config.served_cert.as_ref().expect("TLS configured");
+        let in_file = CertificateDer::pem_file_iter(dir.join(format!("{name}.crt")))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        served.end_entity_cert().unwrap() == &in_file
+    }
+
     #[test]
-    fn a_change_refused_for_a_missing_file_applies_once_the_file_is_written() {
+    fn a_certificate_pair_that_does_not_load_keeps_the_previous_pair_until_it_does() {
         let dir = tempfile::tempdir().unwrap();
         write_cert(dir.path(), "old");
         let path = dir.path().join("web.yml");
@@ -1287,23 +1287,71 @@ pub(crate) mod tests {
         .unwrap();
         let file = WebConfigFile::load(&path).unwrap();
 
-        // The file names a certificate its writer has not written yet.
+        // The file names a certificate its writer has not written yet, and adds a header: the
+        // header applies, the previous pair stays in use.
         std::fs::write(
             &path,
-            "tls_server_config:\n  cert_file: new.crt\n  key_file: new.key\n",
+            "tls_server_config:\n  cert_file: new.crt\n  key_file: new.key\n\
+             http_server_config:\n  headers:\n    X-Frame-Options: deny\n",
+        )
+        .unwrap();
+        settle(&file);
+        let config = file
+            .current()
+            .expect("a pair that does not load refused the change");
+        assert_eq!(
+            config.headers.len(),
+            1,
+            "the rest of the change was not applied"
+        );
+        assert!(serves(&config, dir.path(), "old"));
+
+        // Written, but the key first: still no pair, still the previous one.
+        let old_crt = dir.path().join("old.crt");
+        write_cert(dir.path(), "new");
+        let new_crt = std::fs::read(dir.path().join("new.crt")).unwrap();
+        std::fs::copy(&old_crt, dir.path().join("new.crt")).unwrap();
+        settle(&file);
+        assert!(serves(&file.current().unwrap(), dir.path(), "old"));
+
+        // The certificate follows: the new pair is served.
+        std::fs::write(dir.path().join("new.crt"), new_crt).unwrap();
+        settle(&file);
+        assert!(
+            serves(&file.current().unwrap(), dir.path(), "new"),
+            "the new pair was not taken once it loaded"
+        );
+    }
+
+    #[test]
+    fn a_change_refused_for_a_missing_client_ca_applies_once_the_file_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        write_cert(dir.path(), "s");
+        let path = dir.path().join("web.yml");
+        let tls = "tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n";
+        std::fs::write(&path, tls).unwrap();
+        let file = WebConfigFile::load(&path).unwrap();
+
+        // The file names a client CA its writer has not written yet: refused (a CA is who may
+        // connect, so none is assumed), and tried again when the CA appears.
+        std::fs::write(
+            &path,
+            format!(
+                "{tls}  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+            ),
         )
         .unwrap();
         settle(&file);
         let e = file.current().unwrap_err();
-        assert!(e.contains("new.crt"), "{e}");
+        assert!(e.contains("ca.crt"), "{e}");
         settle(&file);
         assert!(file.current().is_err());
 
-        write_cert(dir.path(), "new");
+        write_cert(dir.path(), "ca");
         settle(&file);
         assert!(
             file.current().is_ok(),
-            "the refusal was not tried again when the named certificate appeared"
+            "the refusal was not tried again when the named CA appeared"
         );
     }
 

@@ -422,9 +422,10 @@ fn a_rotated_certificate_is_served_without_restart() {
         ExtendedKeyUsagePurpose::ServerAuth,
     );
     // Key first, then certificate: in between, the pair does not match and the previous one
-    // stays in use.
+    // stays in use. Long enough in between for the files to be read alike twice (once a
+    // second), so the mismatched pair is applied, not merely not yet seen.
     std::fs::write(pki.dir.path().join("server.key"), key).unwrap();
-    std::thread::sleep(Duration::from_millis(1100));
+    std::thread::sleep(Duration::from_millis(3500));
     // A fresh client, so a new handshake (not a pooled connection) is checked.
     assert_eq!(
         client(&pki.ca, None).get(&url).send().unwrap().status(),
