@@ -16,8 +16,8 @@
 //! client is not turned away while a connection sits idle: the idle connection of the peer
 //! holding the most connections is closed to make room, so silent or half-open connections
 //! from one peer can never lock out Prometheus or the liveness probe. A connection whose
-//! requests only wait for their password checks can be closed too (after the idle ones, the
-//! newest waiter first): peers can send bad passwords far faster than bcrypt answers them.
+//! requests only wait for their password checks counts as idle for this: peers can send bad
+//! passwords far faster than bcrypt answers them.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -354,11 +354,6 @@ impl Activity {
         }
         Some(self.since_last(epoch))
     }
-
-    /// Whether no request is in progress at all (not even one waiting for a password check).
-    fn is_idle(&self) -> bool {
-        self.in_flight.load(Ordering::SeqCst) == 0
-    }
 }
 
 /// Marks a request as waiting for its password check (its turn in its peer's lane, then a
@@ -427,11 +422,9 @@ impl Connections {
 
     /// Registers a new connection from `peer`. At the cap, a connection that is idle or only
     /// waits for password checks is evicted first: one of the peer (an IPv6 /64 counts as
-    /// one, [`peer_group`]) with the most connections; of those an idle one, the longest idle,
-    /// before one that waits, the latest to start waiting. (Checks start in arrival order, so
-    /// closing the newest waiter keeps every older one moving to the front: a login waiting
-    /// for its check is not pushed out by guesses arriving after it.) `None` when every
-    /// connection is busy.
+    /// one, [`peer_group`]) with the most connections, the longest idle (or waiting) of those;
+    /// `None` when every connection is busy. (The youngest go last: a connection in its TLS
+    /// handshake, or whose first request just came, is as idle or waiting as any.)
     fn admit(&mut self, peer: IpAddr) -> Option<(u64, Arc<Activity>, Arc<Notify>)> {
         if self.open.len() >= MAX_CONNECTIONS {
             let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
@@ -442,18 +435,11 @@ impl Connections {
                 .open
                 .iter()
                 .filter_map(|(id, c)| {
-                    let since_last = c.activity.evictable_for(self.epoch)?;
-                    let idle = c.activity.is_idle();
-                    // Longest idle, or newest waiter.
-                    let order = if idle {
-                        since_last
-                    } else {
-                        Duration::MAX - since_last
-                    };
-                    Some((per_peer[&peer_group(c.peer)], idle, order, *id))
+                    let idle = c.activity.evictable_for(self.epoch)?;
+                    Some((per_peer[&peer_group(c.peer)], idle, *id))
                 })
                 .max()
-                .map(|(_, _, _, id)| id)?;
+                .map(|(_, _, id)| id)?;
             if let Some(c) = self.open.remove(&victim) {
                 tracing::debug!(peer = %c.peer, "connection cap reached; closing an idle or waiting connection");
                 c.evict.notify_one();
@@ -541,7 +527,8 @@ struct PasswordChecks {
 
 /// The peers' lanes, held weakly: a lane lives as long as a request holds it, and dead entries
 /// are swept once the table has doubled since the last sweep, so a request dropped at any
-/// point leaves nothing behind for long and the table stays within twice the live lanes.
+/// point leaves nothing behind for long: the table holds at most twice the lanes alive at the
+/// last sweep, or [`LANES_SWEEP_MIN`].
 struct Lanes {
     by_peer: HashMap<IpAddr, std::sync::Weak<tokio::sync::Mutex<()>>>,
     sweep_at: usize,
@@ -953,85 +940,106 @@ mod tests {
     }
 
     #[test]
-    fn at_the_cap_the_newest_waiter_goes_so_an_earlier_login_keeps_its_place() {
+    fn at_the_cap_young_connections_stay_and_an_ipv6_subnet_is_one_peer() {
         let mut table = Connections::new();
-        // Backdated, so "started 5 s ago" lies after the table's epoch.
+        // Backdated, so "30 s ago" lies after the table's epoch.
         table.epoch -= Duration::from_secs(60);
-        // A login that started waiting for its check 5 s ago, then one guess per address,
-        // each arriving later than the last: every connection waits, one per peer.
-        let login = admitted(&mut table, "192.0.2.1", 1, 1, Duration::from_secs(5));
-        let mut newest = 0;
-        for i in 1..MAX_CONNECTIONS {
-            let peer = format!("198.51.{}.{}", i / 250, i % 250);
-            let ago = Duration::from_millis(4000 - i as u64 * 7);
-            newest = admitted(&mut table, &peer, 1, 1, ago);
+        // One IPv4 peer per connection, all busy but three: a waiter of 30 s, one just
+        // admitted (in its TLS handshake: idle for no time), and an idle one of 20 s.
+        let mut ids = Vec::new();
+        for i in 0..MAX_CONNECTIONS - 2 {
+            let peer = format!("198.51.{}.{}", i / 250, i % 250 + 1);
+            let (in_flight, queued, ago) = match i {
+                0 => (1, 1, Duration::from_secs(30)),
+                1 => (0, 0, Duration::ZERO),
+                2 => (0, 0, Duration::from_secs(20)),
+                _ => (1, 0, Duration::ZERO),
+            };
+            ids.push(admitted(&mut table, &peer, in_flight, queued, ago));
         }
-        admitted(&mut table, "203.0.113.9", 1, 1, Duration::ZERO);
-        assert!(
-            table.open.contains_key(&login),
-            "the earlier login was closed"
+        // Two idle connections of one /64, from two addresses, idle for 1 s: the subnet holds
+        // the most connections, so one of them goes first.
+        let v6: Vec<u64> = ["2001:db8:1:2::1", "2001:db8:1:2:ffff::9"]
+            .iter()
+            .map(|peer| admitted(&mut table, peer, 0, 0, Duration::from_secs(1)))
+            .collect();
+        admitted(&mut table, "203.0.113.1", 1, 0, Duration::ZERO);
+        assert_eq!(
+            v6.iter().filter(|id| table.open.contains_key(id)).count(),
+            1,
+            "the /64's addresses were taken for two peers"
         );
-        assert!(
-            !table.open.contains_key(&newest),
-            "not the newest waiter was closed"
-        );
-    }
-
-    #[test]
-    fn at_the_cap_an_idle_connection_goes_before_a_waiting_one_and_a_v6_subnet_is_one_peer() {
-        let mut table = Connections::new();
-        table.epoch -= Duration::from_secs(60);
-        // Half the cap from one /64 (a different address each), half from single IPv4
-        // addresses; one of those is idle, another waits for a check.
-        for i in 0..MAX_CONNECTIONS / 2 {
+        // Then the longest waiting or idle: the 30 s waiter, the 20 s idle one, the other
+        // address of the /64; the young connection last.
+        for (n, gone) in [ids[0], ids[2]].into_iter().enumerate() {
             admitted(
                 &mut table,
-                &format!("2001:db8:1:2::{:x}", i + 1),
+                &format!("203.0.113.{}", n + 2),
                 1,
                 0,
                 Duration::ZERO,
             );
+            assert!(
+                !table.open.contains_key(&gone),
+                "step {n}: the oldest stayed"
+            );
+            assert!(
+                table.open.contains_key(&ids[1]),
+                "the young connection went"
+            );
         }
-        let mut idle = 0;
-        let mut waiting = 0;
-        for i in 0..MAX_CONNECTIONS / 2 {
-            let peer = format!("198.51.100.{}", i % 250 + 1);
-            let peer = if i < 250 {
-                peer
-            } else {
-                format!("203.0.113.{}", i - 249)
-            };
-            let id = match i {
-                0 => admitted(&mut table, &peer, 0, 0, Duration::from_secs(1)),
-                1 => admitted(&mut table, &peer, 1, 1, Duration::from_secs(30)),
-                _ => admitted(&mut table, &peer, 1, 0, Duration::ZERO),
-            };
-            match i {
-                0 => idle = id,
-                1 => waiting = id,
-                _ => {}
-            }
-        }
-        // The /64 holds the most connections, but none of them can go: they are all busy.
-        admitted(&mut table, "203.0.113.200", 1, 0, Duration::ZERO);
+        admitted(&mut table, "203.0.113.9", 1, 0, Duration::ZERO);
+        assert!(v6.iter().all(|id| !table.open.contains_key(id)));
         assert!(
-            !table.open.contains_key(&idle),
-            "the idle connection stayed"
+            table.open.contains_key(&ids[1]),
+            "the young connection went"
         );
-        assert!(table.open.contains_key(&waiting));
-        admitted(&mut table, "203.0.113.201", 1, 0, Duration::ZERO);
-        assert!(!table.open.contains_key(&waiting), "the waiting one stayed");
-        // Nothing left to close: every connection is busy.
-        assert!(table.admit("203.0.113.202".parse().unwrap()).is_none());
 
-        // Grouped: every address of the /64 is one peer, for its lane too.
-        let a = peer_group("2001:db8:1:2::1".parse().unwrap());
-        assert_eq!(a, peer_group("2001:db8:1:2:ffff::9".parse().unwrap()));
-        assert_ne!(a, peer_group("2001:db8:1:3::1".parse().unwrap()));
         assert_eq!(
             peer_group("::ffff:192.0.2.7".parse().unwrap()),
             "192.0.2.7".parse::<IpAddr>().unwrap()
         );
+        assert_ne!(
+            peer_group("2001:db8:1:2::1".parse().unwrap()),
+            peer_group("2001:db8:1:3::1".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_verified_credential_is_answered_without_waiting_behind_its_address_guesses() {
+        use base64::Engine as _;
+        let hash = bcrypt::hash("right", 4).unwrap();
+        let auth = crate::exposition::web_config::WebConfig::parse(
+            &format!("basic_auth_users:\n  ops: '{hash}'\n"),
+            "web.yml",
+            std::path::Path::new("."),
+        )
+        .unwrap()
+        .basic_auth
+        .unwrap();
+        let header = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("ops:right")
+        );
+        assert!(auth.check(Some(header.as_bytes())), "verified once");
+        two_thread_runtime().block_on(async {
+            let checks = PasswordChecks::new();
+            let peer: IpAddr = "192.0.2.1".parse().unwrap();
+            // A guess from the same address (a shared NAT) holds the address's turn.
+            let lane = checks.lane(peer);
+            let _guess = lane.lock().await;
+            let activity = Activity::new(Instant::now());
+            let answered = tokio::time::timeout(
+                Duration::from_secs(5),
+                checks.allowed(peer, &auth, Some(header.as_bytes()), &activity),
+            )
+            .await;
+            assert_eq!(
+                answered,
+                Ok(true),
+                "a verified credential waited behind its address's guesses"
+            );
+        });
     }
 
     #[test]
@@ -1039,8 +1047,9 @@ mod tests {
         let runtime = two_thread_runtime();
         runtime.block_on(async {
             let checks = Arc::new(PasswordChecks::new());
-            // Cost 10: a check takes long enough (unoptimized) to drop the request during it.
-            let hash = bcrypt::hash("right", 10).unwrap();
+            // Cost 11: a check takes long enough (about a second, unoptimized) to drop the
+            // request during it and look, even on a loaded machine.
+            let hash = bcrypt::hash("right", 11).unwrap();
             let auth = Arc::new(
                 crate::exposition::web_config::WebConfig::parse(
                     &format!("basic_auth_users:\n  ops: '{hash}'\n"),

@@ -21,6 +21,7 @@
 //! the new one loads.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -141,13 +142,25 @@ impl Source {
         }
     }
 
-    fn certificates(&self) -> Result<Vec<CertificateDer<'static>>, String> {
-        let certs: Result<Vec<_>, _> = match self {
-            Source::File(p) => CertificateDer::pem_file_iter(p)
-                .map_err(|e| format!("{}: {e}", p.display()))?
-                .collect(),
-            Source::Inline(text) => CertificateDer::pem_slice_iter(text.as_bytes()).collect(),
-        };
+    /// The PEM text: a file's as `files` read it when they compared it (a change while
+    /// running), or as it is now.
+    fn pem<'a>(&'a self, files: Option<&'a Snapshot>) -> Result<Cow<'a, [u8]>, String> {
+        match self {
+            Source::File(p) => match files.and_then(|f| f.compared(p)) {
+                Some(bytes) => Ok(Cow::Borrowed(bytes)),
+                None => std::fs::read(p)
+                    .map(Cow::Owned)
+                    .map_err(|e| format!("{}: {e}", p.display())),
+            },
+            Source::Inline(text) => Ok(Cow::Borrowed(text.as_bytes())),
+        }
+    }
+
+    fn certificates(
+        &self,
+        files: Option<&Snapshot>,
+    ) -> Result<Vec<CertificateDer<'static>>, String> {
+        let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(&self.pem(files)?).collect();
         let certs = certs.map_err(|e| format!("{}: {e}", self.describe()))?;
         if certs.is_empty() {
             return Err(format!(
@@ -158,12 +171,9 @@ impl Source {
         Ok(certs)
     }
 
-    fn private_key(&self) -> Result<PrivateKeyDer<'static>, String> {
-        match self {
-            Source::File(p) => PrivateKeyDer::from_pem_file(p),
-            Source::Inline(text) => PrivateKeyDer::from_pem_slice(text.as_bytes()),
-        }
-        .map_err(|e| format!("{}: no usable PEM private key: {e}", self.describe()))
+    fn private_key(&self, files: Option<&Snapshot>) -> Result<PrivateKeyDer<'static>, String> {
+        PrivateKeyDer::from_pem_slice(&self.pem(files)?)
+            .map_err(|e| format!("{}: no usable PEM private key: {e}", self.describe()))
     }
 }
 
@@ -171,9 +181,10 @@ fn load_certified_key(
     cert: &Source,
     key: &Source,
     provider: &CryptoProvider,
+    files: Option<&Snapshot>,
 ) -> Result<CertifiedKey, String> {
-    let chain = cert.certificates()?;
-    let key_der = key.private_key()?;
+    let chain = cert.certificates(files)?;
+    let key_der = key.private_key(files)?;
     CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
         format!(
             "certificate {} and key {} do not form a usable pair: {e}",
@@ -364,18 +375,19 @@ impl WebConfig {
     /// Parses and validates web config text; `origin` names it in errors and relative paths
     /// are resolved against `base_dir`.
     pub fn parse(text: &str, origin: &str, base_dir: &Path) -> Result<Self, WebConfigError> {
-        Self::parse_serving(text, origin, base_dir, None)
+        Self::parse_change(text, origin, base_dir, None)
     }
 
-    /// [`parse`](Self::parse) for a change while running: a certificate and key from files
-    /// that do not load as a pair (caught mid-rotation, or not written yet) leave `serving`,
-    /// the pair in use, in use, logged; the rest of the change applies. The files are followed,
-    /// so the new pair is taken once it loads.
-    fn parse_serving(
+    /// [`parse`](Self::parse), or with `reload` a change while running: the files the text
+    /// names are taken as the follower compared them, and a certificate and key files that do
+    /// not load as a pair (caught mid-rotation, or not written yet) leave the pair in use
+    /// serving, logged, while the rest of the change applies. The files are followed, so the
+    /// new pair is taken once it loads.
+    fn parse_change(
         text: &str,
         origin: &str,
         base_dir: &Path,
-        serving: Option<&Arc<CertifiedKey>>,
+        reload: Option<&Reload<'_>>,
     ) -> Result<Self, WebConfigError> {
         let invalid = |key: &str, problem: String| WebConfigError::Invalid {
             path: origin.to_string(),
@@ -470,7 +482,7 @@ impl WebConfig {
 
         let (tls, served_cert) = match raw.tls_server_config {
             None => (None, None),
-            Some(t) => match build_tls(t, base_dir, http2, serving, &invalid)? {
+            Some(t) => match build_tls(t, base_dir, http2, reload, &invalid)? {
                 Some((tls, served)) => (Some(tls), Some(served)),
                 None => (None, None),
             },
@@ -488,13 +500,22 @@ impl WebConfig {
 /// A TLS server configuration and the certificate and key it serves.
 type ServedTls = (Arc<ServerConfig>, Arc<CertifiedKey>);
 
+/// What a change while running is parsed with ([`WebConfig::parse_change`]).
+struct Reload<'a> {
+    /// The files the change names, as compared.
+    files: &'a Snapshot,
+    /// The certificate and key in use.
+    serving: Option<Arc<CertifiedKey>>,
+}
+
 /// The TLS server configuration of a `tls_server_config` section, and the pair it serves
-/// (`serving` when the files name a pair that does not load: see [`WebConfig::parse_serving`]).
+/// (the one in use when a change names files that do not load as a pair:
+/// [`WebConfig::parse_change`]).
 fn build_tls(
     t: RawTls,
     base_dir: &Path,
     http2: bool,
-    serving: Option<&Arc<CertifiedKey>>,
+    reload: Option<&Reload<'_>>,
     invalid: &dyn Fn(&str, String) -> WebConfigError,
 ) -> Result<Option<ServedTls>, WebConfigError> {
     const K: &str = "tls_server_config";
@@ -621,7 +642,10 @@ fn build_tls(
             ));
         };
         let mut roots = RootCertStore::empty();
-        for cert in ca.certificates().map_err(|p| invalid(&ca_key, p))? {
+        for cert in ca
+            .certificates(reload.map(|r| r.files))
+            .map_err(|p| invalid(&ca_key, p))?
+        {
             roots
                 .add(cert)
                 .map_err(|e| invalid(&ca_key, format!("{}: {e}", ca.describe())))?;
@@ -671,11 +695,11 @@ fn build_tls(
     } else {
         format!("{K}.cert")
     };
-    let served = match load_certified_key(&cert, &key, &provider) {
+    let served = match load_certified_key(&cert, &key, &provider, reload.map(|r| r.files)) {
         Ok(pair) => Arc::new(pair),
-        // Only files change under a running config: inline PEM is part of the text itself.
-        Err(problem) if matches!((&cert, &key), (Source::File(_), _) | (_, Source::File(_))) => {
-            let Some(serving) = serving else {
+        // Files can be caught mid-rotation; inline PEM is part of the text, which is invalid.
+        Err(problem) if matches!((&cert, &key), (Source::File(_), Source::File(_))) => {
+            let Some(serving) = reload.and_then(|r| r.serving.as_ref()) else {
                 return Err(invalid(&cert_key, problem));
             };
             tracing::warn!(
@@ -721,11 +745,12 @@ fn named_files(bytes: &[u8], base_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The web config file as the endpoint enforces it: read at start, then followed by
-/// [`WebConfigFile::follow`], which compares the file and the files it names (the client CA)
-/// with what was last read, once a second ([`RELOAD_CHECK`]), off the request path. A change
-/// is applied once the file reads the same at two checks in a row, so a file caught half
-/// written (a writer that truncates, then writes) is not applied unless it stays so; an empty
-/// file, which is what such a writer leaves while it stalls, is refused.
+/// [`WebConfigFile::follow`], which compares the file and the files it names (certificate,
+/// key, client CA) with what was last read, once a second ([`RELOAD_CHECK`]), off the request
+/// path. A change is applied once the files read the same at two checks in a row, and what is
+/// parsed is the bytes compared, so a file caught half written (a writer that truncates, then
+/// writes) is not applied unless it stays so; an empty file, which is what such a writer
+/// leaves while it stalls, is refused.
 ///
 /// A change that makes the file invalid fails closed: [`WebConfigFile::current`] is an error
 /// (every request is refused) until the file is valid again, because the change may be the
@@ -786,6 +811,12 @@ impl Snapshot {
     fn named(path: &Path, bytes: Option<&[u8]>) -> Vec<PathBuf> {
         let base_dir = path.parent().unwrap_or(Path::new("."));
         bytes.map(|b| named_files(b, base_dir)).unwrap_or_default()
+    }
+
+    /// The bytes of `path` as this snapshot read them; `None` if it did not (or could not).
+    fn compared(&self, path: &Path) -> Option<&[u8]> {
+        let i = self.paths.iter().position(|p| p == path)?;
+        self.contents.get(i)?.as_deref()
     }
 
     /// A snapshot no read of the files equals: the next two checks apply them again.
@@ -917,8 +948,11 @@ impl WebConfigFile {
                 self.path.display()
             )),
             Some(bytes) => {
-                let serving = self.lock().last_valid.served_cert.clone();
-                Self::parse(&self.path, bytes, serving.as_ref())
+                let reload = Reload {
+                    files: &applied,
+                    serving: self.lock().last_valid.served_cert.clone(),
+                };
+                Self::parse(&self.path, bytes, Some(&reload))
                     .map_err(|e| e.to_string())
                     .and_then(|config| self.applicable(config))
             }
@@ -953,13 +987,13 @@ impl WebConfigFile {
     fn parse(
         path: &Path,
         bytes: &[u8],
-        serving: Option<&Arc<CertifiedKey>>,
+        reload: Option<&Reload<'_>>,
     ) -> Result<WebConfig, WebConfigError> {
-        WebConfig::parse_serving(
+        WebConfig::parse_change(
             &String::from_utf8_lossy(bytes),
             &path.display().to_string(),
             path.parent().unwrap_or(Path::new(".")),
-            serving,
+            reload,
         )
     }
 
@@ -1306,13 +1340,15 @@ pub(crate) mod tests {
         );
         assert!(serves(&config, dir.path(), "old"));
 
-        // Written, but the key first: still no pair, still the previous one.
+        // Written, but the key first: still no pair, still the very pair in use.
+        let in_use = config.served_cert.clone().unwrap();
         let old_crt = dir.path().join("old.crt");
         write_cert(dir.path(), "new");
         let new_crt = std::fs::read(dir.path().join("new.crt")).unwrap();
         std::fs::copy(&old_crt, dir.path().join("new.crt")).unwrap();
         settle(&file);
-        assert!(serves(&file.current().unwrap(), dir.path(), "old"));
+        let config = file.current().unwrap();
+        assert!(Arc::ptr_eq(config.served_cert.as_ref().unwrap(), &in_use));
 
         // The certificate follows: the new pair is served.
         std::fs::write(dir.path().join("new.crt"), new_crt).unwrap();
@@ -1321,6 +1357,33 @@ pub(crate) mod tests {
             serves(&file.current().unwrap(), dir.path(), "new"),
             "the new pair was not taken once it loaded"
         );
+    }
+
+    #[test]
+    fn a_change_is_parsed_from_the_files_as_compared_not_as_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        write_cert(dir.path(), "a");
+        write_cert(dir.path(), "b");
+        let text = "tls_server_config:\n  cert_file: a.crt\n  key_file: a.key\n";
+        let web = dir.path().join("web.yml");
+        std::fs::write(&web, text).unwrap();
+        // The follower compared a.crt and a.key holding b's pair; on disk they hold a's now.
+        let mut compared = Snapshot::of(&web, Some(text.as_bytes().to_vec()));
+        for (i, name) in ["b.crt", "b.key"].iter().enumerate() {
+            compared.contents[i + 1] = Some(std::fs::read(dir.path().join(name)).unwrap());
+        }
+        let reload = Reload {
+            files: &compared,
+            serving: None,
+        };
+        let config = WebConfig::parse_change(text, "web.yml", dir.path(), Some(&reload)).unwrap();
+        assert!(
+            serves(&config, dir.path(), "b"),
+            "the files were read again"
+        );
+        // At start, the files as they are.
+        let config = WebConfig::parse(text, "web.yml", dir.path()).unwrap();
+        assert!(serves(&config, dir.path(), "a"));
     }
 
     #[test]
