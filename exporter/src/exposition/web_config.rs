@@ -22,7 +22,7 @@
 
 use std::{
     borrow::Cow,
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
@@ -218,9 +218,9 @@ pub struct BasicAuth {
     users: BTreeMap<String, String>,
     /// Checked for unknown users, so a wrong user costs what a wrong password costs.
     dummy_hash: String,
-    /// SHA-256 of (user, password, hash) of recent successful checks: bcrypt costs tens of
-    /// milliseconds by design, too much to pay on every scrape.
-    cache: Mutex<HashSet<[u8; 32]>>,
+    /// SHA-256 of (user, password, hash) of recent successful checks, and the user: bcrypt
+    /// costs tens of milliseconds by design, too much to pay on every scrape.
+    cache: Mutex<HashMap<[u8; 32], String>>,
 }
 
 impl std::fmt::Debug for BasicAuth {
@@ -268,7 +268,7 @@ impl BasicAuth {
         Self {
             users,
             dummy_hash,
-            cache: Mutex::new(HashSet::new()),
+            cache: Mutex::new(HashMap::new()),
         }
     }
 
@@ -289,7 +289,7 @@ impl BasicAuth {
         };
         if let Some(hash) = self.users.get(&user) {
             let key = Self::cache_key(&user, &password, hash);
-            if self.cache.lock().is_ok_and(|c| c.contains(&key)) {
+            if self.cache.lock().is_ok_and(|c| c.contains_key(&key)) {
                 return AuthPrecheck::Allowed;
             }
         }
@@ -308,25 +308,31 @@ impl BasicAuth {
                 if cache.len() >= AUTH_CACHE_MAX {
                     cache.clear();
                 }
-                cache.insert(Self::cache_key(user, password, hash));
+                cache.insert(Self::cache_key(user, password, hash), user.to_string());
             }
         }
         ok
     }
 
-    /// Keeps the credentials `earlier` verified. An entry binds user, password and hash, so it
-    /// only ever matches a user whose hash is unchanged: a rotated password or a removed user
-    /// is checked afresh, and the others do not pay a bcrypt check again after each change.
+    /// Keeps the credentials `earlier` verified of the users whose hash is unchanged (`self`
+    /// being the users after a change): a rotated password or a removed user is checked
+    /// afresh, and the others do not pay a bcrypt check again after each change. (An entry
+    /// binds user, password and hash, so another user's could never match; they are left out
+    /// rather than kept until the cache fills.)
     fn keep_verified(&self, earlier: &BasicAuth) {
-        let Ok(earlier) = earlier.cache.lock() else {
+        let Ok(verified) = earlier.cache.lock() else {
             return;
         };
         if let Ok(mut cache) = self.cache.lock() {
-            for key in earlier
+            let kept = verified
                 .iter()
-                .take(AUTH_CACHE_MAX.saturating_sub(cache.len()))
-            {
-                cache.insert(*key);
+                .filter(|(_, user)| {
+                    let hash = self.users.get(*user);
+                    hash.is_some() && hash == earlier.users.get(*user)
+                })
+                .take(AUTH_CACHE_MAX.saturating_sub(cache.len()));
+            for (key, user) in kept {
+                cache.insert(*key, user.clone());
             }
         }
     }
@@ -1478,6 +1484,8 @@ pub(crate) mod tests {
             AuthPrecheck::Verify { .. }
         ));
         let auth = file.current().unwrap().basic_auth.clone().unwrap();
+        // Only ops's entry came along: dev's old one could never match again.
+        assert_eq!(auth.cache.lock().unwrap().len(), 1);
         assert!(!auth.check(Some(header("dev", "dev-pw").as_bytes())));
         assert!(auth.check(Some(header("dev", "dev-pw2").as_bytes())));
         // A user removed and added back with another hash is not taken as verified either.
