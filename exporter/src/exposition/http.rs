@@ -582,8 +582,8 @@ impl PasswordChecks {
             AuthPrecheck::Verify { .. } => {}
         }
         let lane = self.lane(peer);
-        // Counted as waiting only while it does wait: an uncontended turn (a cached login)
-        // never makes its connection look evictable.
+        // Counted as waiting only while it does wait: an uncontended turn never makes its
+        // connection look evictable.
         let turn = match lane.clone().try_lock_owned() {
             Ok(turn) => turn,
             Err(_) => {
