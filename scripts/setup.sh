@@ -61,8 +61,9 @@ fi
 
 # 4. Tools the tests compare against (strace, promtool, bpftool, ...).
 if [ "$want_test_tools" -eq 1 ]; then
+  # gcc also builds the NVML stand-in the GPU tests load (exporter/tests/support/nvml).
   apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux python3-yaml \
-    e2fsprogs python3-pip openssl curl
+    e2fsprogs python3-pip openssl curl gcc libc6-dev
   # The VM matrix (scripts/vm/run.sh, scripts/checks/vm-matrix.sh): qemu (TCG), busybox and
   # cpio for the guest, and the arm64 cross toolchain; arm64 kernel packages and busybox are
   # downloaded by the runner once the arm64 architecture is known to apt.

@@ -38,6 +38,9 @@ LAYERS = [
             "privileges.rs",
         ],
     ),
+    # Readers of what the node exposes besides the probes (NVML, ...), shared by the
+    # collectors and the CLI.
+    ("sources", ["sources/"]),
     ("labels", ["labels/", "metadata/", "series.rs"]),
     ("collectors", ["collectors/"]),
     ("agent", ["agent.rs"]),
@@ -50,7 +53,7 @@ LAYERS = [
 # Layers whose allowed imports are not "everything below": the CLI measures with the kernel
 # layer and labels, never through the exporter's collectors, agent or exposition.
 USES = {
-    "cli": {"util", "build_info", "config", "kernel", "labels", "cli"},
+    "cli": {"util", "build_info", "config", "kernel", "sources", "labels", "cli"},
 }
 
 # Layers that may not name these external crates (in `use` or inline paths).

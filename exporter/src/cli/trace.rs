@@ -115,6 +115,12 @@ pub fn run(args: &TraceArgs, config: &Config) -> Result<u8, CliError> {
         format,
         args.max_events,
         args.counter_interval.as_nanos() as u64,
+    )
+    .with_gpu(
+        config
+            .gpu
+            .enabled
+            .then_some(config.gpu.nvml_library.as_str()),
     );
     let wants = Wants {
         profile: false,

@@ -1,95 +1,97 @@
-//! The GPU collector without a GPU: the fake NVML seam drives every metric, device loss and
-//! recovery, while the per-process join to cgroup and comm runs against a real child in a
-//! fresh cgroup. The "no NVML library" path runs for real: the exporter is pointed at a
-//! library that does not exist.
+//! The GPU collector through the real NVML path: the `sysscope` binary loads the stand-in
+//! `libnvidia-ml.so.1` (built from C by [`crate::nvml_standin`], the real NVML ABI) through
+//! `gpu.nvml_library`, and every series must equal what the stand-in reports, per device, per
+//! MIG instance and per process. The "GPU process" is a real child in a fresh Kubernetes-like
+//! cgroup, so its join to cgroup, process name and pod labels (from a fake API server) is real.
+//! Failures are injected through the stand-in: calls that error, a device lost, a device that
+//! leaves NVML's list and comes back, NVML that stops answering, a process that exits. The
+//! "no NVML library" path runs for real: the exporter is pointed at a file that does not exist.
 
 use std::{
-    io::Write,
+    collections::BTreeMap,
     process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
     time::Duration,
 };
 
-use crate::common::*;
-use sysscope::{
-    agent::Agent,
-    collectors::{
-        cpu::CpuCollector,
-        gpu::{
-            fake::{FakeDevice, FakeFailure, FakeNvml},
-            DeviceReading, GpuCollector, GpuPaths, ProcessMemory, ProcessSample,
-        },
-    },
-    config::Config,
-    exposition::{format::Format, scrape::Scraper},
-    metadata::{Labeler, SharedLabeler},
-    startup,
-    util::error::Chain,
+use crate::{
+    common::*,
+    kubernetes::{fresh_ids, FakeApi, Hierarchy},
+    nvml_standin::{Gpu, Mig, Proc, StandIn, State},
 };
 
 const GIB: u64 = 1 << 30;
 
-fn reading(uuid: &str, sm: u32) -> DeviceReading {
-    DeviceReading {
-        uuid: uuid.into(),
-        gpu_utilization_percent: Some(sm),
-        memory_utilization_percent: Some(17),
-        memory_used_bytes: Some(3 * GIB),
-        memory_total_bytes: Some(80 * GIB),
-        power_milliwatts: Some(251_500),
-        temperature_celsius: Some(61),
-        graphics_clock_mhz: Some(1410),
-        sm_clock_mhz: Some(1395),
-        memory_clock_mhz: Some(1593),
-    }
+/// An exporter whose stderr goes to a file (`log`), loading the stand-in.
+struct Logged {
+    exporter: Exporter,
+    log: std::path::PathBuf,
+    _dir: tempfile::TempDir,
 }
 
-/// An agent with the given collectors, scraped as the HTTP endpoint does.
-struct Harness {
-    scraper: Scraper,
-}
-
-impl Harness {
-    fn new(collectors: Vec<Box<dyn sysscope::collectors::Collector>>) -> Self {
-        let mut agent = Agent::new(None);
-        for c in collectors {
-            agent.add(c);
-        }
+impl Logged {
+    fn start(config: &str, env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("stderr.log");
+        let script = format!("exec \"$0\" \"$@\" 2>>{}", log.display());
+        let mut exporter = Exporter::spawn_wrapped(
+            free_port(),
+            config,
+            &[],
+            env,
+            &["sh", "-c", script.as_str()],
+        );
+        exporter.wait_ready(Duration::from_secs(30));
         Self {
-            scraper: Scraper::new(Arc::new(Mutex::new(agent)), Duration::ZERO),
+            exporter,
+            log,
+            _dir: dir,
         }
     }
 
     fn scrape(&self) -> Vec<Sample> {
-        let body = self.scraper.scrape(Format::PrometheusText);
-        parse_samples(std::str::from_utf8(&body).unwrap())
+        parse_samples(&self.exporter.scrape())
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
-fn one(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
-    let found = select(samples, name, want);
-    assert_eq!(found.len(), 1, "{name} {want:?}: {found:?}");
-    found[0].value
-}
-
 fn up(samples: &[Sample], collector: &str) -> f64 {
-    one(
+    let found = select(
         samples,
         "sysscope_collector_up",
         &[("collector", collector)],
-    )
+    );
+    assert_eq!(found.len(), 1, "collector {collector}: {found:?}");
+    found[0].value
 }
 
-fn labeler() -> SharedLabeler {
-    startup::labeler(&Config::default()).unwrap()
+/// The value of the one sample named `name` whose labels are exactly `labels`, failing with
+/// every sample of that name when there is not exactly one.
+fn exact(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    let want: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let found: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.name == name && s.labels == want)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "{name} {want:?} among {:#?}",
+        select(samples, name, &[])
+    );
+    found[0].value
 }
 
-fn gpu_collector(fake: &FakeNvml, labeler: &SharedLabeler) -> GpuCollector {
-    GpuCollector::new(fake.connector(), labeler.clone(), GpuPaths::system(labeler))
-        .with_retry_interval(Duration::ZERO)
+fn with<'a>(base: &[(&'a str, &'a str)], more: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    base.iter().chain(more).copied().collect()
 }
 
-/// A real process in a fresh cgroup, standing in for a CUDA process.
+/// A real process standing in for a CUDA process, parked until its stdin closes.
 fn gpu_process(cg: &TestCgroup) -> Child {
     cg.command(workload_bin())
         .arg("wait-stdin")
@@ -98,233 +100,385 @@ fn gpu_process(cg: &TestCgroup) -> Child {
         .expect("spawn workload")
 }
 
+/// The state of the first test: an A100 with every reading and a process of ours, an A100 in
+/// MIG mode with two instances, and a board that supports little.
+fn node_state(pid: u32, gone: u32) -> State {
+    let mut a = Gpu::full("GPU-aaaa");
+    a.processes = vec![
+        Proc {
+            pid,
+            used: Some(GIB),
+            sm: 45,
+            mem: 12,
+            ..Proc::default()
+        },
+        // The same process with a graphics context: one series, not two.
+        Proc {
+            pid,
+            used: Some(GIB),
+            graphics: true,
+            ..Proc::default()
+        },
+        // A process that has exited but still holds its context.
+        Proc {
+            pid: gone,
+            used: Some(256 << 20),
+            ..Proc::default()
+        },
+    ];
+    let mut mig = Gpu::full("GPU-bbbb");
+    mig.pci_bus_id = Some("00000000:AF:00.0".into());
+    // In MIG mode this board reports no utilisation (as A100s do); processes run on instances.
+    mig.util = None;
+    mig.mig = Some((1, 1));
+    mig.migs = vec![
+        Mig {
+            uuid: "MIG-1111".into(),
+            name: "NVIDIA A100-SXM4-80GB MIG 3g.40gb".into(),
+            used: 5 * GIB,
+            total: 40 * GIB,
+            gi: 1,
+            ci: 0,
+        },
+        Mig {
+            uuid: "MIG-2222".into(),
+            name: "NVIDIA A100-SXM4-80GB MIG 1g.10gb".into(),
+            used: GIB / 2,
+            total: 10 * GIB,
+            gi: 9,
+            ci: 0,
+        },
+    ];
+    mig.processes = vec![Proc {
+        pid,
+        used: Some(2 * GIB),
+        sm: 30,
+        mem: 5,
+        mig: Some((1, 0)),
+        ..Proc::default()
+    }];
+    // A board without power, clocks, energy, ECC, serial or MIG readings.
+    let small = Gpu {
+        uuid: "GPU-cccc".into(),
+        name: Some("NVIDIA T400".into()),
+        util: Some((5, 1)),
+        memory: Some((GIB / 4, 2 * GIB)),
+        temperature: Some(40),
+        ..Gpu::default()
+    };
+    State {
+        driver_version: Some("550.54.15".into()),
+        cuda_version: Some(12040),
+        devices: vec![a, mig, small],
+        fails: Vec::new(),
+    }
+}
+
 #[test]
-fn fake_nvml_drives_every_metric_and_processes_join_their_cgroup_and_comm() {
-    if !require_root("fake_nvml_drives_every_metric_and_processes_join_their_cgroup_and_comm") {
+fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
+    if !require_root("series_equal_what_nvml_reports_per_device_mig_instance_and_process") {
         return;
     }
-    let cg = TestCgroup::new("sysscope-test-gpu");
-    let mut child = gpu_process(&cg);
+    // The pod this process belongs to, named by a fake API server's pod list.
+    let (uid, cid) = fresh_ids();
+    let pod_list = serde_json::json!({
+        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"},
+        "items": [{
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "trainer-0", "namespace": "ml", "uid": uid, "resourceVersion": "7"},
+            "spec": {"nodeName": "node-test", "containers": [{"name": "pytorch"}]},
+            "status": {"containerStatuses": [{
+                "name": "pytorch", "containerID": format!("containerd://{cid}"),
+                "image": "img", "imageID": "", "ready": true, "restartCount": 0
+            }]}
+        }]
+    })
+    .to_string();
+    let api = FakeApi::start(pod_list);
+    let kube_dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(kube_dir.path());
+    let pods = Hierarchy::create("kubepods", &["besteffort", &format!("pod{uid}"), &cid]);
+    let mut child = gpu_process(pods.leaf());
     let pid = child.id();
     // A pid above pid_max: a process that has already exited.
     let gone = 4_194_304 + 17;
 
-    let fake = FakeNvml::new();
-    fake.with(|s| {
-        s.devices.push(FakeDevice {
-            reading: reading("GPU-aaaa", 87),
-            samples: vec![
-                ProcessSample {
-                    pid,
-                    timestamp_us: 1_000,
-                    sm_percent: 30,
-                    memory_percent: 10,
-                },
-                ProcessSample {
-                    pid,
-                    timestamp_us: 2_000,
-                    sm_percent: 45,
-                    memory_percent: 12,
-                },
-            ],
-            memory: vec![
-                ProcessMemory {
-                    pid,
-                    used_bytes: Some(GIB),
-                },
-                // Listed again with its graphics context: one series, not two.
-                ProcessMemory {
-                    pid,
-                    used_bytes: Some(GIB),
-                },
-                ProcessMemory {
-                    pid: gone,
-                    used_bytes: Some(256 << 20),
-                },
-            ],
-            ..FakeDevice::default()
-        });
-        // A board without power readings or clocks.
-        let mut r = reading("GPU-bbbb", 5);
-        r.power_milliwatts = None;
-        r.sm_clock_mhz = None;
-        s.devices.push(FakeDevice {
-            reading: r,
-            ..FakeDevice::default()
-        });
-    });
-    // Labels derived from cgroup paths (as the Kubernetes ids are) reach the process series.
-    let root = cgroup_root();
-    let labeler: SharedLabeler = Arc::new(Mutex::new(Labeler::new(root, false).with_deriver(
-        Box::new(|path: &str| {
-            if path.starts_with("/sysscope-test-gpu") {
-                vec![("pod_uid", Arc::from("pod-under-test"))]
-            } else {
-                Vec::new()
-            }
-        }),
-    )));
-    let h = Harness::new(vec![Box::new(gpu_collector(&fake, &labeler))]);
-    let samples = h.scrape();
-    assert_eq!(up(&samples, "gpu"), 1.0);
+    let standin = StandIn::new(&node_state(pid, gone));
+    let config = format!(
+        "{TEST_CONFIG}[kubernetes]\npod_watch = \"on\"\nnode_name = \"node-test\"\n{}",
+        standin.config()
+    );
+    let exporter = Logged::start(
+        &config,
+        &[standin.env(), ("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    eventually(Duration::from_secs(20), || {
+        (up(&exporter.scrape(), "kubernetes") == 1.0).then_some(())
+    })
+    .expect("the pod watch never came up");
+    // NVML samples processes once per period (100 ms in the stand-in): a refresh sooner than
+    // that after the previous one finds no new sample, as with the real driver.
+    std::thread::sleep(Duration::from_millis(250));
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0, "{}", exporter.logs());
 
-    let g0 = [("gpu", "0"), ("uuid", "GPU-aaaa")];
-    let g1 = [("gpu", "1"), ("uuid", "GPU-bbbb")];
+    // Per device: every gauge of the full board, exactly once.
+    let a = [("gpu", "0"), ("uuid", "GPU-aaaa")];
     for (name, value) in [
-        ("sysscope_gpu_utilization_ratio", 0.87),
-        ("sysscope_gpu_memory_utilization_ratio", 0.17),
         ("sysscope_gpu_memory_used_bytes", (3 * GIB) as f64),
         ("sysscope_gpu_memory_total_bytes", (80 * GIB) as f64),
         ("sysscope_gpu_power_watts", 251.5),
         ("sysscope_gpu_temperature_celsius", 61.0),
         ("sysscope_gpu_device_up", 1.0),
+        ("sysscope_gpu_energy_joules_total", 123_456.789),
     ] {
-        assert_eq!(one(&samples, name, &g0), value, "{name}");
+        assert_eq!(exact(&samples, name, &a), value, "{name}");
     }
-    for (clock, hz) in [("graphics", 1410e6), ("sm", 1395e6), ("memory", 1593e6)] {
-        let mut l = g0.to_vec();
-        l.push(("clock", clock));
-        assert_eq!(one(&samples, "sysscope_gpu_clock_hertz", &l), hz);
-    }
-    assert_eq!(one(&samples, "sysscope_gpu_utilization_ratio", &g1), 0.05);
-    assert!(select(&samples, "sysscope_gpu_power_watts", &g1).is_empty());
-    let mut sm1 = g1.to_vec();
-    sm1.push(("clock", "sm"));
-    assert!(select(&samples, "sysscope_gpu_clock_hertz", &sm1).is_empty());
-
-    // The process joins its real cgroup and name; the newest sample wins.
-    let pid_s = pid.to_string();
-    let proc_labels = [
-        ("gpu", "0"),
-        ("uuid", "GPU-aaaa"),
-        ("pid", pid_s.as_str()),
-        ("cgroup", cg.rel.as_str()),
-        ("pod_uid", "pod-under-test"),
-        ("comm", WORKLOAD_COMM),
-    ];
+    let not_mig = with(&a, &[("mig_mode", "disabled")]);
     assert_eq!(
-        one(
+        exact(&samples, "sysscope_gpu_utilization_ratio", &not_mig),
+        0.87
+    );
+    assert_eq!(
+        exact(&samples, "sysscope_gpu_memory_utilization_ratio", &not_mig),
+        0.17
+    );
+    for (clock, hz) in [("graphics", 1410e6), ("sm", 1395e6), ("memory", 1593e6)] {
+        let l = with(&a, &[("clock", clock)]);
+        assert_eq!(exact(&samples, "sysscope_gpu_clock_hertz", &l), hz);
+    }
+    // Volatile counts, not the aggregate ones.
+    for (error, n) in [("corrected", 3.0), ("uncorrected", 1.0)] {
+        let l = with(&a, &[("error", error)]);
+        assert_eq!(exact(&samples, "sysscope_gpu_ecc_errors_total", &l), n);
+    }
+    // 0x4: software power cap, and only that.
+    let reasons = select(&samples, "sysscope_gpu_clock_event_reason_active", &a);
+    assert_eq!(reasons.len(), 10, "{reasons:?}");
+    for r in reasons {
+        let want = if r.labels["reason"] == "sw_power_cap" {
+            1.0
+        } else {
+            0.0
+        };
+        assert_eq!(r.value, want, "{r:?}");
+    }
+    assert_eq!(
+        exact(
             &samples,
-            "sysscope_gpu_process_sm_utilization_ratio",
-            &proc_labels
+            "sysscope_gpu_info",
+            &with(
+                &a,
+                &[
+                    ("model", "NVIDIA A100-SXM4-80GB"),
+                    ("driver_version", "550.54.15"),
+                    ("cuda_version", "12.4"),
+                    ("pci_bus_id", "00000000:3B:00.0"),
+                    ("serial", "1320221234567"),
+                ]
+            )
         ),
+        1.0
+    );
+
+    // The board in MIG mode: no utilisation to misread, memory per instance.
+    let b = [("gpu", "1"), ("uuid", "GPU-bbbb")];
+    assert!(select(&samples, "sysscope_gpu_utilization_ratio", &b).is_empty());
+    assert_eq!(
+        exact(&samples, "sysscope_gpu_memory_used_bytes", &b),
+        (3 * GIB) as f64
+    );
+    for (mig, gi, profile, used, total) in [
+        ("MIG-1111", "1", "3g.40gb", 5 * GIB, 40 * GIB),
+        ("MIG-2222", "9", "1g.10gb", GIB / 2, 10 * GIB),
+    ] {
+        let l = with(
+            &b,
+            &[
+                ("mig_uuid", mig),
+                ("gpu_instance", gi),
+                ("compute_instance", "0"),
+                ("profile", profile),
+            ],
+        );
+        assert_eq!(
+            exact(&samples, "sysscope_gpu_mig_memory_used_bytes", &l),
+            used as f64
+        );
+        assert_eq!(
+            exact(&samples, "sysscope_gpu_mig_memory_total_bytes", &l),
+            total as f64
+        );
+    }
+    assert_eq!(
+        select(&samples, "sysscope_gpu_mig_memory_used_bytes", &[]).len(),
+        2
+    );
+
+    // The small board: what it does not support has no series.
+    let c = [("gpu", "2"), ("uuid", "GPU-cccc")];
+    assert_eq!(
+        exact(
+            &samples,
+            "sysscope_gpu_utilization_ratio",
+            &with(&c, &[("mig_mode", "disabled")])
+        ),
+        0.05
+    );
+    for name in [
+        "sysscope_gpu_power_watts",
+        "sysscope_gpu_clock_hertz",
+        "sysscope_gpu_energy_joules_total",
+        "sysscope_gpu_ecc_errors_total",
+        "sysscope_gpu_clock_event_reason_active",
+    ] {
+        assert!(select(&samples, name, &c).is_empty(), "{name}");
+    }
+    assert_eq!(
+        exact(
+            &samples,
+            "sysscope_gpu_info",
+            &with(
+                &c,
+                &[
+                    ("model", "NVIDIA T400"),
+                    ("driver_version", "550.54.15"),
+                    ("cuda_version", "12.4"),
+                ]
+            )
+        ),
+        1.0
+    );
+
+    // Per process: our child joins its cgroup, its pod and its name.
+    let pid_s = pid.to_string();
+    let me = [
+        ("cgroup", pods.leaf().rel.as_str()),
+        ("pod_uid", uid.as_str()),
+        ("container_id", cid.as_str()),
+        ("namespace", "ml"),
+        ("pod", "trainer-0"),
+        ("container", "pytorch"),
+        ("comm", WORKLOAD_COMM),
+        ("pid", pid_s.as_str()),
+    ];
+    let on_a = with(&a, &me);
+    assert_eq!(
+        exact(&samples, "sysscope_gpu_process_memory_used_bytes", &on_a),
+        GIB as f64
+    );
+    assert_eq!(
+        exact(&samples, "sysscope_gpu_process_sm_utilization_ratio", &on_a),
         0.45
     );
     assert_eq!(
-        one(
+        exact(
             &samples,
             "sysscope_gpu_process_memory_utilization_ratio",
-            &proc_labels
+            &on_a
         ),
         0.12
     );
-    assert_eq!(
-        one(
-            &samples,
-            "sysscope_gpu_process_memory_used_bytes",
-            &proc_labels
-        ),
-        GIB as f64
+    // On the MIG board: memory with its instance, no utilisation (MIG cannot sample processes).
+    let on_b = with(
+        &with(&b, &[("gpu_instance", "1"), ("compute_instance", "0")]),
+        &me,
     );
-    // An exited process keeps its memory series, labelled as unknown.
-    let gone_s = gone.to_string();
-    let gone_labels = [
-        ("pid", gone_s.as_str()),
-        ("cgroup", "(unresolved)"),
-        ("comm", "(exited)"),
-    ];
     assert_eq!(
-        one(
-            &samples,
-            "sysscope_gpu_process_memory_used_bytes",
-            &gone_labels
-        ),
+        exact(&samples, "sysscope_gpu_process_memory_used_bytes", &on_b),
+        (2 * GIB) as f64
+    );
+    assert!(select(&samples, "sysscope_gpu_process_sm_utilization_ratio", &b).is_empty());
+    // The exited process keeps its memory series, labelled as unknown.
+    let gone_s = gone.to_string();
+    let ghost = with(
+        &a,
+        &[
+            ("cgroup", "(unresolved)"),
+            ("comm", "(exited)"),
+            ("pid", gone_s.as_str()),
+        ],
+    );
+    assert_eq!(
+        exact(&samples, "sysscope_gpu_process_memory_used_bytes", &ghost),
         (256u64 << 20) as f64
     );
     assert_eq!(
-        one(
-            &samples,
-            "sysscope_gpu_process_sm_utilization_ratio",
-            &gone_labels
-        ),
-        0.0
+        select(&samples, "sysscope_gpu_process_memory_used_bytes", &[]).len(),
+        3
     );
-    assert!(select(&samples, "sysscope_gpu_process_sm_utilization_ratio", &g1).is_empty());
 
-    // The next refresh asks only for newer samples; without one the process was idle.
-    let samples = h.scrape();
-    let asked: Vec<u64> = fake.with(|s| {
-        s.last_since
-            .iter()
-            .filter(|(i, _)| *i == 0)
-            .map(|(_, t)| *t)
-            .collect()
-    });
-    assert_eq!(asked, [0, 2_000]);
-    assert_eq!(
-        one(
-            &samples,
-            "sysscope_gpu_process_sm_utilization_ratio",
-            &proc_labels
-        ),
-        0.0
-    );
-    // A process that exits and leaves the device loses its series.
-    fake.with(|s| {
-        s.devices[0].memory.retain(|m| m.pid != pid);
-    });
+    // XID errors from NVML events: once the event thread has registered both whole GPUs, the
+    // driver reports three errors on GPU-aaaa and one on GPU-bbbb.
+    standin.wait_for_call("nvmlDeviceRegisterEvents GPU-aaaa");
+    standin.wait_for_call("nvmlDeviceRegisterEvents GPU-bbbb");
+    let mut state = node_state(pid, gone);
+    state.devices[0].xids = vec![(1, 79), (2, 13), (3, 79)];
+    state.devices[1].xids = vec![(1, 48)];
+    standin.set(&state);
+    let xids = eventually(Duration::from_secs(10), || {
+        let s = exporter.scrape();
+        (select(&s, "sysscope_gpu_xid_errors_total", &[]).len() == 3).then_some(s)
+    })
+    .expect("XID errors never counted");
+    for (labels, n) in [
+        (with(&a, &[("xid", "79")]), 2.0),
+        (with(&a, &[("xid", "13")]), 1.0),
+        (with(&b, &[("xid", "48")]), 1.0),
+    ] {
+        assert_eq!(exact(&xids, "sysscope_gpu_xid_errors_total", &labels), n);
+    }
+
+    // Our process exits while NVML still lists it (its context is being torn down): its
+    // series continue with the same labels; once NVML drops it, they go.
     drop(child.stdin.take());
     child.wait().unwrap();
-    let samples = h.scrape();
-    assert!(select(
-        &samples,
-        "sysscope_gpu_process_memory_used_bytes",
-        &[("pid", pid_s.as_str())]
-    )
-    .is_empty());
-}
-
-/// Collects log lines written while `f` runs on this thread.
-fn with_logs<R>(f: impl FnOnce() -> R) -> (R, String) {
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+    let samples = exporter.scrape();
+    assert_eq!(
+        exact(&samples, "sysscope_gpu_process_memory_used_bytes", &on_a),
+        GIB as f64
+    );
+    assert_eq!(
+        exact(&samples, "sysscope_gpu_process_memory_used_bytes", &on_b),
+        (2 * GIB) as f64
+    );
+    let pid_series = |s: &[Sample]| {
+        select(
+            s,
+            "sysscope_gpu_process_memory_used_bytes",
+            &[("pid", pid_s.as_str())],
+        )
+        .len()
+    };
+    assert_eq!(pid_series(&samples), 2);
+    for d in &mut state.devices {
+        d.processes.retain(|p| p.pid != pid);
     }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let r = tracing::subscriber::with_default(subscriber, f);
-    let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-    (r, text)
+    standin.set(&state);
+    let samples = exporter.scrape();
+    assert_eq!(pid_series(&samples), 0);
+    // The counters stay.
+    assert_eq!(
+        select(&samples, "sysscope_gpu_xid_errors_total", &[]).len(),
+        3
+    );
 }
 
 #[test]
-fn device_loss_and_recovery_degrade_only_the_gpu_collector() {
-    let fake = FakeNvml::new();
-    fake.with(|s| {
-        for uuid in ["GPU-aaaa", "GPU-bbbb"] {
-            s.devices.push(FakeDevice {
-                reading: reading(uuid, 50),
-                ..FakeDevice::default()
-            });
-        }
-    });
-    let labeler = labeler();
-    let cpu = CpuCollector::start(&Config::default(), labeler.clone()).unwrap();
-    let h = Harness::new(vec![
-        Box::new(gpu_collector(&fake, &labeler)),
-        Box::new(cpu),
-    ]);
+fn nvml_errors_and_devices_that_leave_and_return_degrade_only_the_gpu_collector() {
+    if !require_root("nvml_errors_and_devices_that_leave_and_return_degrade_only_the_gpu_collector")
+    {
+        return;
+    }
+    let state = State {
+        devices: vec![Gpu::full("GPU-aaaa"), Gpu::full("GPU-bbbb")],
+        ..State::default()
+    };
+    let standin = StandIn::new(&state);
+    let exporter = Logged::start(
+        &format!("{TEST_CONFIG}{}", standin.config()),
+        &[standin.env()],
+    );
     let util = |s: &[Sample], gpu: &str, uuid: &str| {
         select(
             s,
@@ -333,128 +487,190 @@ fn device_loss_and_recovery_degrade_only_the_gpu_collector() {
         )
         .len()
     };
-    let cpu_series = |s: &[Sample]| select(s, "sysscope_cpu_utilization_ratio", &[]).len();
-    let samples = h.scrape();
+    let device_up =
+        |s: &[Sample], uuid: &str| exact_one(s, "sysscope_gpu_device_up", &[("uuid", uuid)]);
+    let samples = exporter.scrape();
     assert_eq!((up(&samples, "gpu"), up(&samples, "cpu")), (1.0, 1.0));
-    let cpus = cpu_series(&samples);
+    let cpus = select(&samples, "sysscope_cpu_utilization_ratio", &[]).len();
     assert!(cpus >= 8);
 
-    // GPU 1 falls off the bus: its series go, GPU 0 and the CPU collector carry on. The loss
-    // is logged once however many refreshes it lasts.
-    fake.with(|s| s.devices[1].failure = Some(FakeFailure::GpuLost));
-    let (samples, logs) = with_logs(|| {
-        h.scrape();
-        h.scrape()
-    });
-    assert_eq!(logs.matches("GPU unavailable").count(), 1, "logs:\n{logs}");
-    assert!(
-        logs.contains("GPU-bbbb") && logs.contains("fell off the bus"),
-        "{logs}"
-    );
+    // GPU 1 falls off the bus (NVML_ERROR_GPU_IS_LOST on every call): its series go, GPU 0
+    // and the other collectors carry on. The loss is logged once however long it lasts.
+    let mut lost = state.clone();
+    lost.devices[1].error = Some(15);
+    standin.set(&lost);
+    exporter.scrape();
+    let samples = exporter.scrape();
     assert_eq!(up(&samples, "gpu"), 0.0);
-    assert_eq!(up(&samples, "cpu"), 1.0);
-    assert_eq!(cpu_series(&samples), cpus);
+    assert_eq!((up(&samples, "cpu"), up(&samples, "syscalls")), (1.0, 1.0));
+    assert_eq!(
+        select(&samples, "sysscope_cpu_utilization_ratio", &[]).len(),
+        cpus
+    );
     assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
     assert_eq!(util(&samples, "1", "GPU-bbbb"), 0);
     assert_eq!(
-        one(&samples, "sysscope_gpu_device_up", &[("uuid", "GPU-bbbb")]),
-        0.0
+        (
+            device_up(&samples, "GPU-aaaa"),
+            device_up(&samples, "GPU-bbbb")
+        ),
+        (1.0, 0.0)
     );
-    assert_eq!(
-        one(&samples, "sysscope_gpu_device_up", &[("uuid", "GPU-aaaa")]),
-        1.0
-    );
+    let logs = exporter.logs();
+    let lines: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("GPU unavailable"))
+        .collect();
+    assert_eq!(lines.len(), 1, "logs:\n{logs}");
+    assert!(lines[0].contains("GPU-bbbb"), "{}", lines[0]);
 
     // It comes back.
-    fake.with(|s| s.devices[1].failure = None);
-    let samples = h.scrape();
+    standin.set(&state);
+    let samples = exporter.scrape();
     assert_eq!(up(&samples, "gpu"), 1.0);
     assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
-    assert_eq!(
-        one(&samples, "sysscope_gpu_device_up", &[("uuid", "GPU-bbbb")]),
-        1.0
-    );
+    assert_eq!(device_up(&samples, "GPU-bbbb"), 1.0);
 
-    // GPU 0 disappears from NVML's list: GPU 1 becomes index 0 and keeps its identity.
-    let removed = fake.with(|s| s.devices.remove(0));
-    let samples = h.scrape();
+    // GPU 0 leaves NVML's list: GPU 1 becomes index 0 and keeps its identity and series.
+    let mut one = state.clone();
+    one.devices.remove(0);
+    standin.set(&one);
+    let samples = exporter.scrape();
     assert_eq!(up(&samples, "gpu"), 0.0);
     assert_eq!(util(&samples, "0", "GPU-bbbb"), 1);
-    assert_eq!(
-        select(
-            &samples,
-            "sysscope_gpu_utilization_ratio",
-            &[("uuid", "GPU-aaaa")]
-        )
-        .len(),
-        0
-    );
-    assert_eq!(
-        one(&samples, "sysscope_gpu_device_up", &[("uuid", "GPU-aaaa")]),
-        0.0
-    );
-    fake.with(|s| s.devices.insert(0, removed));
-    let samples = h.scrape();
+    assert!(select(
+        &samples,
+        "sysscope_gpu_utilization_ratio",
+        &[("uuid", "GPU-aaaa")]
+    )
+    .is_empty());
+    assert_eq!(device_up(&samples, "GPU-aaaa"), 0.0);
+    // And comes back.
+    standin.set(&state);
+    let samples = exporter.scrape();
     assert_eq!(up(&samples, "gpu"), 1.0);
     assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
     assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
 
-    // A process query failing takes the device down as well.
-    fake.with(|s| s.devices[0].process_failure = Some(FakeFailure::Unknown));
-    let samples = h.scrape();
+    // One call failing on one device takes that device down, and only it.
+    let mut failing = state.clone();
+    failing.devices[0]
+        .fails
+        .push(("nvmlDeviceGetComputeRunningProcesses_v3".into(), 999));
+    standin.set(&failing);
+    let samples = exporter.scrape();
     assert_eq!(up(&samples, "gpu"), 0.0);
     assert_eq!(util(&samples, "0", "GPU-aaaa"), 0);
-    fake.with(|s| s.devices[0].process_failure = None);
+    assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
+    // A reading the device stops supporting loses its series, not the device.
+    let mut unsupported = state.clone();
+    unsupported.devices[0]
+        .fails
+        .push(("nvmlDeviceGetPowerUsage".into(), 3));
+    standin.set(&unsupported);
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0);
+    assert!(select(
+        &samples,
+        "sysscope_gpu_power_watts",
+        &[("uuid", "GPU-aaaa")]
+    )
+    .is_empty());
+    assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
 
-    // NVML itself stops answering (driver reloaded): every GPU series goes, NVML is
-    // initialised again, and everything returns.
-    fake.with(|s| s.count_failure = Some(FakeFailure::DriverNotLoaded));
-    let samples = h.scrape();
+    // NVML itself stops answering (the driver unloaded: nvmlDeviceGetCount fails): every GPU
+    // series goes, the collector is down with the reason, the rest runs on. It is initialised
+    // again every 30 s (unit-tested with a shorter interval).
+    let mut unloaded = state.clone();
+    unloaded.fails.push(("nvmlDeviceGetCount_v2".into(), 9));
+    standin.set(&unloaded);
+    let samples = exporter.scrape();
     assert_eq!(up(&samples, "gpu"), 0.0);
     assert_eq!(up(&samples, "cpu"), 1.0);
     assert!(select(&samples, "sysscope_gpu_utilization_ratio", &[]).is_empty());
-    fake.with(|s| {
-        s.count_failure = None;
-        s.connect_failure = Some(Some(FakeFailure::DriverNotLoaded));
-    });
-    let samples = h.scrape();
-    assert_eq!(up(&samples, "gpu"), 0.0, "initialising again fails");
-    fake.with(|s| s.connect_failure = None);
-    let samples = h.scrape();
-    assert_eq!(up(&samples, "gpu"), 1.0);
-    assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
-    assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
-    assert_eq!(fake.with(|s| s.connects), 2);
+    assert_eq!(device_up(&samples, "GPU-aaaa"), 0.0);
+    assert!(!select(&samples, "sysscope_syscalls_total", &[]).is_empty());
+    // The device count, then the shutdown of the old NVML and its event thread.
+    standin.wait_for_call("nvmlShutdown");
+}
+
+fn exact_one(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
+    let found = select(samples, name, want);
+    assert_eq!(found.len(), 1, "{name} {want:?}: {found:?}");
+    found[0].value
 }
 
 #[test]
-fn nvml_that_does_not_initialise_at_start_is_retried() {
-    let fake = FakeNvml::new();
-    fake.with(|s| {
-        s.connect_failure = Some(Some(FakeFailure::DriverNotLoaded));
-        s.devices.push(FakeDevice {
-            reading: reading("GPU-aaaa", 10),
-            ..FakeDevice::default()
-        });
+fn nvml_that_does_not_initialise_is_reported_with_its_cause() {
+    if !require_root("nvml_that_does_not_initialise_is_reported_with_its_cause") {
+        return;
+    }
+    let standin = StandIn::new(&State {
+        devices: vec![Gpu::full("GPU-aaaa")],
+        // NVML_ERROR_DRIVER_NOT_LOADED: the driver is not loaded yet.
+        fails: vec![("nvmlInit_v2".into(), 9)],
+        ..State::default()
     });
-    let labeler = labeler();
-    let c = gpu_collector(&fake, &labeler);
-    // The cause (the driver) is in the error's chain, as every log line and reason shows it.
-    let why = Chain(c.connect_error().unwrap()).to_string();
-    assert!(why.contains("driver"), "{why}");
-    let h = Harness::new(vec![Box::new(c)]);
-    assert_eq!(up(&h.scrape(), "gpu"), 0.0);
-    fake.with(|s| s.connect_failure = None);
-    let samples = h.scrape();
-    assert_eq!(up(&samples, "gpu"), 1.0);
-    assert_eq!(
-        one(
-            &samples,
-            "sysscope_gpu_utilization_ratio",
-            &[("uuid", "GPU-aaaa")]
-        ),
-        0.1
+    let exporter = Logged::start(
+        &format!("{TEST_CONFIG}{}", standin.config()),
+        &[standin.env()],
     );
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 0.0);
+    assert_eq!(up(&samples, "syscalls"), 1.0);
+    assert!(select(&samples, "sysscope_gpu_utilization_ratio", &[]).is_empty());
+    let logs = exporter.logs();
+    assert!(
+        logs.lines()
+            .any(|l| l.contains("did not initialise") && l.contains("driver")),
+        "logs:\n{logs}"
+    );
+    assert!(
+        standin.calls().contains("nvmlInit_v2 -> 9"),
+        "{}",
+        standin.calls()
+    );
+}
+
+/// `sysscope trace` draws its GPU counter tracks through the same NVML source.
+#[test]
+fn trace_counter_tracks_read_the_same_nvml() {
+    if !require_root("trace_counter_tracks_read_the_same_nvml") {
+        return;
+    }
+    let _node = share_node();
+    let mut a = Gpu::full("GPU-aaaa");
+    a.util = Some((73, 21));
+    let standin = StandIn::new(&State {
+        devices: vec![a],
+        ..State::default()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sysscope.toml");
+    std::fs::write(&config, standin.config()).unwrap();
+    let out = dir.path().join("trace.json");
+    let status = Command::new(sysscope_bin())
+        .arg(format!("--config.file={}", config.display()))
+        .args(["trace", "--counter-interval", "100ms", "-o"])
+        .arg(&out)
+        .args(["--", workload_bin(), "sleep", "3", "100"])
+        .env(standin.env().0, standin.env().1)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let gpu: Vec<&serde_json::Value> = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == "gpu0 utilization (%)")
+        .collect();
+    assert!(!gpu.is_empty(), "no GPU counter track");
+    for e in gpu {
+        assert_eq!(e["args"]["gpu"], 73.0, "{e}");
+        assert_eq!(e["args"]["memory"], 21.0, "{e}");
+    }
 }
 
 /// NVIDIA display controllers on this machine's PCI bus, read by the test itself.
@@ -475,51 +691,27 @@ fn without_the_nvml_library_the_agent_runs_and_reports_gpu_down() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("sysscope.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "{TEST_CONFIG}[gpu]\nnvml_library = \"{}/libnvidia-ml.so.1\"\n",
-            dir.path().join("missing").display()
-        ),
-    )
-    .unwrap();
-    let log = dir.path().join("stderr.log");
-    let port = free_port();
-    let mut child = Command::new(sysscope_bin())
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg(format!("--config.file={}", config.display()))
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("spawn sysscope");
-    let ready = eventually(Duration::from_secs(30), || {
-        matches!(http_get(port, "/-/ready", None), Ok((200, _, _))).then_some(())
-    });
-    assert!(ready.is_some(), "sysscope not ready");
+    let config = format!(
+        "{TEST_CONFIG}[gpu]\nnvml_library = \"{}/libnvidia-ml.so.1\"\n",
+        dir.path().join("missing").display()
+    );
+    let exporter = Logged::start(&config, &[]);
     let mut samples = Vec::new();
     for _ in 0..3 {
-        let (status, _, body) = http_get(port, "/metrics", None).unwrap();
-        assert_eq!(status, 200);
-        samples = parse_samples(&body);
+        samples = exporter.scrape();
     }
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
-
     assert_eq!(up(&samples, "gpu"), 0.0);
     assert_eq!(up(&samples, "cpu"), 1.0);
     assert_eq!(up(&samples, "syscalls"), 1.0);
     assert!(!select(&samples, "sysscope_cpu_utilization_ratio", &[]).is_empty());
     assert!(!select(&samples, "sysscope_syscalls_total", &[]).is_empty());
     assert_eq!(
-        one(&samples, "sysscope_gpu_devices", &[]),
+        exact_one(&samples, "sysscope_gpu_devices", &[]),
         nvidia_gpus_on_pci()
     );
     assert!(select(&samples, "sysscope_gpu_utilization_ratio", &[]).is_empty());
 
-    let logs = std::fs::read_to_string(&log).unwrap();
+    let logs = exporter.logs();
     let gpu_lines: Vec<&str> = logs
         .lines()
         .filter(|l| l.contains("collector=\"gpu\"") || l.contains("collector=gpu"))

@@ -15,7 +15,7 @@ use crate::common::*;
 const CALLS: u64 = 321;
 
 /// A random pod UID (dashed UUID form) and container id (64 hex digits).
-fn fresh_ids() -> (String, String) {
+pub(crate) fn fresh_ids() -> (String, String) {
     let u: u128 = rand::random();
     let h = format!("{u:032x}");
     let uid = format!(
@@ -35,7 +35,7 @@ fn fresh_ids() -> (String, String) {
 }
 
 /// Nested cgroups created level by level and removed deepest first.
-struct Hierarchy {
+pub(crate) struct Hierarchy {
     levels: Vec<TestCgroup>,
 }
 
@@ -44,7 +44,7 @@ impl Hierarchy {
     /// has none (so paths look exactly like a node's); on a real node, the test hierarchy goes
     /// below a unique parent instead (as a kubelet in a container would), never into the
     /// kubelet's own.
-    fn create(top: &str, below: &[&str]) -> Self {
+    pub(crate) fn create(top: &str, below: &[&str]) -> Self {
         let mut levels = Vec::new();
         let mut rel = if cgroup_root().join(top).exists() {
             let parent = format!("sysscope-test-k8s-{}-{}", std::process::id(), rand_suffix());
@@ -62,7 +62,7 @@ impl Hierarchy {
     }
 
     /// The deepest cgroup.
-    fn leaf(&self) -> &TestCgroup {
+    pub(crate) fn leaf(&self) -> &TestCgroup {
         self.levels.last().unwrap()
     }
 
@@ -139,13 +139,13 @@ fn systemd_driver_ids_on_syscall_series() {
 
 /// A minimal Kubernetes API: `GET /api/v1/pods` answers `pods` (a PodList), a watch stays
 /// open without events. Records request paths.
-struct FakeApi {
+pub(crate) struct FakeApi {
     port: u16,
-    requests: Arc<Mutex<Vec<String>>>,
+    pub(crate) requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeApi {
-    fn start(pod_list: String) -> Self {
+    pub(crate) fn start(pod_list: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -159,7 +159,7 @@ impl FakeApi {
         Self { port, requests }
     }
 
-    fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+    pub(crate) fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
         let path = dir.join("kubeconfig");
         std::fs::write(
             &path,

@@ -15,6 +15,7 @@ mod hostile_names;
 mod http_hardening;
 mod kernels;
 mod kubernetes;
+mod nvml_standin;
 mod performance;
 mod prometheus_e2e;
 mod reload;

@@ -23,6 +23,7 @@ use sysscope_abi::{block_op, trace_flags, BlockTraceEvent, TraceEvent};
 
 use super::strace as format;
 use crate::cli::sink::{BlockTotals, EventSink};
+use crate::sources::nvml::{Nvml, NvmlLibrary};
 use crate::{
     metadata::{
         cgroups::{self, CgroupResolver},
@@ -173,27 +174,27 @@ impl CpuSampler {
     }
 }
 
-/// GPU utilisation through NVML, when the library and a GPU are present.
+/// GPU utilisation through NVML (the same source as the `gpu` collector), when the library
+/// and a GPU are present.
 pub(crate) struct GpuSampler {
-    nvml: nvml_wrapper::Nvml,
+    nvml: Box<dyn Nvml>,
     devices: u32,
 }
 
 impl GpuSampler {
-    /// `None` when NVML cannot be loaded (no NVIDIA driver) or sees no GPU.
-    pub(crate) fn open() -> Option<Self> {
-        let nvml = nvml_wrapper::Nvml::init().ok()?;
+    /// `None` when NVML cannot be loaded from `library` (no NVIDIA driver) or sees no GPU.
+    pub(crate) fn open(library: &str) -> Option<Self> {
+        let mut nvml: Box<dyn Nvml> = Box::new(NvmlLibrary::connect(library).ok()?);
         let devices = nvml.device_count().ok()?;
         (devices > 0).then_some(Self { nvml, devices })
     }
 
     /// (gpu index, utilisation %, memory-controller utilisation %).
-    pub(crate) fn sample(&self) -> Vec<(u32, f64, f64)> {
+    pub(crate) fn sample(&mut self) -> Vec<(u32, f64, f64)> {
         (0..self.devices)
             .filter_map(|i| {
-                let d = self.nvml.device_by_index(i).ok()?;
-                let u = d.utilization_rates().ok()?;
-                Some((i, u.gpu as f64, u.memory as f64))
+                let (gpu, memory) = self.nvml.utilization(i).ok()??;
+                Some((i, gpu as f64, memory as f64))
             })
             .collect()
     }
@@ -259,11 +260,8 @@ impl TraceWriter {
         max_events: u64,
         counters_every_ns: u64,
     ) -> Self {
-        let (cpu, gpu) = if counters_every_ns > 0 && format == Format::TraceEventJson {
-            (Some(CpuSampler::default()), GpuSampler::open())
-        } else {
-            (None, None)
-        };
+        let cpu =
+            (counters_every_ns > 0 && format == Format::TraceEventJson).then(CpuSampler::default);
         let mut w = Self {
             out,
             format,
@@ -275,7 +273,7 @@ impl TraceWriter {
             cgroups: HashMap::new(),
             error: None,
             cpu,
-            gpu,
+            gpu: None,
             sample_every_ns: counters_every_ns,
             next_sample_ns: 0,
             block: None,
@@ -284,6 +282,15 @@ impl TraceWriter {
             w.raw("{\"traceEvents\":[\n");
         }
         w
+    }
+
+    /// Adds GPU counter tracks from the NVML library `library` (`gpu.nvml_library`), when
+    /// counters are sampled and NVML sees a GPU; `None` leaves them out (`gpu.enabled = false`).
+    pub(crate) fn with_gpu(mut self, library: Option<&str>) -> Self {
+        if self.cpu.is_some() {
+            self.gpu = library.and_then(GpuSampler::open);
+        }
+        self
     }
 
     fn raw(&mut self, s: &str) {
@@ -484,7 +491,7 @@ impl TraceWriter {
                 }
             }
         }
-        let gpu_samples = self.gpu.as_ref().map(|g| g.sample()).unwrap_or_default();
+        let gpu_samples = self.gpu.as_mut().map(|g| g.sample()).unwrap_or_default();
         for (i, util, mem) in gpu_samples {
             self.counter(
                 &format!("gpu{i} utilization (%)"),

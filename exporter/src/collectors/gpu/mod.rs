@@ -1,10 +1,10 @@
-//! The GPU collector: NVIDIA device gauges like `nvidia-smi dmon` and per-process gauges like
-//! `nvidia-smi pmon`, read through NVML, which is loaded at run time from `gpu.nvml_library`.
-//! No probes and no kernel maps. Metrics: `sysscope_gpu_*` (docs/metrics.md, section GPU).
+//! The GPU collector: NVIDIA device gauges like `nvidia-smi dmon`, per-process gauges like
+//! `nvidia-smi pmon`, MIG instances, XID and ECC errors, clock event (throttle) reasons,
+//! energy and identity, read through NVML ([`crate::sources::nvml`]), which is loaded at run
+//! time from `gpu.nvml_library`. No probes and no kernel maps. Metrics: `sysscope_gpu_*`
+//! (docs/metrics.md, section GPU).
 //!
-//! The collector talks to NVML only through the [`Nvml`] trait, the seam: [`nvml::NvmlLibrary`]
-//! implements it over `nvml-wrapper`, [`fake::FakeNvml`] drives every path in tests on machines
-//! without a GPU. Failures degrade, never spread:
+//! Failures degrade, never spread:
 //! - NVML cannot be loaded at start: the collector is registered down and only exports
 //!   `sysscope_gpu_devices`, the NVIDIA GPUs on the PCI bus, so alerting can tell a node
 //!   without GPUs from a GPU node whose driver is missing ([`pci`]).
@@ -17,8 +17,6 @@
 //! `/proc/<pid>/cgroup`, then the shared labeler), so they carry the same `cgroup` and
 //! Kubernetes labels as the syscall series.
 
-pub mod fake;
-pub(crate) mod nvml;
 pub(crate) mod pci;
 
 use std::{
@@ -36,10 +34,15 @@ use prometheus_client::{
 };
 
 use super::{Collector, CollectorError};
+pub(crate) use crate::sources::nvml::GpuError;
 use crate::{
     config::Config,
     metadata::{cgroups::UNRESOLVED, SharedLabeler},
     series::{CgroupLabels, Workload},
+    sources::nvml::{
+        Connect, DeviceInfo, DeviceReading, DriverInfo, MigInstance, Nvml, NvmlLibrary,
+        ProcessReading, ProcessSample, XidKey,
+    },
     util::error::Chain,
 };
 
@@ -54,90 +57,23 @@ pub(crate) const MAX_PROCESSES_PER_DEVICE: usize = 256;
 /// How often the PCI bus is counted again.
 const PCI_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error("cannot load NVML from `{library}` (is the NVIDIA driver installed, and does gpu.nvml_library name its libnvidia-ml.so.1?)")]
-    LibraryMissing {
-        library: String,
-        #[source]
-        source: nvml_wrapper::error::NvmlError,
-    },
-    #[error("NVML from `{library}` did not initialise")]
-    Init {
-        library: String,
-        #[source]
-        source: nvml_wrapper::error::NvmlError,
-    },
-    #[error("{call}")]
-    Call {
-        call: &'static str,
-        #[source]
-        source: nvml_wrapper::error::NvmlError,
-    },
-}
-
-/// One device's gauges, as `nvidia-smi dmon` shows them. `None`: the device does not
-/// support that reading (NVML's NotSupported), so its series is absent.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DeviceReading {
-    pub uuid: String,
-    /// Percent of the sample period during which a kernel ran (dmon `sm`).
-    pub gpu_utilization_percent: Option<u32>,
-    /// Percent of the sample period during which device memory was read or written (dmon `mem`).
-    pub memory_utilization_percent: Option<u32>,
-    pub memory_used_bytes: Option<u64>,
-    pub memory_total_bytes: Option<u64>,
-    pub power_milliwatts: Option<u32>,
-    pub temperature_celsius: Option<u32>,
-    pub graphics_clock_mhz: Option<u32>,
-    pub sm_clock_mhz: Option<u32>,
-    pub memory_clock_mhz: Option<u32>,
-}
-
-/// A per-process utilisation sample (`nvmlDeviceGetProcessUtilization`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessSample {
-    pub pid: u32,
-    /// NVML's timestamp of the sample, in microseconds.
-    pub timestamp_us: u64,
-    pub sm_percent: u32,
-    pub memory_percent: u32,
-}
-
-/// A process with a context on the device and the device memory it holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcessMemory {
-    pub pid: u32,
-    /// `None` when NVML cannot tell (e.g. without the permission to see other processes).
-    pub used_bytes: Option<u64>,
-}
-
-/// A device's processes, as `nvidia-smi pmon` shows them.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ProcessReading {
-    /// Samples newer than the timestamp asked for. NVML only returns processes that used the
-    /// device in that period: a process without a sample was idle.
-    pub(crate) samples: Vec<ProcessSample>,
-    /// Processes with a compute or graphics context on the device.
-    pub(crate) memory: Vec<ProcessMemory>,
-}
-
-/// What the collector needs from NVML: the seam between sysscope and the driver.
-pub trait Nvml: Send {
-    /// Devices NVML enumerates. An error here means NVML itself stopped answering.
-    fn device_count(&mut self) -> Result<u32, GpuError>;
-    /// The gauges of device `index` (NVML's enumeration order).
-    fn device(&mut self, index: u32) -> Result<DeviceReading, GpuError>;
-    /// The processes of device `index`, with utilisation samples newer than `since_us`.
-    fn processes(&mut self, index: u32, since_us: u64) -> Result<ProcessReading, GpuError>;
-}
-
-/// Opens an NVML connection (the real library, or a fake).
-pub(crate) type Connect = Box<dyn FnMut() -> Result<Box<dyn Nvml>, GpuError> + Send>;
+/// NVML's clocks event (formerly throttle) reasons, bit and label value (nvml.h
+/// `nvmlClocksEventReason*`); bits outside these count as `other`.
+pub(crate) const CLOCK_EVENT_REASONS: [(u64, &str); 9] = [
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
 
 /// Where the collector looks for processes, cgroups and PCI devices.
 #[derive(Debug, Clone)]
-pub struct GpuPaths {
+pub(crate) struct GpuPaths {
     pub(crate) proc_root: PathBuf,
     /// The cgroup v2 mount.
     pub(crate) cgroup_root: PathBuf,
@@ -147,7 +83,7 @@ pub struct GpuPaths {
 
 impl GpuPaths {
     /// This machine's paths, with the cgroup v2 mount the labeler uses.
-    pub fn system(labeler: &SharedLabeler) -> Self {
+    pub(crate) fn system(labeler: &SharedLabeler) -> Self {
         Self {
             proc_root: "/proc".into(),
             cgroup_root: labeler
@@ -164,9 +100,12 @@ impl GpuPaths {
 #[derive(Debug, Clone)]
 struct ProcessSeries {
     workload: Workload,
-    sm: f64,
-    memory: f64,
+    /// `None` when the device cannot sample processes (MIG mode, older boards).
+    sm: Option<f64>,
+    memory: Option<f64>,
     used_bytes: Option<u64>,
+    gpu_instance: Option<u32>,
+    compute_instance: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -175,14 +114,18 @@ struct Device {
     up: bool,
     /// `None` while the device is down: its gauges are not exported.
     reading: Option<DeviceReading>,
+    /// The identity last read, kept while the device is down (`sysscope_gpu_info`).
+    info: DeviceInfo,
     processes: Vec<ProcessSeries>,
     /// Newest process sample seen, so each refresh asks only for newer ones.
     last_sample_us: u64,
 }
 
-pub struct GpuCollector {
+pub(crate) struct GpuCollector {
     connect: Connect,
     nvml: Option<Box<dyn Nvml>>,
+    /// What the connected driver says about itself.
+    driver: DriverInfo,
     /// Why NVML is not connected, while it is not.
     connect_error: Option<GpuError>,
     last_connect: Instant,
@@ -191,6 +134,8 @@ pub struct GpuCollector {
     devices: BTreeMap<String, Device>,
     /// Indices that failed before their UUID was ever read (logged once each).
     failing_indices: BTreeSet<u32>,
+    /// XID errors counted since start, by device and code (across NVML initialisations).
+    xids: BTreeMap<XidKey, u64>,
     labeler: SharedLabeler,
     paths: GpuPaths,
     pci_devices: u64,
@@ -215,7 +160,7 @@ impl GpuCollector {
     pub(crate) fn start(config: &Config, labeler: SharedLabeler) -> Self {
         let library = config.gpu.nvml_library.clone();
         let connect: Connect = Box::new(move || {
-            nvml::NvmlLibrary::connect(&library).map(|n| Box::new(n) as Box<dyn Nvml>)
+            NvmlLibrary::connect(&library).map(|n| Box::new(n.watch_xid_errors()) as Box<dyn Nvml>)
         });
         let paths = GpuPaths::system(&labeler);
         Self::new(connect, labeler, paths)
@@ -223,19 +168,24 @@ impl GpuCollector {
 
     /// A collector that connects through `connect` now and, while that fails, again on a
     /// refresh at most every [`RETRY_INTERVAL`].
-    pub fn new(mut connect: Connect, labeler: SharedLabeler, paths: GpuPaths) -> Self {
-        let (nvml, connect_error) = match connect() {
-            Ok(n) => (Some(n), None),
-            Err(e) => (None, Some(e)),
+    pub(crate) fn new(mut connect: Connect, labeler: SharedLabeler, paths: GpuPaths) -> Self {
+        let (nvml, connect_error, driver) = match connect() {
+            Ok(mut n) => {
+                let driver = n.driver();
+                (Some(n), None, driver)
+            }
+            Err(e) => (None, Some(e), DriverInfo::default()),
         };
         Self {
             connect,
             nvml,
+            driver,
             connect_error,
             last_connect: Instant::now(),
             retry: RETRY_INTERVAL,
             devices: BTreeMap::new(),
             failing_indices: BTreeSet::new(),
+            xids: BTreeMap::new(),
             labeler,
             pci_devices: pci::count_nvidia_gpus(&paths.pci_devices),
             pci_counted: Instant::now(),
@@ -245,13 +195,14 @@ impl GpuCollector {
     }
 
     /// How long to wait before initialising NVML again (tests shorten it).
-    pub fn with_retry_interval(mut self, retry: Duration) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_retry_interval(mut self, retry: Duration) -> Self {
         self.retry = retry;
         self
     }
 
     /// Why NVML is not connected, while it is not.
-    pub fn connect_error(&self) -> Option<&GpuError> {
+    pub(crate) fn connect_error(&self) -> Option<&GpuError> {
         self.connect_error.as_ref()
     }
 
@@ -267,8 +218,9 @@ impl GpuCollector {
         if self.last_connect.elapsed() >= self.retry {
             self.last_connect = Instant::now();
             match (self.connect)() {
-                Ok(n) => {
+                Ok(mut n) => {
                     tracing::info!(collector = NAME, "NVML initialised");
+                    self.driver = n.driver();
                     self.nvml = Some(n);
                     self.connect_error = None;
                     return Ok(());
@@ -280,6 +232,16 @@ impl GpuCollector {
             Some(e) => Chain(e).to_string(),
             None => "NVML is not initialised".into(),
         }))
+    }
+
+    /// Adds the XID errors counted since the previous refresh.
+    fn take_xids(&mut self) {
+        let Some(nvml) = self.nvml.as_mut() else {
+            return;
+        };
+        for (key, n) in nvml.take_xid_errors() {
+            *self.xids.entry(key).or_insert(0) += n;
+        }
     }
 
     fn set_down(device: &mut Device, uuid: &str, why: &str) {
@@ -313,11 +275,20 @@ impl GpuCollector {
                 return Err(e);
             }
         };
-        let processes = self.join_processes(&procs);
+        // A process that exited while NVML still lists it keeps the labels it had.
+        let previous: BTreeMap<u32, Workload> = self
+            .devices
+            .get(&uuid)
+            .into_iter()
+            .flat_map(|d| &d.processes)
+            .filter_map(|p| Some((p.workload.pid?, p.workload.clone())))
+            .collect();
+        let processes = self.join_processes(&procs, &previous);
         let device = self.devices.entry(uuid.clone()).or_insert_with(|| Device {
             index,
             up: false,
             reading: None,
+            info: DeviceInfo::default(),
             processes: Vec::new(),
             last_sample_us: 0,
         });
@@ -326,10 +297,12 @@ impl GpuCollector {
         }
         device.index = index;
         device.up = true;
+        device.info = reading.info.clone();
         device.reading = Some(reading);
         device.last_sample_us = procs
             .samples
             .iter()
+            .flatten()
             .map(|s| s.timestamp_us)
             .fold(since, u64::max);
         device.processes = processes;
@@ -338,50 +311,76 @@ impl GpuCollector {
     }
 
     /// One series per process: the newest sample of each (0 without one: NVML lists only
-    /// processes that used the device) and the memory it holds.
-    fn join_processes(&mut self, procs: &ProcessReading) -> Vec<ProcessSeries> {
-        let mut by_pid: BTreeMap<u32, (Option<ProcessSample>, Option<u64>)> = BTreeMap::new();
-        for s in &procs.samples {
-            let slot = &mut by_pid.entry(s.pid).or_default().0;
+    /// processes that used the device; absent when the device cannot sample processes) and
+    /// the memory it holds. A process whose `/proc` entry is gone keeps its cgroup and name
+    /// from `previous` (its series continue unchanged until NVML stops listing it).
+    fn join_processes(
+        &mut self,
+        procs: &ProcessReading,
+        previous: &BTreeMap<u32, Workload>,
+    ) -> Vec<ProcessSeries> {
+        #[derive(Default)]
+        struct Seen {
+            sample: Option<ProcessSample>,
+            used_bytes: Option<u64>,
+            gpu_instance: Option<u32>,
+            compute_instance: Option<u32>,
+        }
+        let mut by_pid: BTreeMap<u32, Seen> = BTreeMap::new();
+        for s in procs.samples.iter().flatten() {
+            let slot = &mut by_pid.entry(s.pid).or_default().sample;
             if slot.is_none_or(|old| s.timestamp_us >= old.timestamp_us) {
                 *slot = Some(*s);
             }
         }
         for m in &procs.memory {
-            let slot = &mut by_pid.entry(m.pid).or_default().1;
+            let seen = by_pid.entry(m.pid).or_default();
             // A process with compute and graphics contexts is listed twice with one figure.
             if let Some(bytes) = m.used_bytes {
-                *slot = Some(slot.map_or(bytes, |b| b.max(bytes)));
+                seen.used_bytes = Some(seen.used_bytes.map_or(bytes, |b| b.max(bytes)));
             }
+            seen.gpu_instance = seen.gpu_instance.or(m.gpu_instance);
+            seen.compute_instance = seen.compute_instance.or(m.compute_instance);
         }
         if by_pid.len() > MAX_PROCESSES_PER_DEVICE {
             self.dropped_processes += (by_pid.len() - MAX_PROCESSES_PER_DEVICE) as u64;
         }
+        let sampled = procs.samples.is_some();
         let mut labeler = self.labeler.lock().expect("labeler lock");
         by_pid
             .into_iter()
             .take(MAX_PROCESSES_PER_DEVICE)
-            .map(|(pid, (sample, used_bytes))| {
-                let cgroup = match read_proc_cgroup(&self.paths.proc_root, pid) {
+            .map(|(pid, seen)| {
+                let workload = match read_proc_cgroup(&self.paths.proc_root, pid) {
                     Some(path) => {
                         let dir = self.paths.cgroup_root.join(path.trim_start_matches('/'));
-                        match std::fs::metadata(&dir) {
+                        let cgroup = match std::fs::metadata(&dir) {
                             Ok(meta) => labeler.cgroup_at(meta.ino(), &path),
                             // Outside our view of the hierarchy (another cgroup namespace).
                             Err(_) => Arc::new(CgroupLabels::plain(path)),
+                        };
+                        Workload {
+                            cgroup,
+                            comm: labeler.comms.resolve(pid),
+                            pid: Some(pid),
                         }
                     }
-                    None => Arc::new(CgroupLabels::plain(UNRESOLVED)),
-                };
-                ProcessSeries {
-                    workload: Workload {
-                        cgroup,
+                    None => previous.get(&pid).cloned().unwrap_or_else(|| Workload {
+                        cgroup: Arc::new(CgroupLabels::plain(UNRESOLVED)),
                         comm: labeler.comms.resolve(pid),
                         pid: Some(pid),
-                    },
-                    sm: sample.map_or(0.0, |s| s.sm_percent as f64 / 100.0),
-                    memory: sample.map_or(0.0, |s| s.memory_percent as f64 / 100.0),
-                    used_bytes,
+                    }),
+                };
+                let ratio = |pick: fn(&ProcessSample) -> u32| {
+                    sampled.then(|| seen.sample.as_ref().map_or(0.0, |s| pick(s) as f64 / 100.0))
+                };
+                ProcessSeries {
+                    workload,
+                    sm: ratio(|s| s.sm_percent),
+                    memory: ratio(|s| s.memory_percent),
+                    used_bytes: seen.used_bytes,
+                    gpu_instance: seen.gpu_instance,
+                    compute_instance: seen.compute_instance,
                 }
             })
             .collect()
@@ -418,10 +417,12 @@ impl Collector for GpuCollector {
             }
             return Err(e);
         }
+        self.take_xids();
         let count = match self.nvml.as_mut().expect("connected").device_count() {
             Ok(n) => n,
             Err(e) => {
                 // NVML itself stopped answering (driver unloaded or reset): initialise again.
+                self.take_xids();
                 self.nvml = None;
                 self.last_connect = Instant::now();
                 let why = Chain(&e).to_string();
@@ -519,18 +520,65 @@ impl Collector for GpuCollector {
                     .encode_gauge(&(d.up as i64))?;
             }
         }
-        type Pick = fn(&DeviceReading) -> Option<f64>;
-        let gauges: [(&str, &str, Pick); 6] = [
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_gpu_info",
+                "Identity of each GPU sysscope has seen (always 1): model, driver and CUDA version, PCI bus id and serial number where NVML reports them.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (uuid, d) in &self.devices {
+                let gpu = d.index.to_string();
+                let mut labels: Vec<(&str, &str)> = vec![("gpu", &gpu), ("uuid", uuid)];
+                for (name, value) in [
+                    ("model", &d.info.model),
+                    ("driver_version", &self.driver.driver_version),
+                    ("cuda_version", &self.driver.cuda_version),
+                    ("pci_bus_id", &d.info.pci_bus_id),
+                    ("serial", &d.info.serial),
+                ] {
+                    if let Some(v) = value {
+                        labels.push((name, v));
+                    }
+                }
+                family.encode_family(&labels)?.encode_gauge(&1i64)?;
+            }
+        }
+        // Utilisation of a GPU in MIG mode is the whole GPU's, not any one instance's.
+        type Ratio = fn(&DeviceReading) -> Option<u32>;
+        let ratios: [(&str, &str, Ratio); 2] = [
             (
                 "sysscope_gpu_utilization_ratio",
-                "Share of the last sample period during which a kernel ran on the GPU (nvidia-smi dmon `sm`).",
-                |r| r.gpu_utilization_percent.map(|p| p as f64 / 100.0),
+                "Share of the last sample period during which a kernel ran on the GPU (nvidia-smi dmon `sm`); mig_mode=\"enabled\": the whole GPU, shared by its MIG instances.",
+                |r| r.gpu_utilization_percent,
             ),
             (
                 "sysscope_gpu_memory_utilization_ratio",
-                "Share of the last sample period during which device memory was read or written (nvidia-smi dmon `mem`; not the share of memory in use).",
-                |r| r.memory_utilization_percent.map(|p| p as f64 / 100.0),
+                "Share of the last sample period during which device memory was read or written (nvidia-smi dmon `mem`; not the share of memory in use); mig_mode=\"enabled\": the whole GPU.",
+                |r| r.memory_utilization_percent,
             ),
+        ];
+        for (name, help, pick) in ratios {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (gpu, uuid, _, reading) in &up {
+                if let Some(p) = pick(reading) {
+                    let mig = if reading.mig.as_ref().is_some_and(|m| m.enabled) {
+                        "enabled"
+                    } else {
+                        "disabled"
+                    };
+                    family
+                        .encode_family(&[
+                            ("gpu", gpu.as_str()),
+                            ("uuid", *uuid),
+                            ("mig_mode", mig),
+                        ])?
+                        .encode_gauge(&(p as f64 / 100.0))?;
+                }
+            }
+        }
+        type Pick = fn(&DeviceReading) -> Option<f64>;
+        let gauges: [(&str, &str, Pick); 4] = [
             (
                 "sysscope_gpu_memory_used_bytes",
                 "Device memory allocated (nvidia-smi dmon `fb`).",
@@ -587,17 +635,144 @@ impl Collector for GpuCollector {
                 }
             }
         }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_gpu_clock_event_reason_active",
+                "1 while NVML reports this reason for holding the GPU's clocks below their maximum (clocks event reasons, formerly throttle reasons; nvidia-smi -q -d PERFORMANCE), else 0.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (gpu, uuid, _, r) in &up {
+                let Some(mask) = r.clocks_event_reasons else {
+                    continue;
+                };
+                let known = CLOCK_EVENT_REASONS.iter().fold(0, |a, (bit, _)| a | bit);
+                let reasons = CLOCK_EVENT_REASONS
+                    .iter()
+                    .map(|(bit, reason)| (*reason, mask & bit != 0))
+                    .chain([("other", mask & !known != 0)]);
+                for (reason, on) in reasons {
+                    family
+                        .encode_family(&[
+                            ("gpu", gpu.as_str()),
+                            ("uuid", *uuid),
+                            ("reason", reason),
+                        ])?
+                        .encode_gauge(&(on as i64))?;
+                }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_gpu_energy_joules",
+                "Energy the GPU drew since its driver was loaded (nvmlDeviceGetTotalEnergyConsumption); resets when the driver reloads.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (gpu, uuid, _, r) in &up {
+                if let Some(mj) = r.energy_millijoules {
+                    family
+                        .encode_family(&[("gpu", gpu.as_str()), ("uuid", *uuid)])?
+                        .encode_counter::<NoLabelSet, f64, u64>(&(mj as f64 / 1000.0), None)?;
+                }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_gpu_ecc_errors",
+                "Memory errors ECC detected since the driver was loaded (NVML volatile counts), corrected (single-bit) or uncorrected (double-bit); absent where ECC is off or not supported.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (gpu, uuid, _, r) in &up {
+                if let Some(ecc) = r.ecc {
+                    for (error, n) in [
+                        ("corrected", ecc.corrected),
+                        ("uncorrected", ecc.uncorrected),
+                    ] {
+                        family
+                            .encode_family(&[
+                                ("gpu", gpu.as_str()),
+                                ("uuid", *uuid),
+                                ("error", error),
+                            ])?
+                            .encode_counter::<NoLabelSet, u64, u64>(&n, None)?;
+                    }
+                }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_gpu_xid_errors",
+                "XID errors NVML reported as critical-error events since sysscope started, by XID code (nvidia-smi and the kernel log print them as `NVRM: Xid`).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (key, n) in &self.xids {
+                let gpu = self.devices.get(&key.uuid).map(|d| d.index.to_string());
+                let xid = key
+                    .xid
+                    .map_or_else(|| "unknown".to_string(), |x| x.to_string());
+                let mut labels: Vec<(&str, &str)> = Vec::with_capacity(3);
+                if let Some(gpu) = &gpu {
+                    labels.push(("gpu", gpu));
+                }
+                labels.push(("uuid", &key.uuid));
+                labels.push(("xid", &xid));
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, u64, u64>(n, None)?;
+            }
+        }
+        type PickMig = fn(&MigInstance) -> Option<u64>;
+        let mig_gauges: [(&str, &str, PickMig); 2] = [
+            (
+                "sysscope_gpu_mig_memory_used_bytes",
+                "Device memory allocated in one MIG instance (a compute instance of a GPU instance) of a GPU in MIG mode.",
+                |m| m.memory_used_bytes,
+            ),
+            (
+                "sysscope_gpu_mig_memory_total_bytes",
+                "Device memory of one MIG instance of a GPU in MIG mode.",
+                |m| m.memory_total_bytes,
+            ),
+        ];
+        for (name, help, pick) in mig_gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (gpu, uuid, _, r) in &up {
+                for m in r.mig.iter().flat_map(|m| &m.instances) {
+                    let Some(v) = pick(m) else { continue };
+                    let gi = m.gpu_instance.map(|i| i.to_string());
+                    let ci = m.compute_instance.map(|i| i.to_string());
+                    let mut labels: Vec<(&str, &str)> = vec![
+                        ("gpu", gpu.as_str()),
+                        ("uuid", *uuid),
+                        ("mig_uuid", &m.uuid),
+                    ];
+                    for (name, value) in [
+                        ("gpu_instance", &gi),
+                        ("compute_instance", &ci),
+                        ("profile", &m.profile),
+                    ] {
+                        if let Some(v) = value {
+                            labels.push((name, v));
+                        }
+                    }
+                    family.encode_family(&labels)?.encode_gauge(&(v as f64))?;
+                }
+            }
+        }
         type PickProcess = fn(&ProcessSeries) -> Option<f64>;
         let process_gauges: [(&str, &str, PickProcess); 3] = [
             (
                 "sysscope_gpu_process_sm_utilization_ratio",
-                "Share of the process's last sample period during which its kernels ran (nvidia-smi pmon `sm`); 0 when NVML has no sample since the previous refresh.",
-                |p| Some(p.sm),
+                "Share of the process's last sample period during which its kernels ran (nvidia-smi pmon `sm`); 0 when NVML has no sample since the previous refresh, absent where the GPU cannot sample processes (MIG mode).",
+                |p| p.sm,
             ),
             (
                 "sysscope_gpu_process_memory_utilization_ratio",
                 "Share of the process's last sample period during which it read or wrote device memory (nvidia-smi pmon `mem`).",
-                |p| Some(p.memory),
+                |p| p.memory,
             ),
             (
                 "sysscope_gpu_process_memory_used_bytes",
@@ -605,7 +780,7 @@ impl Collector for GpuCollector {
                 |p| p.used_bytes.map(|b| b as f64),
             ),
         ];
-        let mut labels: Vec<(&'static str, Cow<'_, str>)> = Vec::with_capacity(8);
+        let mut labels: Vec<(&'static str, Cow<'_, str>)> = Vec::with_capacity(10);
         for (name, help, pick) in process_gauges {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (gpu, uuid, device, _) in &up {
@@ -614,6 +789,12 @@ impl Collector for GpuCollector {
                     labels.clear();
                     labels.push(("gpu", Cow::Borrowed(gpu.as_str())));
                     labels.push(("uuid", Cow::Borrowed(*uuid)));
+                    if let Some(gi) = p.gpu_instance {
+                        labels.push(("gpu_instance", Cow::Owned(gi.to_string())));
+                    }
+                    if let Some(ci) = p.compute_instance {
+                        labels.push(("compute_instance", Cow::Owned(ci.to_string())));
+                    }
                     p.workload.push_labels(&mut labels);
                     family.encode_family(&labels)?.encode_gauge(&v)?;
                 }
@@ -633,7 +814,436 @@ impl Collector for GpuCollector {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+    use crate::{
+        metadata::{processes::CommResolver, Labeler},
+        sources::nvml::{
+            fake::{FakeDevice, FakeFailure, FakeNvml},
+            EccCounts, MigReading, ProcessMemory,
+        },
+    };
+
+    /// A machine of its own: `proc/<pid>/{cgroup,comm}` and a cgroup v2 root in a temporary
+    /// directory, so the per-process join runs without touching the host's processes.
+    struct Node {
+        dir: tempfile::TempDir,
+    }
+
+    impl Node {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(dir.path().join("proc")).unwrap();
+            std::fs::create_dir_all(dir.path().join("cgroup")).unwrap();
+            Self { dir }
+        }
+
+        fn process(&self, pid: u32, comm: &str, cgroup: &str) {
+            let p = self.dir.path().join("proc").join(pid.to_string());
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("comm"), format!("{comm}\n")).unwrap();
+            std::fs::write(p.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
+            let cg = self
+                .dir
+                .path()
+                .join("cgroup")
+                .join(cgroup.trim_start_matches('/'));
+            std::fs::create_dir_all(cg).unwrap();
+        }
+
+        fn collector(&self, fake: &FakeNvml) -> Shared {
+            let root = |d: &str| self.dir.path().join(d);
+            let mut labeler = Labeler::new(root("cgroup"), false);
+            labeler.comms = CommResolver::new(root("proc"), Duration::from_secs(5));
+            let paths = GpuPaths {
+                proc_root: root("proc"),
+                cgroup_root: root("cgroup"),
+                pci_devices: root("pci"),
+            };
+            Shared(Arc::new(Mutex::new(
+                GpuCollector::new(fake.connector(), Arc::new(Mutex::new(labeler)), paths)
+                    .with_retry_interval(Duration::ZERO),
+            )))
+        }
+    }
+
+    fn reading(uuid: &str) -> DeviceReading {
+        DeviceReading {
+            uuid: uuid.into(),
+            gpu_utilization_percent: Some(50),
+            memory_utilization_percent: Some(10),
+            ..DeviceReading::default()
+        }
+    }
+
+    fn sample(pid: u32, timestamp_us: u64, sm_percent: u32) -> ProcessSample {
+        ProcessSample {
+            pid,
+            timestamp_us,
+            sm_percent,
+            memory_percent: sm_percent / 2,
+        }
+    }
+
+    fn memory(pid: u32, used: u64) -> ProcessMemory {
+        ProcessMemory {
+            pid,
+            used_bytes: Some(used),
+            ..ProcessMemory::default()
+        }
+    }
+
+    /// A collector shared with the registry that encodes it, as a scrape does.
+    #[derive(Debug, Clone)]
+    struct Shared(Arc<Mutex<GpuCollector>>);
+
+    impl prometheus_client::collector::Collector for Shared {
+        fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+            Collector::encode(&*self.0.lock().unwrap(), &mut e)
+        }
+    }
+
+    impl Shared {
+        fn refresh(&self) -> Result<(), CollectorError> {
+            self.0.lock().unwrap().refresh()
+        }
+    }
+
+    /// The collector's text exposition.
+    fn text(c: &Shared) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(c.clone()));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    /// The value of the one line of `text` that starts with `series`.
+    fn value(text: &str, series: &str) -> Option<f64> {
+        let lines: Vec<&str> = text.lines().filter(|l| l.starts_with(series)).collect();
+        assert!(lines.len() <= 1, "{series}: {lines:?}");
+        lines
+            .first()
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
+    }
+
+    #[test]
+    fn a_refresh_asks_only_for_newer_samples_and_an_idle_process_reads_zero() {
+        let node = Node::new();
+        node.process(41, "python", "/train");
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            s.devices.push(FakeDevice {
+                reading: reading("GPU-a"),
+                samples: Some(vec![sample(41, 1_000, 30), sample(41, 2_000, 45)]),
+                memory: vec![memory(41, 1 << 30)],
+                ..FakeDevice::default()
+            })
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let sm = "sysscope_gpu_process_sm_utilization_ratio{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"/train\",comm=\"python\",pid=\"41\"}";
+        // The newest of the two samples.
+        assert_eq!(value(&text(&c), sm), Some(0.45));
+        c.refresh().unwrap();
+        assert_eq!(fake.with(|s| s.last_since.clone()), [(0, 0), (0, 2_000)]);
+        // No sample since: the process was idle.
+        assert_eq!(value(&text(&c), sm), Some(0.0));
+        fake.with(|s| {
+            s.devices[0]
+                .samples
+                .as_mut()
+                .unwrap()
+                .push(sample(41, 3_000, 80))
+        });
+        c.refresh().unwrap();
+        assert_eq!(value(&text(&c), sm), Some(0.8));
+    }
+
+    #[test]
+    fn one_series_per_process_whatever_its_contexts_and_exited_ones_are_labelled_so() {
+        let node = Node::new();
+        node.process(41, "python", "/train");
+        let gone = 4_194_304 + 17;
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            s.devices.push(FakeDevice {
+                reading: reading("GPU-a"),
+                samples: Some(Vec::new()),
+                // Listed with its compute and its graphics context.
+                memory: vec![
+                    memory(41, 1 << 30),
+                    memory(41, 1 << 30),
+                    memory(gone, 256 << 20),
+                ],
+                ..FakeDevice::default()
+            })
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let t = text(&c);
+        let used: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("sysscope_gpu_process_memory_used_bytes{"))
+            .collect();
+        assert_eq!(used.len(), 2, "{used:?}");
+        let g = gone.to_string();
+        assert_eq!(
+            value(&t, &format!("sysscope_gpu_process_memory_used_bytes{{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"(unresolved)\",comm=\"(exited)\",pid=\"{g}\"}}")),
+            Some((256u64 << 20) as f64)
+        );
+    }
+
+    #[test]
+    fn a_device_that_cannot_sample_processes_exports_no_process_utilization() {
+        let node = Node::new();
+        node.process(41, "python", "/train");
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            let mut r = reading("GPU-a");
+            r.gpu_utilization_percent = None;
+            r.memory_utilization_percent = None;
+            r.mig = Some(MigReading {
+                enabled: true,
+                instances: Vec::new(),
+            });
+            s.devices.push(FakeDevice {
+                reading: r,
+                samples: None,
+                memory: vec![ProcessMemory {
+                    gpu_instance: Some(1),
+                    compute_instance: Some(0),
+                    ..memory(41, 1 << 30)
+                }],
+                ..FakeDevice::default()
+            })
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let t = text(&c);
+        assert!(
+            !t.contains("sysscope_gpu_process_sm_utilization_ratio{"),
+            "{t}"
+        );
+        assert!(!t.contains("sysscope_gpu_utilization_ratio{"), "{t}");
+        assert_eq!(
+            value(&t, "sysscope_gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",gpu_instance=\"1\",compute_instance=\"0\",cgroup=\"/train\",comm=\"python\",pid=\"41\"}"),
+            Some((1u64 << 30) as f64)
+        );
+    }
+
+    #[test]
+    fn devices_keep_their_series_by_uuid_when_indices_shift() {
+        let node = Node::new();
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            for u in ["GPU-a", "GPU-b"] {
+                s.devices.push(FakeDevice {
+                    reading: reading(u),
+                    ..FakeDevice::default()
+                });
+            }
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let removed = fake.with(|s| s.devices.remove(0));
+        assert!(c.refresh().is_err());
+        let t = text(&c);
+        assert_eq!(
+            value(&t, "sysscope_gpu_device_up{gpu=\"0\",uuid=\"GPU-b\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&t, "sysscope_gpu_device_up{gpu=\"0\",uuid=\"GPU-a\"}"),
+            Some(0.0)
+        );
+        assert!(!t.contains("uuid=\"GPU-a\",mig_mode"), "{t}");
+        fake.with(|s| s.devices.insert(0, removed));
+        c.refresh().unwrap();
+        let t = text(&c);
+        assert_eq!(
+            value(&t, "sysscope_gpu_device_up{gpu=\"1\",uuid=\"GPU-b\"}"),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn a_failing_device_goes_down_alone_and_comes_back() {
+        let node = Node::new();
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            for u in ["GPU-a", "GPU-b"] {
+                s.devices.push(FakeDevice {
+                    reading: reading(u),
+                    ..FakeDevice::default()
+                });
+            }
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let util = |t: &str, g: &str, u: &str| {
+            value(t, &format!("sysscope_gpu_utilization_ratio{{gpu=\"{g}\",uuid=\"{u}\",mig_mode=\"disabled\"}}"))
+        };
+        fake.with(|s| s.devices[1].failure = Some(FakeFailure::GpuLost));
+        let e = c.refresh().unwrap_err().to_string();
+        assert!(e.contains("gpu 1"), "{e}");
+        let t = text(&c);
+        assert_eq!(util(&t, "0", "GPU-a"), Some(0.5));
+        assert_eq!(util(&t, "1", "GPU-b"), None);
+        assert_eq!(
+            value(&t, "sysscope_gpu_device_up{gpu=\"1\",uuid=\"GPU-b\"}"),
+            Some(0.0)
+        );
+        // Still down while it fails, and without a new error: the reason names it.
+        let e = c.refresh().unwrap_err().to_string();
+        assert!(e.contains("gpu 1"), "{e}");
+        fake.with(|s| {
+            s.devices[1].failure = None;
+            s.devices[0].process_failure = Some(FakeFailure::Unknown);
+        });
+        assert!(c.refresh().is_err());
+        let t = text(&c);
+        assert_eq!(util(&t, "0", "GPU-a"), None);
+        assert_eq!(util(&t, "1", "GPU-b"), Some(0.5));
+        fake.with(|s| s.devices[0].process_failure = None);
+        c.refresh().unwrap();
+        let t = text(&c);
+        assert_eq!(util(&t, "0", "GPU-a"), Some(0.5));
+        assert_eq!(
+            value(&t, "sysscope_gpu_device_up{gpu=\"1\",uuid=\"GPU-b\"}"),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn nvml_that_does_not_initialise_is_retried_and_xid_counts_survive_it() {
+        let node = Node::new();
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            s.connect_failure = Some(Some(FakeFailure::DriverNotLoaded));
+            s.devices.push(FakeDevice {
+                reading: reading("GPU-a"),
+                ..FakeDevice::default()
+            });
+        });
+        let c = node.collector(&fake);
+        // The cause (the driver) is in the error's chain, as every log line and reason shows it.
+        let why = Chain(c.0.lock().unwrap().connect_error().unwrap()).to_string();
+        assert!(why.contains("driver"), "{why}");
+        assert!(c.refresh().is_err());
+        fake.with(|s| {
+            s.connect_failure = None;
+            s.xids.push((
+                XidKey {
+                    uuid: "GPU-a".into(),
+                    xid: Some(79),
+                },
+                1,
+            ));
+        });
+        c.refresh().unwrap();
+        let xid79 = "sysscope_gpu_xid_errors_total{gpu=\"0\",uuid=\"GPU-a\",xid=\"79\"}";
+        assert_eq!(value(&text(&c), xid79), Some(1.0));
+        // NVML stops answering; what its event thread counted before is kept, and the count
+        // goes on after it is initialised again.
+        fake.with(|s| {
+            s.count_failure = Some(FakeFailure::DriverNotLoaded);
+            s.xids.push((
+                XidKey {
+                    uuid: "GPU-a".into(),
+                    xid: Some(79),
+                },
+                2,
+            ));
+        });
+        assert!(c.refresh().is_err());
+        assert_eq!(value(&text(&c), xid79), Some(3.0));
+        fake.with(|s| s.count_failure = None);
+        c.refresh().unwrap();
+        assert_eq!(value(&text(&c), xid79), Some(3.0));
+        assert_eq!(fake.with(|s| s.connects), 2);
+    }
+
+    #[test]
+    fn identity_energy_ecc_and_clock_event_reasons_are_encoded() {
+        let node = Node::new();
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            s.driver = DriverInfo {
+                driver_version: Some("550.54.15".into()),
+                cuda_version: Some("12.4".into()),
+            };
+            let mut r = reading("GPU-a");
+            r.info = DeviceInfo {
+                model: Some("NVIDIA H100 80GB HBM3".into()),
+                serial: None,
+                pci_bus_id: Some("00000000:3B:00.0".into()),
+            };
+            r.energy_millijoules = Some(1_234_567);
+            r.ecc = Some(EccCounts {
+                corrected: 3,
+                uncorrected: 1,
+            });
+            // sw_power_cap, hw_thermal_slowdown and a bit NVML may add later.
+            r.clocks_event_reasons = Some(0x4 | 0x40 | 0x10000);
+            s.devices.push(FakeDevice {
+                reading: r,
+                ..FakeDevice::default()
+            });
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let t = text(&c);
+        let g = "gpu=\"0\",uuid=\"GPU-a\"";
+        assert_eq!(
+            value(&t, &format!("sysscope_gpu_info{{{g},model=\"NVIDIA H100 80GB HBM3\",driver_version=\"550.54.15\",cuda_version=\"12.4\",pci_bus_id=\"00000000:3B:00.0\"}}")),
+            Some(1.0),
+            "{t}"
+        );
+        assert_eq!(
+            value(&t, &format!("sysscope_gpu_energy_joules_total{{{g}}}")),
+            Some(1234.567)
+        );
+        assert_eq!(
+            value(
+                &t,
+                &format!("sysscope_gpu_ecc_errors_total{{{g},error=\"corrected\"}}")
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            value(
+                &t,
+                &format!("sysscope_gpu_ecc_errors_total{{{g},error=\"uncorrected\"}}")
+            ),
+            Some(1.0)
+        );
+        let reason = |r: &str| {
+            value(
+                &t,
+                &format!("sysscope_gpu_clock_event_reason_active{{{g},reason=\"{r}\"}}"),
+            )
+        };
+        assert_eq!(reason("sw_power_cap"), Some(1.0));
+        assert_eq!(reason("hw_thermal_slowdown"), Some(1.0));
+        assert_eq!(reason("other"), Some(1.0));
+        assert_eq!(reason("gpu_idle"), Some(0.0));
+        assert_eq!(reason("hw_slowdown"), Some(0.0));
+        assert_eq!(
+            t.lines()
+                .filter(|l| l.starts_with("sysscope_gpu_clock_event_reason_active{"))
+                .count(),
+            CLOCK_EVENT_REASONS.len() + 1
+        );
+        assert_eq!(
+            value(
+                &t,
+                &format!("sysscope_gpu_utilization_ratio{{{g},mig_mode=\"disabled\"}}")
+            ),
+            Some(0.5)
+        );
+    }
 
     #[test]
     fn parses_the_v2_line_of_proc_cgroup() {

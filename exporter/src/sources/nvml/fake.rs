@@ -1,17 +1,20 @@
-//! A scripted NVML behind the [`Nvml`] seam, for tests on machines without a GPU: the test
-//! sets devices, readings and processes, and injects the failures the real driver has (a
-//! device lost, NVML not answering, the library missing). It behaves like NVML where the
-//! collector depends on it: process samples are returned only when newer than asked for.
+//! A scripted NVML behind the [`Nvml`] seam, for unit tests of the collector's own logic
+//! (which samples it asks for, how it folds duplicate processes, how it tracks devices by
+//! UUID when indices shift, how it retries). Everything that goes through the real library
+//! is tested against the stand-in `libnvidia-ml.so.1` instead (exporter/tests/support/nvml).
 
 use std::sync::{Arc, Mutex};
 
 use nvml_wrapper::error::NvmlError;
 
-use super::{Connect, DeviceReading, GpuError, Nvml, ProcessMemory, ProcessReading, ProcessSample};
+use super::{
+    Connect, DeviceReading, DriverInfo, GpuError, Nvml, ProcessMemory, ProcessReading,
+    ProcessSample, XidKey,
+};
 
 /// A failure the fake can inject, turned into NVML's own error at each call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FakeFailure {
+pub(crate) enum FakeFailure {
     /// The device fell off the bus.
     GpuLost,
     /// The driver is not loaded (e.g. being upgraded).
@@ -32,48 +35,52 @@ impl FakeFailure {
 
 /// One fake device.
 #[derive(Debug, Clone, Default)]
-pub struct FakeDevice {
-    pub reading: DeviceReading,
-    /// Every sample ever taken; calls return those newer than asked for.
-    pub samples: Vec<ProcessSample>,
-    pub memory: Vec<ProcessMemory>,
+pub(crate) struct FakeDevice {
+    pub(crate) reading: DeviceReading,
+    /// Every sample ever taken; calls return those newer than asked for. `None`: the device
+    /// cannot sample processes.
+    pub(crate) samples: Option<Vec<ProcessSample>>,
+    pub(crate) memory: Vec<ProcessMemory>,
     /// Every call on this device fails with it.
-    pub failure: Option<FakeFailure>,
+    pub(crate) failure: Option<FakeFailure>,
     /// Only the process calls fail with it.
-    pub process_failure: Option<FakeFailure>,
+    pub(crate) process_failure: Option<FakeFailure>,
 }
 
 #[derive(Debug, Default)]
-pub struct FakeState {
+pub(crate) struct FakeState {
     /// In NVML enumeration order: removing one shifts the indices of the next, like NVML.
-    pub devices: Vec<FakeDevice>,
+    pub(crate) devices: Vec<FakeDevice>,
+    pub(crate) driver: DriverInfo,
     /// `nvmlDeviceGetCount` fails with it (NVML itself not answering).
-    pub count_failure: Option<FakeFailure>,
+    pub(crate) count_failure: Option<FakeFailure>,
     /// Connecting fails: `Some(None)` as if the library were missing, `Some(Some(f))` as if
     /// initialisation failed with `f`.
-    pub connect_failure: Option<Option<FakeFailure>>,
+    pub(crate) connect_failure: Option<Option<FakeFailure>>,
     /// Successful connections so far.
-    pub connects: u32,
+    pub(crate) connects: u32,
     /// `since_us` of the last process call per device index.
-    pub last_since: Vec<(u32, u64)>,
+    pub(crate) last_since: Vec<(u32, u64)>,
+    /// XID errors waiting for the next take.
+    pub(crate) xids: Vec<(XidKey, u64)>,
 }
 
 /// A handle on the shared fake state; clones share it.
 #[derive(Debug, Clone, Default)]
-pub struct FakeNvml(pub Arc<Mutex<FakeState>>);
+pub(crate) struct FakeNvml(pub(crate) Arc<Mutex<FakeState>>);
 
 impl FakeNvml {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Changes the state (devices, failures) the next calls see.
-    pub fn with<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
         f(&mut self.0.lock().expect("fake nvml lock"))
     }
 
     /// A connector handing out this fake (or failing as scripted).
-    pub fn connector(&self) -> Connect {
+    pub(crate) fn connector(&self) -> Connect {
         let fake = self.clone();
         Box::new(move || {
             let mut s = fake.0.lock().expect("fake nvml lock");
@@ -112,11 +119,15 @@ impl FakeNvml {
 }
 
 impl Nvml for FakeNvml {
+    fn driver(&mut self) -> DriverInfo {
+        self.with(|s| s.driver.clone())
+    }
+
     fn device_count(&mut self) -> Result<u32, GpuError> {
         let s = self.0.lock().expect("fake nvml lock");
         match s.count_failure {
             Some(f) => Err(GpuError::Call {
-                call: "nvmlDeviceGetCount",
+                call: "nvmlDeviceGetCount_v2",
                 source: f.error(),
             }),
             None => Ok(s.devices.len() as u32),
@@ -124,7 +135,16 @@ impl Nvml for FakeNvml {
     }
 
     fn device(&mut self, index: u32) -> Result<DeviceReading, GpuError> {
-        Ok(self.device_at(index, "nvmlDeviceGetHandleByIndex")?.reading)
+        Ok(self
+            .device_at(index, "nvmlDeviceGetHandleByIndex_v2")?
+            .reading)
+    }
+
+    fn utilization(&mut self, index: u32) -> Result<Option<(u32, u32)>, GpuError> {
+        let r = self
+            .device_at(index, "nvmlDeviceGetUtilizationRates")?
+            .reading;
+        Ok(r.gpu_utilization_percent.zip(r.memory_utilization_percent))
     }
 
     fn processes(&mut self, index: u32, since_us: u64) -> Result<ProcessReading, GpuError> {
@@ -137,12 +157,16 @@ impl Nvml for FakeNvml {
         }
         self.with(|s| s.last_since.push((index, since_us)));
         Ok(ProcessReading {
-            samples: d
-                .samples
-                .into_iter()
-                .filter(|s| s.timestamp_us > since_us)
-                .collect(),
+            samples: d.samples.map(|v| {
+                v.into_iter()
+                    .filter(|s| s.timestamp_us > since_us)
+                    .collect()
+            }),
             memory: d.memory,
         })
+    }
+
+    fn take_xid_errors(&mut self) -> Vec<(XidKey, u64)> {
+        self.with(|s| std::mem::take(&mut s.xids))
     }
 }
