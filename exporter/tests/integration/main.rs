@@ -11,6 +11,7 @@ mod connections;
 mod cpu;
 mod fuzz;
 mod gpu;
+mod gpu_alert;
 mod hostile_names;
 mod http_hardening;
 mod kernels;

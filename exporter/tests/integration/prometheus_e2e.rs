@@ -24,11 +24,18 @@ const NEEDS_POD_LABEL: &str = "pod!=\"\"";
 /// the pod watcher): skipped off-cluster, by name prefix.
 const NEEDS_POD_NAMES: &[&str] = &["namespace_pod", "namespace_family"];
 
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-struct Prometheus {
+/// Held by each test that runs a Prometheus: two at once, with their exporters and workloads,
+/// starve each other on a 2-CPU machine and their timings fail.
+pub(crate) fn one_prometheus_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) struct Prometheus {
     child: Child,
     port: u16,
     _dir: tempfile::TempDir,
@@ -36,6 +43,12 @@ struct Prometheus {
 
 impl Prometheus {
     fn start(target_port: u16) -> Self {
+        Self::start_with(target_port, |rules| rules.to_string())
+    }
+
+    /// A Prometheus scraping `target_port` every second with the shipped rules, their 5m
+    /// windows shortened to 20s, then passed through `adapt` (a test may shorten `for:`).
+    pub(crate) fn start_with(target_port: u16, adapt: impl Fn(&str) -> String) -> Self {
         let dir = tempfile::tempdir().unwrap();
         // The shipped rules use 5m rate windows, and Prometheus divides a rate by the whole
         // window: a series seconds old reads ~30x low for minutes. Shorten the windows to 20s so
@@ -45,7 +58,7 @@ impl Prometheus {
             std::fs::read_to_string(repo_root().join("deploy/prometheus/sysscope-rules.yml"))
                 .unwrap();
         let rules = dir.path().join("sysscope-rules.yml");
-        std::fs::write(&rules, shipped.replace("[5m]", "[20s]")).unwrap();
+        std::fs::write(&rules, adapt(&shipped.replace("[5m]", "[20s]"))).unwrap();
         let config = format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: sysscope\n    static_configs:\n      - targets: ['127.0.0.1:{target_port}']\n",
             rules.display()
@@ -76,13 +89,13 @@ impl Prometheus {
         p
     }
 
-    fn api(&self, path: &str) -> serde_json::Value {
+    pub(crate) fn api(&self, path: &str) -> serde_json::Value {
         let (status, _, body) = http_get(self.port, path, None).expect("prometheus api");
         assert_eq!(status, 200, "{path}: {body}");
         serde_json::from_str(&body).unwrap()
     }
 
-    fn query(&self, expr: &str) -> serde_json::Value {
+    pub(crate) fn query(&self, expr: &str) -> serde_json::Value {
         let q = url_encode(expr);
         self.api(&format!("/api/v1/query?query={q}"))
     }
@@ -106,7 +119,7 @@ fn url_encode(s: &str) -> String {
         .collect()
 }
 
-fn result_len(v: &serde_json::Value) -> usize {
+pub(crate) fn result_len(v: &serde_json::Value) -> usize {
     v["data"]["result"].as_array().map_or(0, |a| a.len())
 }
 
@@ -115,6 +128,7 @@ fn prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending() {
     if !require_root("prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending") {
         return;
     }
+    let _one = one_prometheus_at_a_time();
     let exporter = Exporter::start(TEST_CONFIG, &[]);
     let prometheus = Prometheus::start(exporter.port);
 
