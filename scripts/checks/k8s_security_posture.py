@@ -2,13 +2,19 @@
 """Asserts the security posture and operability of sysscope's Kubernetes manifests.
 
 Reads rendered manifests (`kubectl kustomize deploy/kubernetes`, multi-document YAML) or, with
---kustomization DIR, renders the resources a kustomization lists itself (when kubectl is not
-installed). Fails on: a privileged container, privilege escalation, a writable root filesystem,
+--kustomization DIR, renders the kustomization itself (when kubectl is not installed): its
+resources (files and kustomization directories), ConfigMap generators, namespace, components
+and JSON 6902 patches, the subset of kustomize these manifests use. Fails on: a privileged container, privilege escalation, a writable root filesystem,
 capabilities not dropped (ALL) or added beyond the allowed set (and every added capability
 must be justified in docs/kubernetes.md), a seccomp profile other than RuntimeDefault/Localhost,
 host mounts that are writable or not on the allowlist, host network/IPC, missing or malformed
 resources, missing probes, a missing NODE_NAME, a loopback listen address, RBAC beyond
 get/list/watch pods, a non-headless Service, a PodMonitor that does not select the pods.
+With the GPU DaemonSet (components/gpu-operator, components/gpu-host-driver) also on: a pod
+that requests an nvidia.com resource (the agent must not take a GPU from the scheduler), a
+RuntimeClass or NVIDIA variables on a DaemonSet that does not select GPU nodes only, a node
+both DaemonSets could run on, a host library directory mounted as more than its
+libnvidia-ml.so.1, and any difference between the two DaemonSets beyond the GPU ones.
 
   k8s_security_posture.py RENDERED.yaml [--docs docs/kubernetes.md]
   k8s_security_posture.py --kustomization deploy/kubernetes [--docs ...]
@@ -54,14 +60,55 @@ def load_rendered(path):
         return [d for d in yaml.safe_load_all(f) if d]
 
 
-def render_kustomization(directory):
-    """The resources a kustomization lists, with its namespace and generated ConfigMaps (no
-    hash suffix): enough for these checks where kubectl is not installed."""
-    with open(os.path.join(directory, "kustomization.yaml")) as f:
-        k = yaml.safe_load(f)
-    docs = []
+def _pointer(doc, path):
+    """The parent container and last key of a JSON pointer (RFC 6901) into doc."""
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+    cur = doc
+    for part in parts[:-1]:
+        cur = cur[int(part)] if isinstance(cur, list) else cur[part]
+    return cur, parts[-1]
+
+
+def apply_json6902(doc, ops):
+    for op in ops:
+        parent, key = _pointer(doc, op["path"])
+        kind = op["op"]
+        if isinstance(parent, list):
+            index = len(parent) if key == "-" else int(key)
+            if kind == "add":
+                parent.insert(index, copy.deepcopy(op["value"]))
+            elif kind == "replace":
+                parent[index] = copy.deepcopy(op["value"])
+            elif kind == "remove":
+                del parent[index]
+            else:
+                raise ValueError(f"JSON patch op {kind} is not supported here")
+        elif kind in ("add", "replace"):
+            parent[key] = copy.deepcopy(op["value"])
+        elif kind == "remove":
+            del parent[key]
+        else:
+            raise ValueError(f"JSON patch op {kind} is not supported here")
+
+
+def _targets(doc, target):
+    if target.get("kind") and doc.get("kind") != target["kind"]:
+        return False
+    meta = doc.get("metadata", {})
+    if target.get("name") and meta.get("name") != target["name"]:
+        return False
+    for sel in filter(None, (target.get("labelSelector") or "").split(",")):
+        k, v = sel.split("=", 1)
+        if (meta.get("labels") or {}).get(k) != v:
+            return False
+    return True
+
+
+def _apply_kustomization(directory, k, docs):
+    """Adds a kustomization's (or component's) resources, components and patches to docs."""
     for res in k.get("resources", []):
-        docs.extend(load_rendered(os.path.join(directory, res)))
+        path = os.path.join(directory, res)
+        docs.extend(render_kustomization(path) if os.path.isdir(path) else load_rendered(path))
     for gen in k.get("configMapGenerator", []):
         data = {}
         for fname in gen.get("files", []):
@@ -69,6 +116,28 @@ def render_kustomization(directory):
                 data[os.path.basename(fname)] = f.read()
         docs.append({"apiVersion": "v1", "kind": "ConfigMap",
                      "metadata": {"name": gen["name"]}, "data": data})
+    for comp in k.get("components", []):
+        cdir = os.path.join(directory, comp)
+        with open(os.path.join(cdir, "kustomization.yaml")) as f:
+            _apply_kustomization(cdir, yaml.safe_load(f), docs)
+    for patch in k.get("patches", []):
+        ops = yaml.safe_load(patch["patch"])
+        if not isinstance(ops, list):
+            raise ValueError(f"{directory}: only JSON 6902 patches are supported without kubectl")
+        hits = [d for d in docs if _targets(d, patch.get("target", {}))]
+        if not hits:
+            raise ValueError(f"{directory}: patch target {patch.get('target')} matches nothing")
+        for d in hits:
+            apply_json6902(d, ops)
+
+
+def render_kustomization(directory):
+    """The objects a kustomization renders to, for the features these manifests use (no hash
+    suffix on generated ConfigMaps): enough for these checks where kubectl is not installed."""
+    with open(os.path.join(directory, "kustomization.yaml")) as f:
+        k = yaml.safe_load(f)
+    docs = []
+    _apply_kustomization(directory, k, docs)
     ns = k.get("namespace")
     if ns:
         for d in docs:
@@ -81,95 +150,188 @@ def by_kind(docs, kind):
     return [d for d in docs if d.get("kind") == kind]
 
 
-def check(docs, documented_caps):
-    problems = []
-    p = problems.append
+# The GPU DaemonSet's own settings: what may differ from the plain agent's, and only there.
+GPU_DAEMONSET = "sysscope-gpu"
+GPU_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH"}
+NVML_FILE = "libnvidia-ml.so.1"
 
-    daemonsets = by_kind(docs, "DaemonSet")
-    if len(daemonsets) != 1:
-        p(f"expected exactly one DaemonSet, found {len(daemonsets)}")
-        return problems
-    ds = daemonsets[0]
+
+def node_selector(spec):
+    return {k: v for k, v in (spec.get("nodeSelector") or {}).items() if k != "kubernetes.io/os"}
+
+
+def excluded(spec, key, value):
+    """Whether the pod spec's required node affinity keeps it off nodes labelled key=value."""
+    terms = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
+    if not terms:
+        return False
+    for term in terms:
+        ok = False
+        for e in term.get("matchExpressions", []):
+            if e.get("key") != key:
+                continue
+            if e.get("operator") == "NotIn" and value in e.get("values", []):
+                ok = True
+            if e.get("operator") == "DoesNotExist":
+                ok = True
+        if not ok:
+            return False
+    return True
+
+
+def without_gpu_settings(ds):
+    """A DaemonSet's pod template with everything the GPU DaemonSet may add or change removed."""
+    t = copy.deepcopy(ds["spec"]["template"])
+    t["metadata"].get("labels", {}).pop("app.kubernetes.io/component", None)
+    spec = t["spec"]
+    spec.pop("runtimeClassName", None)
+    spec.pop("affinity", None)
+    spec["nodeSelector"] = {k: v for k, v in (spec.get("nodeSelector") or {}).items()
+                            if k == "kubernetes.io/os"}
+    nvml_volumes = {v["name"] for v in spec.get("volumes", [])
+                    if "hostPath" in v and v["hostPath"]["path"].rstrip("/") not in ALLOWED_HOST_PATHS}
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in nvml_volumes]
+    for c in spec.get("containers", []):
+        c["env"] = [e for e in c.get("env", []) if e["name"] not in GPU_ENV]
+        c["volumeMounts"] = [m for m in c.get("volumeMounts", []) if m["name"] not in nvml_volumes]
+    return t
+
+
+def check_daemonset(ds, docs, documented_caps, p):
+    """Problems of one DaemonSet; returns its pod labels and container port names."""
+    name = ds["metadata"]["name"]
     pod_labels = ds["spec"]["template"]["metadata"].get("labels", {})
     spec = ds["spec"]["template"]["spec"]
 
     for key in ("hostNetwork", "hostIPC"):
         if spec.get(key):
-            p(f"DaemonSet: {key}: true is not needed and not allowed")
+            p(f"DaemonSet {name}: {key}: true is not needed and not allowed")
     if spec.get("hostPID") is not True:
-        p("DaemonSet: hostPID: true is required (the kernel reports host pids)")
+        p(f"DaemonSet {name}: hostPID: true is required (the kernel reports host pids)")
     if not any(t.get("operator") == "Exists" and not t.get("key") for t in spec.get("tolerations", [])):
-        p("DaemonSet: needs a toleration {operator: Exists} to run on every node")
+        p(f"DaemonSet {name}: needs a toleration {{operator: Exists}} to run on every node")
     pod_sc = spec.get("securityContext", {}) or {}
     if pod_sc.get("seccompProfile", {}).get("type") == "Unconfined":
-        p("DaemonSet: pod seccompProfile Unconfined")
+        p(f"DaemonSet {name}: pod seccompProfile Unconfined")
+    selects = ds["spec"].get("selector", {}).get("matchLabels", {})
+    if not selects or any(pod_labels.get(k) != v for k, v in selects.items()):
+        p(f"DaemonSet {name}: selector {selects} does not select its own pods")
+    gpu_only = bool(node_selector(spec))
+    nvidia_env = {e["name"] for c in spec.get("containers", []) for e in c.get("env", [])} & GPU_ENV
+    if (spec.get("runtimeClassName") or nvidia_env) and not gpu_only:
+        p(f"DaemonSet {name}: a RuntimeClass or NVIDIA variables only on a DaemonSet that selects GPU nodes "
+          "(a RuntimeClass a node lacks makes its pod unschedulable)")
 
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
-    for name, v in volumes.items():
+    containers = spec.get("containers", []) + spec.get("initContainers", [])
+    mounts = [(c.get("name", "?"), m) for c in containers for m in c.get("volumeMounts", [])]
+    for vname, v in volumes.items():
         if "hostPath" in v:
             path = v["hostPath"]["path"].rstrip("/") or "/"
-            if path not in ALLOWED_HOST_PATHS:
-                p(f"volume {name}: hostPath {path} is not on the allowlist {sorted(ALLOWED_HOST_PATHS)}")
+            if path in ALLOWED_HOST_PATHS:
+                pass
+            elif not gpu_only:
+                p(f"volume {vname}: hostPath {path} is not on the allowlist {sorted(ALLOWED_HOST_PATHS)}")
+            else:
+                # The NVIDIA driver's library directory: only its NVML, never the directory.
+                uses = [m for _, m in mounts if m["name"] == vname]
+                if not uses or any(m.get("subPath") != NVML_FILE for m in uses):
+                    p(f"volume {vname}: hostPath {path} is not on the allowlist {sorted(ALLOWED_HOST_PATHS)}, "
+                      f"and may only be mounted as its {NVML_FILE} (subPath)")
         cm = v.get("configMap")
         if cm and not any(c["metadata"]["name"] == cm["name"] for c in by_kind(docs, "ConfigMap")):
-            p(f"volume {name}: ConfigMap {cm['name']} is not among the manifests")
+            p(f"volume {vname}: ConfigMap {cm['name']} is not among the manifests")
 
-    containers = spec.get("containers", []) + spec.get("initContainers", [])
     ports = set()
     for c in containers:
-        name = c.get("name", "?")
+        cname = c.get("name", "?")
         sc = c.get("securityContext") or {}
         if sc.get("privileged") is True:
-            p(f"container {name}: privileged: true")
+            p(f"container {cname}: privileged: true")
         if sc.get("allowPrivilegeEscalation") is not False:
-            p(f"container {name}: allowPrivilegeEscalation must be false")
+            p(f"container {cname}: allowPrivilegeEscalation must be false")
         if sc.get("readOnlyRootFilesystem") is not True:
-            p(f"container {name}: readOnlyRootFilesystem must be true")
+            p(f"container {cname}: readOnlyRootFilesystem must be true")
         caps = sc.get("capabilities") or {}
         drop = {x.upper().removeprefix("CAP_") for x in caps.get("drop", [])}
         if "ALL" not in drop:
-            p(f"container {name}: capabilities.drop must contain ALL")
+            p(f"container {cname}: capabilities.drop must contain ALL")
         for cap in caps.get("add", []):
             bare = cap.upper().removeprefix("CAP_")
             if bare not in ALLOWED_CAPABILITIES:
-                p(f"container {name}: unexpected capability {cap} (allowed: {sorted(ALLOWED_CAPABILITIES)})")
+                p(f"container {cname}: unexpected capability {cap} (allowed: {sorted(ALLOWED_CAPABILITIES)})")
             elif documented_caps is not None and bare not in documented_caps:
-                p(f"container {name}: capability {cap} is not justified in docs/kubernetes.md")
+                p(f"container {cname}: capability {cap} is not justified in docs/kubernetes.md")
         seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
         if seccomp not in ALLOWED_SECCOMP:
-            p(f"container {name}: seccompProfile must be one of {sorted(ALLOWED_SECCOMP)}, got {seccomp}")
+            p(f"container {cname}: seccompProfile must be one of {sorted(ALLOWED_SECCOMP)}, got {seccomp}")
 
         for m in c.get("volumeMounts", []):
             v = volumes.get(m["name"])
             if v is None:
-                p(f"container {name}: mount {m['name']} has no volume")
+                p(f"container {cname}: mount {m['name']} has no volume")
             elif "hostPath" in v and m.get("readOnly") is not True:
-                p(f"container {name}: host mount {m['name']} ({v['hostPath']['path']}) must be readOnly")
+                p(f"container {cname}: host mount {m['name']} ({v['hostPath']['path']}) must be readOnly")
 
         res = c.get("resources") or {}
         req, lim = res.get("requests") or {}, res.get("limits") or {}
         for where, table, key in (("requests", req, "cpu"), ("requests", req, "memory"), ("limits", lim, "memory")):
             if key not in table:
-                p(f"container {name}: resources.{where}.{key} missing")
+                p(f"container {cname}: resources.{where}.{key} missing")
             elif quantity(table[key]) is None or quantity(table[key]) <= 0:
-                p(f"container {name}: resources.{where}.{key} {table[key]!r} is not a positive quantity")
+                p(f"container {cname}: resources.{where}.{key} {table[key]!r} is not a positive quantity")
         if quantity(req.get("memory")) and quantity(lim.get("memory")) and quantity(lim["memory"]) < quantity(req["memory"]):
-            p(f"container {name}: memory limit below its request")
+            p(f"container {cname}: memory limit below its request")
+        for table in (req, lim):
+            for key in table:
+                if key.startswith("nvidia.com/"):
+                    p(f"container {cname}: requests {key}: the agent must not take a GPU from the scheduler")
 
         if c in spec.get("containers", []):
             for probe, path in (("livenessProbe", "/-/healthy"), ("readinessProbe", "/-/ready")):
                 got = ((c.get(probe) or {}).get("httpGet") or {}).get("path")
                 if got != path:
-                    p(f"container {name}: {probe} must GET {path}, got {got}")
+                    p(f"container {cname}: {probe} must GET {path}, got {got}")
             env = {e["name"]: e for e in c.get("env", [])}
             field = (((env.get("NODE_NAME") or {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
             if field != "spec.nodeName":
-                p(f"container {name}: NODE_NAME must come from the downward API (fieldRef spec.nodeName)")
+                p(f"container {cname}: NODE_NAME must come from the downward API (fieldRef spec.nodeName)")
             args = c.get("args", []) + c.get("command", [])
             listen = [a for a in args if a.startswith("--web.listen-address=")]
             if not listen or listen[-1].split("=", 1)[1].startswith(("127.", "localhost", "[::1]")):
-                p(f"container {name}: --web.listen-address must be set explicitly to a non-loopback address")
+                p(f"container {cname}: --web.listen-address must be set explicitly to a non-loopback address")
             ports |= {pt.get("name") for pt in c.get("ports", [])}
+    return pod_labels, ports
+
+
+def check(docs, documented_caps):
+    problems = []
+    p = problems.append
+
+    daemonsets = {d["metadata"]["name"]: d for d in by_kind(docs, "DaemonSet")}
+    if "sysscope" not in daemonsets or set(daemonsets) - {"sysscope", GPU_DAEMONSET}:
+        p(f"expected the DaemonSet sysscope (and at most {GPU_DAEMONSET}), found {sorted(daemonsets)}")
+        return problems
+    all_pod_labels, ports = [], set()
+    for ds in daemonsets.values():
+        labels, ds_ports = check_daemonset(ds, docs, documented_caps, p)
+        all_pod_labels.append(labels)
+        ports |= ds_ports
+    gpu = daemonsets.get(GPU_DAEMONSET)
+    if gpu:
+        base_spec = daemonsets["sysscope"]["spec"]["template"]["spec"]
+        gpu_spec = gpu["spec"]["template"]["spec"]
+        wanted = node_selector(gpu_spec)
+        if not wanted:
+            p(f"DaemonSet {GPU_DAEMONSET}: must select GPU nodes by a label (nodeSelector)")
+        for k, v in wanted.items():
+            if not excluded(base_spec, k, v):
+                p(f"DaemonSet sysscope: must stay off the nodes {GPU_DAEMONSET} runs on "
+                  f"(required node affinity {k} NotIn [{v}]): two agents on one node")
+        if without_gpu_settings(gpu) != without_gpu_settings(daemonsets["sysscope"]):
+            p(f"DaemonSet {GPU_DAEMONSET}: differs from sysscope beyond its GPU settings "
+              "(components/gpu-nodes/daemonset-gpu.yaml mirrors daemonset.yaml)")
 
     roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
     for r in roles:
@@ -184,13 +346,13 @@ def check(docs, documented_caps):
         if svc["spec"].get("clusterIP") != "None":
             p(f"Service {svc['metadata']['name']}: must be headless (clusterIP: None)")
         sel = svc["spec"].get("selector", {})
-        if not sel or any(pod_labels.get(k) != v for k, v in sel.items()):
-            p(f"Service {svc['metadata']['name']}: selector {sel} does not select the DaemonSet's pods")
+        if not sel or any(any(pl.get(k) != v for k, v in sel.items()) for pl in all_pod_labels):
+            p(f"Service {svc['metadata']['name']}: selector {sel} does not select every DaemonSet's pods")
 
     for pm in by_kind(docs, "PodMonitor"):
         sel = pm["spec"].get("selector", {}).get("matchLabels", {})
-        if not sel or any(pod_labels.get(k) != v for k, v in sel.items()):
-            p(f"PodMonitor {pm['metadata']['name']}: selector {sel} does not select the DaemonSet's pods")
+        if not sel or any(any(pl.get(k) != v for k, v in sel.items()) for pl in all_pod_labels):
+            p(f"PodMonitor {pm['metadata']['name']}: selector {sel} does not select every DaemonSet's pods")
         for ep in pm["spec"].get("podMetricsEndpoints", []):
             if ep.get("port") not in ports:
                 p(f"PodMonitor {pm['metadata']['name']}: port {ep.get('port')} is not a container port")
@@ -211,8 +373,14 @@ def documented_capabilities(doc_path):
 
 def self_test(docs, documented_caps):
     """Each mutation of the (passing) manifests must be caught."""
+    def ds(d, name="sysscope"):
+        return next(x for x in by_kind(d, "DaemonSet") if x["metadata"]["name"] == name)
+
     def ds_container(d):
-        return by_kind(d, "DaemonSet")[0]["spec"]["template"]["spec"]["containers"][0]
+        return ds(d)["spec"]["template"]["spec"]["containers"][0]
+
+    def gpu_spec(d):
+        return ds(d, GPU_DAEMONSET)["spec"]["template"]["spec"]
 
     def mutate(fn):
         d = copy.deepcopy(docs)
@@ -224,7 +392,7 @@ def self_test(docs, documented_caps):
         "no drop ALL": lambda d: ds_container(d)["securityContext"]["capabilities"].__setitem__("drop", []),
         "SYS_ADMIN added": lambda d: ds_container(d)["securityContext"]["capabilities"]["add"].append("SYS_ADMIN"),
         "writable host mount": lambda d: [m.__setitem__("readOnly", False) for m in ds_container(d)["volumeMounts"]],
-        "host root mounted": lambda d: by_kind(d, "DaemonSet")[0]["spec"]["template"]["spec"]["volumes"].append(
+        "host root mounted": lambda d: ds(d)["spec"]["template"]["spec"]["volumes"].append(
             {"name": "root", "hostPath": {"path": "/"}}),
         "no resources": lambda d: ds_container(d).pop("resources"),
         "bad quantity": lambda d: ds_container(d)["resources"]["requests"].__setitem__("memory", "lots"),
@@ -235,9 +403,22 @@ def self_test(docs, documented_caps):
         "loopback listen": lambda d: ds_container(d).__setitem__("args", ["--web.listen-address=127.0.0.1:9812"]),
         "secrets readable": lambda d: by_kind(d, "ClusterRole")[0]["rules"].append(
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}),
-        "hostNetwork": lambda d: by_kind(d, "DaemonSet")[0]["spec"]["template"]["spec"].__setitem__(
+        "hostNetwork": lambda d: ds(d)["spec"]["template"]["spec"].__setitem__(
             "hostNetwork", True),
+        "RuntimeClass on every node": lambda d: ds(d)["spec"]["template"]["spec"].__setitem__(
+            "runtimeClassName", "nvidia"),
     }
+    if any(x["metadata"]["name"] == GPU_DAEMONSET for x in by_kind(docs, "DaemonSet")):
+        mutations.update({
+            "GPU requested": lambda d: gpu_spec(d)["containers"][0]["resources"].setdefault(
+                "limits", {}).__setitem__("nvidia.com/gpu", 1),
+            "two agents on GPU nodes": lambda d: ds(d)["spec"]["template"]["spec"].pop("affinity"),
+            "GPU DaemonSet drifted": lambda d: gpu_spec(d)["containers"][0]["resources"]["limits"].__setitem__(
+                "memory", "2Gi"),
+            "driver directory mounted whole": lambda d: gpu_spec(d)["volumes"].append(
+                {"name": "driver", "hostPath": {"path": "/usr/lib64"}}) or gpu_spec(d)["containers"][0][
+                "volumeMounts"].append({"name": "driver", "mountPath": "/host/lib", "readOnly": True}),
+        })
     missed = []
     for what, fn in mutations.items():
         if not check(mutate(fn), documented_caps):

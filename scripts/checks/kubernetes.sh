@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Checks deploy/kubernetes/ offline: renders the kustomization (with and without the optional
-# priority-class component) with `kubectl kustomize` when kubectl is installed, else takes each
-# listed file as it is; validates every object with kubernetes-validate (strict) against
+# Checks deploy/kubernetes/ offline: renders every variant (the plain kustomization, with the
+# optional priority-class component, the two GPU overlays of deploy/kubernetes-gpu/, and a GPU
+# overlay with the optional components after it) with `kubectl kustomize` when kubectl is
+# installed, else with the posture script's own renderer (the subset of kustomize these use);
+# validates every object with kubernetes-validate (strict) against
 # Kubernetes $K8S_VERSION (PodMonitor, a Prometheus Operator CRD, has no schema there and is
 # checked structurally by the posture script instead); lints with yamllint (.yamllint); and
 # asserts the security posture (k8s_security_posture.py, which also proves with a self-test
@@ -25,26 +27,48 @@ for tool in kubernetes-validate yamllint python3; do
   command -v "$tool" >/dev/null || fail "$tool not found; run scripts/setup.sh --test"
 done
 
-# 1. Render.
-renders=()
+# 1. Render. Each variant: a name and a kustomization directory (an overlay made here when
+# needed: kustomize refuses absolute paths and parents of the kustomization, so the overlay
+# sits next to copies of deploy/kubernetes and deploy/kubernetes-gpu).
+cp -r "$dir" "$work/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$work/kubernetes-gpu"
+mkdir "$work/with-priority" "$work/gpu-all"
+printf 'resources: [../kubernetes]\ncomponents: [../kubernetes/components/priority-class]\n' \
+  >"$work/with-priority/kustomization.yaml"
+printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/gpu-operator\n  - ../kubernetes/components/priority-class\n  - ../kubernetes/components/web-auth\n' \
+  >"$work/gpu-all/kustomization.yaml"
+variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gpu/operator
+  gpu-host-driver:kubernetes-gpu/host-driver gpu-operator-all-components:gpu-all)
 kubectl=${KUBECTL-$(command -v kubectl || true)}
 if [ -n "$kubectl" ] && "$kubectl" kustomize --help >/dev/null 2>&1; then
   how="kubectl kustomize"
-  "$kubectl" kustomize "$dir" >"$work/base.yaml" 2>>"$log" || fail "kubectl kustomize deploy/kubernetes"
-  # The optional component, applied to a copy (kustomize refuses absolute paths).
-  cp -r "$dir" "$work/base" && mkdir "$work/overlay"
-  printf 'resources: [../base]\ncomponents: [../base/components/priority-class]\n' >"$work/overlay/kustomization.yaml"
-  "$kubectl" kustomize "$work/overlay" >"$work/with-priority.yaml" 2>>"$log" \
-    || fail "kubectl kustomize with components/priority-class"
-  grep -q 'priorityClassName: sysscope-node-agent' "$work/with-priority.yaml" \
-    || fail "components/priority-class does not set priorityClassName"
-  renders=("$work/base.yaml" "$work/with-priority.yaml")
-  posture=("$work/base.yaml")
+  render() { "$kubectl" kustomize "$1"; }
 else
-  how="files as listed (kubectl not installed)"
-  renders=("$dir"/*.yaml "$dir"/components/*/priorityclass.yaml)
-  posture=(--kustomization "$dir")
+  how="the posture script's renderer (kubectl not installed)"
+  render() {
+    python3 - "$1" "$top/scripts/checks" <<'PY'
+import sys, yaml
+sys.path.insert(0, sys.argv[2])
+import k8s_security_posture as k
+print(yaml.safe_dump_all(k.render_kustomization(sys.argv[1]), sort_keys=False))
+PY
+  }
 fi
+renders=()
+for v in "${variants[@]}"; do
+  name=${v%%:*}
+  render "$work/${v#*:}" >"$work/$name.yaml" 2>>"$log" || fail "rendering the $name variant"
+  renders+=("$work/$name.yaml")
+done
+# What each optional piece must have done.
+grep -q 'priorityClassName: sysscope-node-agent' "$work/with-priority.yaml" \
+  || fail "components/priority-class does not set priorityClassName"
+grep -q 'runtimeClassName: nvidia' "$work/gpu-operator.yaml" \
+  || fail "components/gpu-operator does not set runtimeClassName"
+grep -q 'subPath: libnvidia-ml.so.1' "$work/gpu-host-driver.yaml" \
+  || fail "components/gpu-host-driver does not mount NVML"
+[ "$(grep -c 'priorityClassName: sysscope-node-agent' "$work/gpu-operator-all-components.yaml")" = 2 ] \
+  || fail "components listed after a GPU component must patch both DaemonSets"
+posture=("${renders[@]}")
 
 # 2. Schemas. A missing schema is only acceptable for the Prometheus Operator's kinds.
 objects=0
@@ -61,11 +85,14 @@ for f in "${renders[@]}"; do
 done
 
 # 3. Lint the hand-written YAML.
-yamllint --strict -c "$top/.yamllint" "$dir" >>"$log" 2>&1 || fail "yamllint"
+yamllint --strict -c "$top/.yamllint" "$dir" "$top/deploy/kubernetes-gpu" >>"$log" 2>&1 || fail "yamllint"
 
-# 4. Security posture (and a self-test that every check can fail).
-python3 "$top/scripts/checks/k8s_security_posture.py" "${posture[@]}" --self-test \
-  --docs "$top/docs/kubernetes.md" >>"$log" 2>&1 || fail "security posture: $(tail -n 1 "$log")"
+# 4. Security posture of every variant (and a self-test that every check can fail).
+for f in "${posture[@]}"; do
+  python3 "$top/scripts/checks/k8s_security_posture.py" "$f" --self-test \
+    --docs "$top/docs/kubernetes.md" >>"$log" 2>&1 \
+    || fail "security posture of the $(basename "$f" .yaml) variant: $(tail -n 1 "$log")"
+done
 
 [ "${VERBOSE:-0}" = 1 ] && cat "$log"
-echo "kubernetes: PASS (rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $(tail -n 1 "$log" | sed 's/^OK: //'))"
+echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $(tail -n 1 "$log" | sed 's/^OK: //'))"
