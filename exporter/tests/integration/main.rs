@@ -12,6 +12,7 @@ mod cpu;
 mod fuzz;
 mod gpu;
 mod gpu_alert;
+mod gpu_node_check;
 mod hostile_names;
 mod http_hardening;
 mod kernels;
