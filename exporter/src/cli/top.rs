@@ -23,7 +23,7 @@ use crate::{
     config::Config,
     kernel::{self, LoadOptions, Probes},
     metadata::{cgroups, Labeler},
-    syscall_table,
+    openmetrics, syscall_table,
 };
 
 const EXAMPLES: &str = "\
@@ -190,71 +190,6 @@ struct MetricsSource {
     last: Option<HashMap<(String, String, String), Usage>>,
 }
 
-/// One sample of the exposition: name, labels, value.
-pub(crate) type Sample = (String, HashMap<String, String>, f64);
-
-/// Parses the sample lines of the Prometheus text format (enough for sysscope's own output).
-pub(crate) fn parse_exposition(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name, rest) = match line.find(['{', ' ']) {
-            Some(i) => line.split_at(i),
-            None => continue,
-        };
-        let mut labels = HashMap::new();
-        let mut rest = rest;
-        if let Some(r) = rest.strip_prefix('{') {
-            let mut chars = r.char_indices();
-            let mut key = String::new();
-            let mut end = r.len();
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '}' => {
-                        end = i + 1;
-                        break;
-                    }
-                    ',' | ' ' => {}
-                    '=' => {
-                        let _ = chars.next(); // opening quote
-                        let mut val = String::new();
-                        while let Some((_, c)) = chars.next() {
-                            match c {
-                                '\\' => match chars.next().map(|x| x.1) {
-                                    Some('n') => val.push('\n'),
-                                    Some(o) => val.push(o),
-                                    None => {}
-                                },
-                                '"' => break,
-                                o => val.push(o),
-                            }
-                        }
-                        labels.insert(std::mem::take(&mut key), val);
-                    }
-                    o => key.push(o),
-                }
-            }
-            rest = &r[end.min(r.len())..];
-        }
-        let Some(value) = rest.split_whitespace().next() else {
-            continue;
-        };
-        let value = match value {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => match v.parse() {
-                Ok(v) => v,
-                Err(_) => continue,
-            },
-        };
-        out.push((name.to_string(), labels, value));
-    }
-    out
-}
-
 /// GET over plain HTTP/1.0 (the exporter serves loopback by default; no TLS here).
 pub(crate) fn http_get(url: &str) -> Result<String, CliError> {
     let fail = |message: String| CliError::Fetch {
@@ -309,23 +244,24 @@ fn dechunk(mut body: &str) -> String {
 }
 
 /// Cumulative usage per (group key, detail, syscall) from an exposition.
-fn cumulative(samples: &[Sample], by: GroupBy) -> HashMap<(String, String, String), Usage> {
+fn cumulative(text: &str, by: GroupBy) -> HashMap<(String, String, String), Usage> {
     let mut out: HashMap<(String, String, String), Usage> = HashMap::new();
-    for (name, labels, value) in samples {
-        let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+    for sample in openmetrics::sample_lines(text).filter_map(|(_, s)| s) {
+        let get = |k: &str| sample.label(k).unwrap_or_default().to_string();
         let (group, detail) = match by {
             GroupBy::Cgroup => (get("cgroup"), String::new()),
-            GroupBy::Process => match labels.get("pid") {
+            GroupBy::Process => match sample.label("pid") {
                 Some(pid) => (format!("{pid} {}", get("comm")), get("cgroup")),
                 None => (get("comm"), get("cgroup")),
             },
         };
         let key = (group, detail, get("syscall"));
-        match name.as_str() {
-            "sysscope_syscalls_total" => out.entry(key).or_default().calls += *value as u64,
-            "sysscope_syscall_errors_total" => out.entry(key).or_default().errors += *value as u64,
+        let value = sample.value;
+        match sample.name.as_str() {
+            "sysscope_syscalls_total" => out.entry(key).or_default().calls += value as u64,
+            "sysscope_syscall_errors_total" => out.entry(key).or_default().errors += value as u64,
             "sysscope_syscall_duration_seconds_sum" => {
-                out.entry(key).or_default().time_ns += (*value * 1e9) as u64
+                out.entry(key).or_default().time_ns += (value * 1e9) as u64
             }
             _ => {}
         }
@@ -364,7 +300,7 @@ fn usage_delta(
 impl Source for MetricsSource {
     fn sample(&mut self) -> Result<Vec<GroupUsage>, CliError> {
         let text = http_get(&self.url)?;
-        let cur = cumulative(&parse_exposition(&text), self.by);
+        let cur = cumulative(&text, self.by);
         let out = match &self.last {
             Some(prev) => usage_delta(prev, &cur),
             None => Vec::new(),
@@ -704,8 +640,8 @@ mod tests {
         let b = "sysscope_syscalls_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 25\n\
                  sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 0.75\n\
                  sysscope_syscall_errors_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\",errno=\"EAGAIN\"} 3\n";
-        let pa = cumulative(&parse_exposition(a), GroupBy::Cgroup);
-        let pb = cumulative(&parse_exposition(b), GroupBy::Cgroup);
+        let pa = cumulative(a, GroupBy::Cgroup);
+        let pb = cumulative(b, GroupBy::Cgroup);
         let d = usage_delta(&pa, &pb);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].label, "/a");
@@ -717,15 +653,17 @@ mod tests {
                 time_ns: 250_000_000
             }
         );
-        let by_proc = cumulative(&parse_exposition(b), GroupBy::Process);
+        let by_proc = cumulative(b, GroupBy::Process);
         assert!(by_proc.keys().any(|k| k.0 == "x" && k.1 == "/a"));
     }
 
     #[test]
     fn label_escapes() {
-        let s = parse_exposition("m{a=\"x\\\"y\",b=\"1\\n2\"} 4 1700000000\n");
-        assert_eq!(s[0].1["a"], "x\"y");
-        assert_eq!(s[0].1["b"], "1\n2");
-        assert_eq!(s[0].2, 4.0);
+        let text = "sysscope_syscalls_total{cgroup=\"/x\\\"y\",comm=\"1\\n2\",syscall=\"read\"} 4 1700000000\n";
+        let by_proc = cumulative(text, GroupBy::Process);
+        assert_eq!(
+            by_proc[&("1\n2".into(), "/x\"y".into(), "read".into())].calls,
+            4
+        );
     }
 }

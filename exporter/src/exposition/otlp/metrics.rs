@@ -46,10 +46,12 @@ use prost::Message;
 
 use super::{
     config::{Protocol, SignalSettings},
-    openmetrics::{self, Family, Kind, Sample},
     Stats,
 };
-use crate::exposition::{format::Format, scrape::Scraper};
+use crate::{
+    exposition::{format::Format, scrape::Scraper},
+    openmetrics::{self, Family, Kind, Sample},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricPushError {

@@ -6,7 +6,7 @@
 //! Spans go through `traces` (opentelemetry-otlp's exporter behind sysscope's own bounded
 //! queue, batching and backoff, so every drop is counted).
 //! Metrics go through [`metrics`]: the same OpenMetrics exposition Prometheus scrapes is read
-//! back (`openmetrics`) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
+//! back (`crate::openmetrics`) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
 //! outputs always carry the same numbers and bucket bounds.
 //!
 //! Self-metrics ([`Stats`]): `sysscope_spans_exported_total{destination}`,
@@ -15,7 +15,6 @@
 
 pub mod config;
 pub mod metrics;
-pub(crate) mod openmetrics;
 pub(crate) mod tls;
 pub(crate) mod traces;
 

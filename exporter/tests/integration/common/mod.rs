@@ -600,68 +600,19 @@ pub struct Sample {
     pub value: f64,
 }
 
-/// Parses sample lines of the Prometheus text / OpenMetrics formats (comments skipped).
+/// Parses sample lines of the Prometheus text / OpenMetrics formats (comments skipped) with
+/// the exporter's own reader; a line that does not parse fails the test.
 pub fn parse_samples(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        // Label values are parsed with their escapes before anything else: a value may hold
-        // `}`, `" # {"` or anything a tenant chose, and an exemplar comes after the value.
-        let (name, rest) = match line.find('{') {
-            Some(i) => (&line[..i], &line[i..]),
-            None => line.split_at(line.find(' ').expect("sample has a value")),
-        };
-        let mut labels = BTreeMap::new();
-        let value_part;
-        if let Some(rest) = rest.strip_prefix('{') {
-            let mut chars = rest.char_indices().peekable();
-            let mut key = String::new();
-            let mut end = 0;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '}' => {
-                        end = i + 1;
-                        break;
-                    }
-                    ',' | ' ' => continue,
-                    '=' => {
-                        assert_eq!(chars.next().map(|x| x.1), Some('"'));
-                        let mut val = String::new();
-                        while let Some((_, c)) = chars.next() {
-                            match c {
-                                '\\' => match chars.next().map(|x| x.1) {
-                                    Some('n') => val.push('\n'),
-                                    Some(o) => val.push(o),
-                                    None => {}
-                                },
-                                '"' => break,
-                                o => val.push(o),
-                            }
-                        }
-                        labels.insert(std::mem::take(&mut key), val);
-                    }
-                    o => key.push(o),
-                }
+    sysscope::openmetrics::sample_lines(text)
+        .map(|(line, sample)| {
+            let s = sample.unwrap_or_else(|| panic!("not a sample line: {line}"));
+            Sample {
+                name: s.name,
+                labels: s.labels.into_iter().collect(),
+                value: s.value,
             }
-            value_part = &rest[end..];
-        } else {
-            value_part = rest;
-        }
-        let value_str = value_part.split_whitespace().next().expect("value");
-        let value = match value_str {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
-        };
-        out.push(Sample {
-            name: name.to_string(),
-            labels,
-            value,
-        });
-    }
-    out
+        })
+        .collect()
 }
 
 /// Samples named `name` whose labels include every pair of `want`.
