@@ -61,10 +61,6 @@ NO_CRATES = {
 # (importing file, imported file): why it is allowed for now. Remove an entry when the move
 # that ends it lands.
 EXCEPTIONS = {
-    ("config/mod.rs", "exposition/otlp/config.rs"): (
-        "the [otlp] section's serde type lives with the OTLP exporter; it moves to a "
-        "config-only module (config/otlp.rs) and the exporter's settings import it"
-    ),
     ("config/mod.rs", "syscall_table.rs"): (
         "config validation names syscalls through the kernel's syscall table; the table "
         "becomes a label decoder or the check moves to the syscall family's sizing"
@@ -84,10 +80,6 @@ EXCEPTIONS = {
     ("spans/mod.rs", "exposition/scrape.rs"): (
         "spans adds exemplars through the scrape's annotator hook; the hook is to be defined "
         "below exposition"
-    ),
-    ("spans/mod.rs", "exposition/otlp/config.rs"): (
-        "spans reads the OTLP resource settings for the service name; they move with the "
-        "[otlp] section to the config layer"
     ),
 }
 

@@ -29,10 +29,8 @@ use opentelemetry_sdk::{
     Resource,
 };
 
-use super::{
-    config::{Protocol, SignalSettings},
-    Stats,
-};
+use super::{grpc_metadata, HeaderError, Stats};
+use crate::config::otlp::{Protocol, SignalSettings};
 
 /// Pause after the first failed request.
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
@@ -49,8 +47,8 @@ pub enum TraceExportError {
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },
-    #[error("OTLP header `{name}`: not a valid {what}")]
-    Header { name: String, what: &'static str },
+    #[error(transparent)]
+    Header(#[from] HeaderError),
     #[error("OTLP span exporter for {endpoint}")]
     Tls {
         endpoint: String,
@@ -111,20 +109,7 @@ fn build_exporter(
 ) -> Result<opentelemetry_otlp::SpanExporter, TraceExportError> {
     let built = match settings.protocol {
         Protocol::Grpc => {
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            for (k, v) in &settings.headers {
-                let key =
-                    tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                        .map_err(|_| TraceExportError::Header {
-                            name: k.clone(),
-                            what: "gRPC metadata key",
-                        })?;
-                let value = v.parse().map_err(|_| TraceExportError::Header {
-                    name: k.clone(),
-                    what: "gRPC metadata value",
-                })?;
-                metadata.insert(key, value);
-            }
+            let metadata = grpc_metadata(&settings.headers)?;
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
