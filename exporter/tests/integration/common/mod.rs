@@ -544,52 +544,37 @@ impl Drop for Exporter {
     }
 }
 
-/// A minimal HTTP/1.1 GET on loopback: (status, raw headers, body).
+/// A GET on loopback over a fresh connection: (status, the response head as text, body).
 pub fn http_get(
     port: u16,
     path: &str,
     accept: Option<&str>,
 ) -> std::io::Result<(u16, String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let accept = accept
-        .map(|a| format!("Accept: {a}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{accept}Connection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok((status, head.to_string(), body))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
+    static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
+    let client = CLIENT.get_or_init(|| {
+        reqwest::blocking::Client::builder()
+            // Each request on a connection of its own, as a scraper or a probe opens it.
+            .pool_max_idle_per_host(0)
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("HTTP client")
+    });
+    let mut request = client.get(format!("http://127.0.0.1:{port}{path}"));
+    if let Some(accept) = accept {
+        request = request.header(reqwest::header::ACCEPT, accept);
     }
-    out
+    let response = request.send().map_err(std::io::Error::other)?;
+    let mut head = format!("{:?} {}\r\n", response.version(), response.status());
+    for (name, value) in response.headers() {
+        head.push_str(&format!(
+            "{name}: {}\r\n",
+            String::from_utf8_lossy(value.as_bytes())
+        ));
+    }
+    let status = response.status().as_u16();
+    let body = response.bytes().map_err(std::io::Error::other)?;
+    Ok((status, head, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// One sample of the exposition.
