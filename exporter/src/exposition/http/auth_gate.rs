@@ -173,19 +173,14 @@ impl PasswordChecks {
 
 /// The answer to every request while the web config file is invalid.
 fn web_config_invalid() -> Response<Full<Bytes>> {
-    response(
+    text(
         StatusCode::INTERNAL_SERVER_ERROR,
-        "text/plain; charset=utf-8",
         "The web config file is invalid; see the exporter's log.\n",
     )
 }
 
 fn unauthorized() -> Response<Full<Bytes>> {
-    let mut r = response(
-        StatusCode::UNAUTHORIZED,
-        "text/plain; charset=utf-8",
-        "Unauthorized\n",
-    );
+    let mut r = text(StatusCode::UNAUTHORIZED, "Unauthorized\n");
     r.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         HeaderValue::from_static("Basic realm=\"sysscope\""),
@@ -238,6 +233,11 @@ pub(super) fn response(
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
+}
+
+/// A plain-text response of `status`.
+pub(super) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    response(status, "text/plain; charset=utf-8", body)
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ use hyper::{
 use tokio::{net::TcpListener, sync::Semaphore};
 
 pub use self::admission::{IDLE_TIMEOUT, MAX_CONNECTIONS};
-use self::auth_gate::response;
+use self::auth_gate::{response, text};
 use super::{format::Format, scrape::Scraper, web_config::WebConfigFile};
 
 #[derive(Debug, thiserror::Error)]
@@ -152,52 +152,36 @@ pub fn cached(handler: Handler, ttl: Duration) -> Handler {
 /// from then on and only a restart (the liveness probe's job) brings metrics back.
 fn health(state: &AppState) -> Response<Full<Bytes>> {
     if state.scraper.is_poisoned() {
-        response(
+        text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain; charset=utf-8",
             "Unhealthy: the agent's state was poisoned by a panic; restart the process\n",
         )
     } else {
-        response(StatusCode::OK, "text/plain; charset=utf-8", "Healthy\n")
+        text(StatusCode::OK, "Healthy\n")
     }
+}
+
+/// 405 naming the methods `allow`ed.
+fn not_allowed(allow: &'static str, body: &'static str) -> Response<Full<Bytes>> {
+    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, body);
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
 }
 
 /// `/-/reload`: POST reloads the configuration file (behind the same TLS and basic auth as
 /// every route); any other method is refused.
 async fn reload(state: &AppState, method: &Method) -> Response<Full<Bytes>> {
     let Some(handler) = state.reload.clone() else {
-        return response(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "not found\n",
-        );
+        return text(StatusCode::NOT_FOUND, "not found\n");
     };
     if method != Method::POST {
-        let mut r = response(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "only POST reloads the configuration\n",
-        );
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        return r;
+        return not_allowed("POST", "only POST reloads the configuration\n");
     }
     match tokio::task::spawn_blocking(move || handler()).await {
-        Ok(Ok(changed)) => response(
-            StatusCode::OK,
-            "text/plain; charset=utf-8",
-            format!("{changed}\n"),
-        ),
-        Ok(Err(why)) => response(
-            StatusCode::BAD_REQUEST,
-            "text/plain; charset=utf-8",
-            format!("{why}\n"),
-        ),
-        Err(_) => response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "text/plain; charset=utf-8",
-            "reload failed\n",
-        ),
+        Ok(Ok(changed)) => text(StatusCode::OK, format!("{changed}\n")),
+        Ok(Err(why)) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "reload failed\n"),
     }
 }
 
@@ -208,72 +192,42 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Fu
         return reload(&state, req.method()).await;
     }
     if req.method() != Method::GET && !head {
-        let mut r = response(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "only GET and HEAD are supported\n",
-        );
-        r.headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return r;
+        return not_allowed("GET, HEAD", "only GET and HEAD are supported\n");
     }
-    let path = req.uri().path();
-    let mut resp = if path == state.telemetry_path {
-        let accept = req
-            .headers()
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let format = Format::negotiate(accept.as_deref());
-        let scraper = state.scraper.clone();
-        match tokio::task::spawn_blocking(move || scraper.scrape(format)).await {
-            Ok(body) => response(StatusCode::OK, format.content_type(), body),
-            Err(e) => {
-                tracing::error!(error = %e, "scrape failed");
-                response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain; charset=utf-8",
-                    "scrape failed\n",
-                )
+    let mut resp = match req.uri().path() {
+        path if path == state.telemetry_path => {
+            let accept = req.headers().get(header::ACCEPT);
+            let format = Format::negotiate(accept.and_then(|v| v.to_str().ok()));
+            let scraper = state.scraper.clone();
+            match tokio::task::spawn_blocking(move || scraper.scrape(format)).await {
+                Ok(body) => response(StatusCode::OK, format.content_type(), body),
+                Err(e) => {
+                    tracing::error!(error = %e, "scrape failed");
+                    text(StatusCode::INTERNAL_SERVER_ERROR, "scrape failed\n")
+                }
             }
         }
-    } else if path == "/" {
-        response(
+        "/" => response(
             StatusCode::OK,
             "text/html; charset=utf-8",
             landing_page(&state),
-        )
-    } else if path == "/-/healthy" {
-        health(&state)
-    } else if path == "/-/ready" {
-        if state.ready.load(Ordering::Relaxed) {
-            response(StatusCode::OK, "text/plain; charset=utf-8", "Ready\n")
-        } else {
-            response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain; charset=utf-8",
-                "Not ready\n",
-            )
-        }
-    } else if let Some(handler) = state.routes.get(path) {
-        let handler = handler.clone();
-        // One render at a time, waiting here rather than on a blocking thread: a burst of
-        // these requests must not take the blocking threads `/metrics` scrapes run on.
-        let _turn = ROUTE_RENDERS.acquire().await;
-        match tokio::task::spawn_blocking(move || handler()).await {
-            Ok((content_type, body)) => response(StatusCode::OK, content_type, body),
-            Err(_) => response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain; charset=utf-8",
-                "handler failed\n",
-            ),
-        }
-    } else {
-        response(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "not found\n",
-        )
+        ),
+        "/-/healthy" => health(&state),
+        "/-/ready" if state.ready.load(Ordering::Relaxed) => text(StatusCode::OK, "Ready\n"),
+        "/-/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "Not ready\n"),
+        path => match state.routes.get(path).cloned() {
+            Some(handler) => {
+                // One render at a time, waiting here rather than on a blocking thread: a burst
+                // of these requests must not take the blocking threads `/metrics` scrapes run
+                // on.
+                let _turn = ROUTE_RENDERS.acquire().await;
+                match tokio::task::spawn_blocking(move || handler()).await {
+                    Ok((content_type, body)) => response(StatusCode::OK, content_type, body),
+                    Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "handler failed\n"),
+                }
+            }
+            None => text(StatusCode::NOT_FOUND, "not found\n"),
+        },
     };
     if head {
         *resp.body_mut() = Full::new(Bytes::new());
@@ -281,18 +235,9 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Fu
     resp
 }
 
-/// Accepts connections until `shutdown` resolves, then lets in-flight requests finish (for at
-/// most `grace`).
-pub async fn serve(
-    listener: TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl Future<Output = ()>,
-    grace: Duration,
-) {
-    serve_with(listener, state, None, shutdown, grace).await
-}
-
-/// [`serve`] with the TLS, basic auth and headers of a `--web.config.file`.
+/// Accepts connections until `shutdown` resolves and serves them, with the TLS, basic auth and
+/// headers of a `--web.config.file` when one is given; then lets in-flight requests finish (for
+/// at most `grace`).
 pub async fn serve_with(
     listener: TcpListener,
     state: Arc<AppState>,

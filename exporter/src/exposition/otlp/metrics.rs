@@ -49,6 +49,7 @@ use crate::{
     config::otlp::{Protocol, SignalSettings},
     exposition::{format::Format, scrape::Scraper},
     openmetrics::{self, Family, Kind, Sample},
+    util::error::Chain,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -479,19 +480,11 @@ impl Client {
                             retryable: matches!(code, 429 | 502 | 503 | 504),
                         })
                     }
-                    Err(e) => {
-                        // reqwest's own message hides the cause (refused, TLS, timeout).
-                        let mut message = format!("HTTP request failed: {e}");
-                        let mut source = std::error::Error::source(&e);
-                        while let Some(cause) = source {
-                            message.push_str(&format!(": {cause}"));
-                            source = cause.source();
-                        }
-                        Err(SendError {
-                            message,
-                            retryable: true,
-                        })
-                    }
+                    // reqwest's own message hides the cause (refused, TLS, timeout).
+                    Err(e) => Err(SendError {
+                        message: format!("HTTP request failed: {}", Chain(&e)),
+                        retryable: true,
+                    }),
                 }
             }
         }

@@ -67,56 +67,41 @@ impl std::fmt::Debug for WebConfigFile {
     }
 }
 
-/// The files a config is made from (the web config file first, then the files it names) and
-/// their bytes (`None`: unreadable).
+/// The files a config is made from (the web config file first, then the files its bytes
+/// name) and their bytes (`None`: unreadable).
 #[derive(Clone, PartialEq, Eq)]
-struct Snapshot {
-    paths: Vec<PathBuf>,
-    contents: Vec<Option<Vec<u8>>>,
-}
+struct Snapshot(Vec<(PathBuf, Option<Vec<u8>>)>);
 
 impl Compared for Snapshot {
     /// The bytes of `path` as this snapshot read them; `None` if it did not (or could not).
     fn compared(&self, path: &Path) -> Option<&[u8]> {
-        let i = self.paths.iter().position(|p| p == path)?;
-        self.contents.get(i)?.as_deref()
+        self.0.iter().find(|(p, _)| p == path)?.1.as_deref()
     }
 }
 
 impl Snapshot {
-    fn read(paths: Vec<PathBuf>) -> Self {
-        let contents = paths.iter().map(|p| std::fs::read(p).ok()).collect();
-        Self { paths, contents }
-    }
-
     /// The web config file at `path` as `bytes`, and the files those bytes name as they are
     /// now. Taken before the bytes are parsed: a named file that changes meanwhile differs at
     /// the next check and is read again, never taken for read when it was not.
     fn of(path: &Path, bytes: Option<Vec<u8>>) -> Self {
-        let mut snapshot = Self::read(Self::named(path, bytes.as_deref()));
-        snapshot.paths.insert(0, path.to_path_buf());
-        snapshot.contents.insert(0, bytes);
-        snapshot
-    }
-
-    /// This snapshot, or a new one if its web config file now names other files.
-    fn renamed(self, path: &Path) -> Self {
-        if Self::named(path, self.contents[0].as_deref())[..] == self.paths[1..] {
-            self
-        } else {
-            Self::of(path, self.contents[0].clone())
-        }
-    }
-
-    /// The files the web config file at `path` names when it reads `bytes`.
-    fn named(path: &Path, bytes: Option<&[u8]>) -> Vec<PathBuf> {
         let base_dir = path.parent().unwrap_or(Path::new("."));
-        bytes.map(|b| named_files(b, base_dir)).unwrap_or_default()
+        let named = bytes.as_deref().map(|b| named_files(b, base_dir));
+        let mut files = vec![(path.to_path_buf(), bytes)];
+        for named in named.unwrap_or_default() {
+            let bytes = std::fs::read(&named).ok();
+            files.push((named, bytes));
+        }
+        Self(files)
+    }
+
+    /// The web config file's bytes.
+    fn config(&self) -> Option<&[u8]> {
+        self.0.first()?.1.as_deref()
     }
 
     /// A snapshot no read of the files equals: the next two checks apply them again.
     fn forget(&mut self) {
-        self.contents.clear();
+        self.0.clear();
     }
 }
 
@@ -215,7 +200,9 @@ impl WebConfigFile {
             let state = self.lock();
             (state.applied.clone(), state.pending.clone())
         };
-        let seen = Snapshot::read(applied.paths.clone());
+        // The file as it is now, and the files it names now (a new certificate or CA is
+        // followed from the change that names it, whether that change is applied or refused).
+        let seen = Snapshot::of(&self.path, std::fs::read(&self.path).ok());
         if seen == applied {
             self.lock().pending = None;
             return;
@@ -225,12 +212,9 @@ impl WebConfigFile {
             self.lock().pending = Some(seen);
             return;
         }
-        // The exact bytes compared are parsed, so what is in force is what was compared. If
-        // they name other files than before (a new certificate or CA), those are followed
-        // from now on, whether the config is valid or refused (a refusal for a file not yet
-        // written is tried again when it is).
-        let applied = seen.renamed(&self.path);
-        let loaded = match applied.contents.first().and_then(Option::as_ref) {
+        // The exact bytes compared are parsed, so what is in force is what was compared.
+        let applied = seen;
+        let loaded = match applied.config() {
             None => Err(format!(
                 "cannot read web config file {}",
                 self.path.display()
@@ -541,7 +525,7 @@ mod tests {
         // The follower compared a.crt and a.key holding b's pair; on disk they hold a's now.
         let mut compared = Snapshot::of(&web, Some(text.as_bytes().to_vec()));
         for (i, name) in ["b.crt", "b.key"].iter().enumerate() {
-            compared.contents[i + 1] = Some(std::fs::read(dir.path().join(name)).unwrap());
+            compared.0[i + 1].1 = Some(std::fs::read(dir.path().join(name)).unwrap());
         }
         let reload = Reload {
             files: &compared,

@@ -165,30 +165,21 @@ pub(super) fn build_tls<E>(
     invalid: &dyn Fn(&str, String) -> E,
 ) -> Result<Option<ServedTls>, E> {
     const K: &str = "tls_server_config";
-    let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-    let path = |p: String| Source::File(base_dir.join(p));
-    let cert = match (nonempty(t.cert_file), nonempty(t.cert)) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                &format!("{K}.cert"),
-                "set either cert_file or cert, not both".into(),
-            ))
+    // `<name>_file` or inline `<name>`, at most one of them.
+    let source = |name: &str, file: Option<String>, inline: Option<String>| {
+        let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+        match (nonempty(file), nonempty(inline)) {
+            (Some(_), Some(_)) => Err(invalid(
+                &format!("{K}.{name}"),
+                format!("set either {name}_file or {name}, not both"),
+            )),
+            (Some(f), None) => Ok(Some(Source::File(base_dir.join(f)))),
+            (None, Some(pem)) => Ok(Some(Source::Inline(pem))),
+            (None, None) => Ok(None),
         }
-        (Some(f), None) => Some(path(f)),
-        (None, Some(c)) => Some(Source::Inline(c)),
-        (None, None) => None,
     };
-    let key = match (nonempty(t.key_file), nonempty(t.key)) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                &format!("{K}.key"),
-                "set either key_file or key, not both".into(),
-            ))
-        }
-        (Some(f), None) => Some(path(f)),
-        (None, Some(k)) => Some(Source::Inline(k)),
-        (None, None) => None,
-    };
+    let cert = source("cert", t.cert_file, t.cert)?;
+    let key = source("key", t.key_file, t.key)?;
     for (key, set) in [
         (
             "cipher_suites",
@@ -215,17 +206,7 @@ pub(super) fn build_tls<E>(
     // Go ignores it since 1.18; so do we.
     let _ = t.prefer_server_cipher_suites;
     let client_auth = t.client_auth_type.unwrap_or_else(|| "NoClientCert".into());
-    let client_ca = match (nonempty(t.client_ca_file), nonempty(t.client_ca)) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                &format!("{K}.client_ca"),
-                "set either client_ca_file or client_ca, not both".into(),
-            ))
-        }
-        (Some(f), None) => Some(path(f)),
-        (None, Some(c)) => Some(Source::Inline(c)),
-        (None, None) => None,
-    };
+    let client_ca = source("client_ca", t.client_ca_file, t.client_ca)?;
     let (cert, key) = match (cert, key) {
         // A TLS section without a certificate serves plain HTTP, as exporter-toolkit does.
         (None, None) => {
