@@ -165,12 +165,13 @@ pub(super) fn build_tls<E>(
     invalid: &dyn Fn(&str, String) -> E,
 ) -> Result<Option<ServedTls>, E> {
     const K: &str = "tls_server_config";
+    let bad = |key: &str, problem: String| invalid(&format!("{K}.{key}"), problem);
     // `<name>_file` or inline `<name>`, at most one of them.
     let source = |name: &str, file: Option<String>, inline: Option<String>| {
         let nonempty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
         match (nonempty(file), nonempty(inline)) {
-            (Some(_), Some(_)) => Err(invalid(
-                &format!("{K}.{name}"),
+            (Some(_), Some(_)) => Err(bad(
+                name,
                 format!("set either {name}_file or {name}, not both"),
             )),
             (Some(f), None) => Ok(Some(Source::File(base_dir.join(f)))),
@@ -195,8 +196,8 @@ pub(super) fn build_tls<E>(
         ),
     ] {
         if set {
-            return Err(invalid(
-                &format!("{K}.{key}"),
+            return Err(bad(
+                key,
                 "not supported by sysscope: rustls uses its own list of safe cipher suites \
                  and groups, and client certificates are verified against client_ca_file"
                     .into(),
@@ -211,22 +212,22 @@ pub(super) fn build_tls<E>(
         // A TLS section without a certificate serves plain HTTP, as exporter-toolkit does.
         (None, None) => {
             if client_ca.is_some() || client_auth != "NoClientCert" {
-                return Err(invalid(
-                    &format!("{K}.cert_file"),
+                return Err(bad(
+                    "cert_file",
                     "client authentication is configured but no server certificate is".into(),
                 ));
             }
             return Ok(None);
         }
         (Some(_), None) => {
-            return Err(invalid(
-                &format!("{K}.key_file"),
+            return Err(bad(
+                "key_file",
                 "missing: cert_file is set, so key_file (or key) is required".into(),
             ))
         }
         (None, Some(_)) => {
-            return Err(invalid(
-                &format!("{K}.cert_file"),
+            return Err(bad(
+                "cert_file",
                 "missing: key_file is set, so cert_file (or cert) is required".into(),
             ))
         }
@@ -237,58 +238,49 @@ pub(super) fn build_tls<E>(
         &format!("{K}.min_version"),
         t.min_version.as_deref().unwrap_or("TLS12"),
     )
-    .map_err(|p| invalid(&format!("{K}.min_version"), p))?;
+    .map_err(|p| bad("min_version", p))?;
     let max = tls_version(
         &format!("{K}.max_version"),
         t.max_version.as_deref().unwrap_or("TLS13"),
     )
-    .map_err(|p| invalid(&format!("{K}.max_version"), p))?;
+    .map_err(|p| bad("max_version", p))?;
     let versions: Vec<&'static SupportedProtocolVersion> = match (min == &TLS13, max == &TLS13) {
         (true, true) => vec![&TLS13],
         (false, true) => vec![&TLS13, &TLS12],
         (false, false) => vec![&TLS12],
-        (true, false) => {
-            return Err(invalid(
-                &format!("{K}.max_version"),
-                "is lower than min_version".into(),
-            ))
-        }
+        (true, false) => return Err(bad("max_version", "is lower than min_version".into())),
     };
 
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)
-        .map_err(|e| invalid(&format!("{K}.min_version"), e.to_string()))?;
+        .map_err(|e| bad("min_version", e.to_string()))?;
 
     let verify = |optional: bool| -> Result<_, E> {
-        let ca_key = format!("{K}.client_ca_file");
+        let ca_bad = |problem| bad("client_ca_file", problem);
         let Some(ca) = &client_ca else {
-            return Err(invalid(
-                &ca_key,
-                format!("required when client_auth_type is {client_auth}"),
-            ));
+            return Err(ca_bad(format!(
+                "required when client_auth_type is {client_auth}"
+            )));
         };
         let mut roots = RootCertStore::empty();
-        for cert in ca
-            .certificates(reload.map(|r| r.files))
-            .map_err(|p| invalid(&ca_key, p))?
-        {
+        for cert in ca.certificates(reload.map(|r| r.files)).map_err(ca_bad)? {
             roots
                 .add(cert)
-                .map_err(|e| invalid(&ca_key, format!("{}: {e}", ca.describe())))?;
+                .map_err(|e| ca_bad(format!("{}: {e}", ca.describe())))?;
         }
         let mut v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
         if optional {
             v = v.allow_unauthenticated();
         }
         v.build()
-            .map_err(|e| invalid(&ca_key, format!("{}: {e}", ca.describe())))
+            .map_err(|e| ca_bad(format!("{}: {e}", ca.describe())))
     };
     let builder = match client_auth.as_str() {
         "NoClientCert" => {
             if client_ca.is_some() {
-                return Err(invalid(
-                    &format!("{K}.client_ca_file"),
+                return Err(bad(
+                    "client_ca_file",
                     "is set but client_auth_type is NoClientCert; set client_auth_type to \
                      RequireAndVerifyClientCert or VerifyClientCertIfGiven"
                         .into(),
@@ -299,8 +291,8 @@ pub(super) fn build_tls<E>(
         "VerifyClientCertIfGiven" => builder.with_client_cert_verifier(verify(true)?),
         "RequireAndVerifyClientCert" => builder.with_client_cert_verifier(verify(false)?),
         "RequestClientCert" | "RequireAnyClientCert" => {
-            return Err(invalid(
-                &format!("{K}.client_auth_type"),
+            return Err(bad(
+                "client_auth_type",
                 format!(
                     "`{client_auth}` accepts client certificates without verifying them and is \
                      not supported: use VerifyClientCertIfGiven or RequireAndVerifyClientCert"
@@ -308,8 +300,8 @@ pub(super) fn build_tls<E>(
             ))
         }
         other => {
-            return Err(invalid(
-                &format!("{K}.client_auth_type"),
+            return Err(bad(
+                "client_auth_type",
                 format!(
                     "`{other}` is not one of NoClientCert, VerifyClientCertIfGiven, \
                      RequireAndVerifyClientCert"
@@ -318,16 +310,16 @@ pub(super) fn build_tls<E>(
         }
     };
     let cert_key = if matches!(cert, Source::File(_)) {
-        format!("{K}.cert_file")
+        "cert_file"
     } else {
-        format!("{K}.cert")
+        "cert"
     };
     let served = match load_certified_key(&cert, &key, &provider, reload.map(|r| r.files)) {
         Ok(pair) => Arc::new(pair),
         // Files can be caught mid-rotation; inline PEM is part of the text, which is invalid.
         Err(problem) if matches!((&cert, &key), (Source::File(_), Source::File(_))) => {
             let Some(serving) = reload.and_then(|r| r.serving.as_ref()) else {
-                return Err(invalid(&cert_key, problem));
+                return Err(bad(cert_key, problem));
             };
             tracing::warn!(
                 error = %problem,
@@ -336,7 +328,7 @@ pub(super) fn build_tls<E>(
             );
             serving.clone()
         }
-        Err(problem) => return Err(invalid(&cert_key, problem)),
+        Err(problem) => return Err(bad(cert_key, problem)),
     };
     let mut config = builder.with_cert_resolver(Arc::new(ServedCert(served.clone())));
     config.alpn_protocols = alpn(http2);
