@@ -489,20 +489,28 @@ fn top_shows_the_busy_cgroup_without_a_terminal() {
         return;
     }
     let cg = TestCgroup::new("sysscope-test-top");
-    let mut work = cg
-        .command(workload_bin())
-        // Busy until killed below: however long loading the probes takes on a loaded
-        // machine, the workload is still making calls when the frames are taken.
-        .args(["loop-getppid", "60", "1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut work = busy(&cg);
     let (code, out, err) = sysscope(&["top", "--count", "2", "--interval", "700ms", "-n", "200"]);
     let _ = work.kill();
     let _ = work.wait();
     assert_eq!(code, 0, "{err}");
     // Two frames, each with a header; the workload's cgroup with getppid as its top syscall.
     assert_eq!(out.matches("sysscope top - ").count(), 2, "{out}");
+    assert_busy_row(&out, &cg);
+}
+
+/// A workload in `cg` calling getppid until killed: however long loading the probes takes on
+/// a loaded machine, it is still making calls when the frames are taken.
+fn busy(cg: &TestCgroup) -> std::process::Child {
+    cg.command(workload_bin())
+        .args(["loop-getppid", "60", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// `top`'s output has a row for `cg` (the last, with several frames) with getppid in it.
+fn assert_busy_row(out: &str, cg: &TestCgroup) {
     let row = out
         .lines()
         .rev()
@@ -563,14 +571,7 @@ fn top_from_a_running_exporter_needs_no_privileges() {
     }
     let exporter = Exporter::start(TEST_CONFIG, &[]);
     let cg = TestCgroup::new("sysscope-test-top-from");
-    let mut work = cg
-        .command(workload_bin())
-        // Busy until killed below: however long loading the probes takes on a loaded
-        // machine, the workload is still making calls when the frames are taken.
-        .args(["loop-getppid", "60", "1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut work = busy(&cg);
     let url = format!("http://127.0.0.1:{}/metrics", exporter.port);
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
@@ -589,11 +590,7 @@ fn top_from_a_running_exporter_needs_no_privileges() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let row = text
-        .lines()
-        .find(|l| l.contains(&cg.rel))
-        .unwrap_or_else(|| panic!("{} not in:\n{text}", cg.rel));
-    assert!(row.contains("getppid"), "{row}");
+    assert_busy_row(&text, &cg);
 }
 
 #[test]
@@ -632,12 +629,7 @@ fn top_from_an_exporter_with_tls_and_basic_auth() {
             .is_ok_and(|r| r.status() == 200)
     });
     let cg = TestCgroup::new("sysscope-test-top-tls");
-    let mut work = cg
-        .command(workload_bin())
-        .args(["loop-getppid", "60", "1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut work = busy(&cg);
     let ca = dir.join("ca.pem").display().to_string();
     let top = |extra: &[&str], password: Option<&str>| {
         let mut command = Command::new(sysscope_bin());
@@ -700,11 +692,7 @@ fn top_from_an_exporter_with_tls_and_basic_auth() {
     let _ = work.wait();
     for (code, out, err) in &frames {
         assert_eq!(*code, Some(0), "{err}");
-        let row = out
-            .lines()
-            .find(|l| l.contains(&cg.rel))
-            .unwrap_or_else(|| panic!("{} not in:\n{out}", cg.rel));
-        assert!(row.contains("getppid"), "{row}");
+        assert_busy_row(out, &cg);
     }
     for (what, (code, _, err)) in [("no credentials", &no_credentials), ("wrong", &wrong)] {
         assert_eq!(*code, Some(1), "{what}: {err}");

@@ -31,20 +31,31 @@ pub struct HeaderError {
     what: &'static str,
 }
 
+/// Hands each configured header to `put`, which says what it could not take.
+fn each_header(
+    headers: &[(String, String)],
+    mut put: impl FnMut(&str, &str) -> Result<(), &'static str>,
+) -> Result<(), HeaderError> {
+    for (name, value) in headers {
+        put(name, value).map_err(|what| HeaderError {
+            name: name.clone(),
+            what,
+        })?;
+    }
+    Ok(())
+}
+
 /// The configured headers as gRPC metadata (keys lower-cased, as gRPC requires).
 pub(crate) fn grpc_metadata(
     headers: &[(String, String)],
 ) -> Result<tonic::metadata::MetadataMap, HeaderError> {
     let mut metadata = tonic::metadata::MetadataMap::new();
-    for (k, v) in headers {
-        let error = |what| HeaderError {
-            name: k.clone(),
-            what,
-        };
+    each_header(headers, |k, v| {
         let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-            .map_err(|_| error("gRPC metadata key"))?;
-        metadata.insert(key, v.parse().map_err(|_| error("gRPC metadata value"))?);
-    }
+            .map_err(|_| "gRPC metadata key")?;
+        metadata.insert(key, v.parse().map_err(|_| "gRPC metadata value")?);
+        Ok(())
+    })?;
     Ok(metadata)
 }
 
@@ -52,18 +63,16 @@ pub(crate) fn grpc_metadata(
 pub(crate) fn http_headers(
     headers: &[(String, String)],
 ) -> Result<reqwest::header::HeaderMap, HeaderError> {
+    use reqwest::header::{HeaderName, HeaderValue};
     let mut map = reqwest::header::HeaderMap::new();
-    for (k, v) in headers {
-        let error = |what| HeaderError {
-            name: k.clone(),
-            what,
-        };
-        let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-            .map_err(|_| error("HTTP header name"))?;
-        let value =
-            reqwest::header::HeaderValue::from_str(v).map_err(|_| error("HTTP header value"))?;
-        map.insert(name, value);
-    }
+    each_header(headers, |k, v| {
+        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| "HTTP header name")?;
+        map.insert(
+            name,
+            HeaderValue::from_str(v).map_err(|_| "HTTP header value")?,
+        );
+        Ok(())
+    })?;
     Ok(map)
 }
 
