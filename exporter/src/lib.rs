@@ -21,6 +21,7 @@ pub mod exposition;
 pub mod hist;
 pub mod kernel;
 pub mod metadata;
+pub mod openmetrics;
 pub mod privileges;
 pub mod reload;
 pub mod series;

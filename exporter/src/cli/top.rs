@@ -4,14 +4,17 @@
 //! It loads the syscall probes itself and reads `SYSCALL_STATS`/`SYSCALL_ERRORS` each interval
 //! through the same reader as `summary` (exited processes reclaimed), or, with `--from URL`,
 //! reads a running exporter's `/metrics` (`sysscope_syscall_duration_seconds_sum`,
-//! `sysscope_syscalls_total`, `sysscope_syscall_errors_total`) and needs no privileges.
+//! `sysscope_syscalls_total`, `sysscope_syscall_errors_total`) and needs no privileges: over
+//! HTTP or HTTPS (reqwest; `--from-ca-file` or the system's roots) with basic auth when the
+//! exporter's web config asks for it (`--from-user`, the password from `SYSSCOPE_FROM_PASSWORD`
+//! or `--from-password-file`, never from the command line).
 //! On a terminal it redraws in place (ANSI) and quits on `q` or Ctrl-C; otherwise it prints
 //! one frame per interval.
 
 use std::{
     collections::HashMap,
     io::{Read, Write},
-    net::TcpStream,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -23,7 +26,7 @@ use crate::{
     config::Config,
     kernel::{self, LoadOptions, Probes},
     metadata::{cgroups, Labeler},
-    syscall_table,
+    openmetrics, syscall_table,
 };
 
 const EXAMPLES: &str = "\
@@ -32,6 +35,8 @@ Examples:
   sysscope top --by process -n 20      # busiest processes
   sysscope top --count 3 > frames.txt  # three frames, no terminal needed
   sysscope top --from http://127.0.0.1:9812/metrics   # from a running exporter, no root
+  SYSSCOPE_FROM_PASSWORD=... sysscope top --from https://node-1:9812/metrics \\
+      --from-ca-file ca.pem --from-user prometheus   # an exporter with TLS and basic auth
 
 Columns: syscall time spent in the interval (summed over threads, so it can exceed the
 interval), that time as a share of the interval, calls and errors per second, and the
@@ -66,11 +71,28 @@ pub struct TopArgs {
     #[arg(short = 'c', long, value_name = "N", default_value_t = 0)]
     pub count: u64,
 
-    /// Read a running sysscope exporter's metrics (http://host:port/metrics) instead of
-    /// loading probes.
+    /// Read a running sysscope exporter's metrics (http://host:port/metrics or https://...)
+    /// instead of loading probes.
     #[arg(long, value_name = "URL")]
     pub from: Option<String>,
+
+    /// With --from https://...: trust the CA certificates in this PEM file (instead of the
+    /// system's roots).
+    #[arg(long, value_name = "FILE", requires = "from")]
+    pub from_ca_file: Option<PathBuf>,
+
+    /// With --from: the basic-auth user; the password comes from the SYSSCOPE_FROM_PASSWORD
+    /// environment variable or --from-password-file.
+    #[arg(long, value_name = "USER", requires = "from")]
+    pub from_user: Option<String>,
+
+    /// With --from-user: read the password from this file (its first line).
+    #[arg(long, value_name = "FILE", requires = "from_user")]
+    pub from_password_file: Option<PathBuf>,
 }
+
+/// The environment variable `--from-user`'s password is read from.
+const PASSWORD_VARIABLE: &str = "SYSSCOPE_FROM_PASSWORD";
 
 /// Usage of one syscall by one group over an interval.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -185,147 +207,120 @@ impl Source for ProbeSource {
 
 /// A running exporter's /metrics.
 struct MetricsSource {
+    client: reqwest::blocking::Client,
     url: String,
+    credentials: Option<(String, String)>,
     by: GroupBy,
     last: Option<HashMap<(String, String, String), Usage>>,
 }
 
-/// One sample of the exposition: name, labels, value.
-pub(crate) type Sample = (String, HashMap<String, String>, f64);
-
-/// Parses the sample lines of the Prometheus text format (enough for sysscope's own output).
-pub(crate) fn parse_exposition(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (name, rest) = match line.find(['{', ' ']) {
-            Some(i) => line.split_at(i),
-            None => continue,
+impl MetricsSource {
+    fn new(args: &TopArgs, url: &str) -> Result<Self, CliError> {
+        let fail = |message: String| CliError::Fetch {
+            what: format!("GET {url}"),
+            message,
         };
-        let mut labels = HashMap::new();
-        let mut rest = rest;
-        if let Some(r) = rest.strip_prefix('{') {
-            let mut chars = r.char_indices();
-            let mut key = String::new();
-            let mut end = r.len();
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '}' => {
-                        end = i + 1;
-                        break;
-                    }
-                    ',' | ' ' => {}
-                    '=' => {
-                        let _ = chars.next(); // opening quote
-                        let mut val = String::new();
-                        while let Some((_, c)) = chars.next() {
-                            match c {
-                                '\\' => match chars.next().map(|x| x.1) {
-                                    Some('n') => val.push('\n'),
-                                    Some(o) => val.push(o),
-                                    None => {}
-                                },
-                                '"' => break,
-                                o => val.push(o),
-                            }
-                        }
-                        labels.insert(std::mem::take(&mut key), val);
-                    }
-                    o => key.push(o),
+        // A URL without a path reads the exporter's default telemetry path.
+        let url = match url.split_once("://") {
+            Some((_, rest)) if !rest.contains('/') => format!("{url}/metrics"),
+            _ => url.to_string(),
+        };
+        let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10));
+        match &args.from_ca_file {
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .map_err(|e| CliError::io(format!("reading {}", path.display()), e))?;
+                for cert in reqwest::Certificate::from_pem_bundle(&pem)
+                    .map_err(|e| fail(format!("--from-ca-file {}: {e}", path.display())))?
+                {
+                    builder = builder.add_root_certificate(cert);
                 }
             }
-            rest = &r[end.min(r.len())..];
+            None => {
+                for cert in rustls_native_certs::load_native_certs().certs {
+                    if let Ok(cert) = reqwest::Certificate::from_der(&cert) {
+                        builder = builder.add_root_certificate(cert);
+                    }
+                }
+            }
         }
-        let Some(value) = rest.split_whitespace().next() else {
-            continue;
-        };
-        let value = match value {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => match v.parse() {
-                Ok(v) => v,
-                Err(_) => continue,
-            },
-        };
-        out.push((name.to_string(), labels, value));
+        let client = builder.build().map_err(|e| fail(e.to_string()))?;
+        Ok(Self {
+            client,
+            url,
+            credentials: credentials(args)?,
+            by: args.by,
+            last: None,
+        })
     }
-    out
+
+    /// The exposition, as Prometheus text.
+    fn fetch(&self) -> Result<String, CliError> {
+        let fail = |message: String| CliError::Fetch {
+            what: format!("GET {}", self.url),
+            message,
+        };
+        let mut request = self
+            .client
+            .get(&self.url)
+            .header(reqwest::header::ACCEPT, "text/plain; version=0.0.4");
+        if let Some((user, password)) = &self.credentials {
+            request = request.basic_auth(user, Some(password));
+        }
+        let response = request
+            .send()
+            .map_err(|e| fail(crate::util::error::Chain(&e).to_string()))?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(fail(format!("HTTP status {}", status.as_u16())));
+        }
+        response.text().map_err(|e| fail(e.to_string()))
+    }
 }
 
-/// GET over plain HTTP/1.0 (the exporter serves loopback by default; no TLS here).
-pub(crate) fn http_get(url: &str) -> Result<String, CliError> {
-    let fail = |message: String| CliError::Fetch {
-        what: format!("GET {url}"),
-        message,
+/// The basic-auth user and password of `--from-user`: the password from
+/// `SYSSCOPE_FROM_PASSWORD` or `--from-password-file` (its first line), never from the
+/// command line, where every user of the machine could read it.
+fn credentials(args: &TopArgs) -> Result<Option<(String, String)>, CliError> {
+    let Some(user) = &args.from_user else {
+        return Ok(None);
     };
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| fail("only http:// URLs are supported".into()))?;
-    let (host, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/metrics"),
+    let password = match &args.from_password_file {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| CliError::io(format!("reading {}", path.display()), e))?
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+        None => std::env::var(PASSWORD_VARIABLE).map_err(|_| {
+            CliError::Usage(format!(
+                "--from-user {user} needs a password: set {PASSWORD_VARIABLE} or \
+                 --from-password-file"
+            ))
+        })?,
     };
-    let mut s = TcpStream::connect(host).map_err(|e| fail(e.to_string()))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| fail(e.to_string()))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain; version=0.0.4\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| fail(e.to_string()))?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| fail(e.to_string()))?;
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| fail("malformed HTTP response".into()))?;
-    let status = head.split_whitespace().nth(1).unwrap_or("");
-    if status != "200" {
-        return Err(fail(format!("HTTP status {status}")));
-    }
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return Ok(dechunk(body));
-    }
-    Ok(body.to_string())
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
+    Ok(Some((user.clone(), password)))
 }
 
 /// Cumulative usage per (group key, detail, syscall) from an exposition.
-fn cumulative(samples: &[Sample], by: GroupBy) -> HashMap<(String, String, String), Usage> {
+fn cumulative(text: &str, by: GroupBy) -> HashMap<(String, String, String), Usage> {
     let mut out: HashMap<(String, String, String), Usage> = HashMap::new();
-    for (name, labels, value) in samples {
-        let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+    for sample in openmetrics::sample_lines(text).filter_map(|(_, s)| s) {
+        let get = |k: &str| sample.label(k).unwrap_or_default().to_string();
         let (group, detail) = match by {
             GroupBy::Cgroup => (get("cgroup"), String::new()),
-            GroupBy::Process => match labels.get("pid") {
+            GroupBy::Process => match sample.label("pid") {
                 Some(pid) => (format!("{pid} {}", get("comm")), get("cgroup")),
                 None => (get("comm"), get("cgroup")),
             },
         };
         let key = (group, detail, get("syscall"));
-        match name.as_str() {
-            "sysscope_syscalls_total" => out.entry(key).or_default().calls += *value as u64,
-            "sysscope_syscall_errors_total" => out.entry(key).or_default().errors += *value as u64,
+        let value = sample.value;
+        match sample.name.as_str() {
+            "sysscope_syscalls_total" => out.entry(key).or_default().calls += value as u64,
+            "sysscope_syscall_errors_total" => out.entry(key).or_default().errors += value as u64,
             "sysscope_syscall_duration_seconds_sum" => {
-                out.entry(key).or_default().time_ns += (*value * 1e9) as u64
+                out.entry(key).or_default().time_ns += (value * 1e9) as u64
             }
             _ => {}
         }
@@ -363,8 +358,8 @@ fn usage_delta(
 
 impl Source for MetricsSource {
     fn sample(&mut self) -> Result<Vec<GroupUsage>, CliError> {
-        let text = http_get(&self.url)?;
-        let cur = cumulative(&parse_exposition(&text), self.by);
+        let text = self.fetch()?;
+        let cur = cumulative(&text, self.by);
         let out = match &self.last {
             Some(prev) => usage_delta(prev, &cur),
             None => Vec::new(),
@@ -584,11 +579,7 @@ pub fn run(args: &TopArgs, config: &Config) -> Result<u8, CliError> {
     }
     let mut source: Box<dyn Source> = match &args.from {
         Some(url) => {
-            let mut s = MetricsSource {
-                url: url.clone(),
-                by: args.by,
-                last: None,
-            };
+            let mut s = MetricsSource::new(args, url)?;
             // The first reading is the baseline (and checks the URL now).
             s.sample()?;
             Box::new(s)
@@ -704,8 +695,8 @@ mod tests {
         let b = "sysscope_syscalls_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 25\n\
                  sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 0.75\n\
                  sysscope_syscall_errors_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\",errno=\"EAGAIN\"} 3\n";
-        let pa = cumulative(&parse_exposition(a), GroupBy::Cgroup);
-        let pb = cumulative(&parse_exposition(b), GroupBy::Cgroup);
+        let pa = cumulative(a, GroupBy::Cgroup);
+        let pb = cumulative(b, GroupBy::Cgroup);
         let d = usage_delta(&pa, &pb);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].label, "/a");
@@ -717,15 +708,17 @@ mod tests {
                 time_ns: 250_000_000
             }
         );
-        let by_proc = cumulative(&parse_exposition(b), GroupBy::Process);
+        let by_proc = cumulative(b, GroupBy::Process);
         assert!(by_proc.keys().any(|k| k.0 == "x" && k.1 == "/a"));
     }
 
     #[test]
     fn label_escapes() {
-        let s = parse_exposition("m{a=\"x\\\"y\",b=\"1\\n2\"} 4 1700000000\n");
-        assert_eq!(s[0].1["a"], "x\"y");
-        assert_eq!(s[0].1["b"], "1\n2");
-        assert_eq!(s[0].2, 4.0);
+        let text = "sysscope_syscalls_total{cgroup=\"/x\\\"y\",comm=\"1\\n2\",syscall=\"read\"} 4 1700000000\n";
+        let by_proc = cumulative(text, GroupBy::Process);
+        assert_eq!(
+            by_proc[&("1\n2".into(), "/x\"y".into(), "read".into())].calls,
+            4
+        );
     }
 }

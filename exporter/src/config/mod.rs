@@ -42,7 +42,7 @@ pub struct Config {
     pub(crate) slow_calls: SlowCallsConfig,
     pub kubernetes: KubernetesConfig,
     /// OTLP export (spans and metrics push); `OTEL_*` environment variables win when set.
-    pub otlp: crate::exposition::otlp::config::OtlpConfig,
+    pub otlp: otlp::OtlpConfig,
 }
 
 mod block_io;
@@ -52,6 +52,7 @@ mod gpu;
 mod kubernetes;
 mod labels;
 mod limits;
+pub mod otlp;
 mod slow_calls;
 mod syscalls;
 

@@ -9,6 +9,8 @@
 //! of its own metadata lines, never data. Exemplars are added to the OpenMetrics body only,
 //! after encoding (`spans::exemplars`), so the text this function reads has none.
 
+use crate::openmetrics::parse_descriptor;
+
 /// The formats `/metrics` can serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {
@@ -65,36 +67,31 @@ pub fn openmetrics_to_prometheus_text(om: &str) -> String {
     // Comment lines are few (three per family): find the counters first.
     let counters: std::collections::HashSet<&str> = om
         .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .filter_map(|l| match parse_descriptor(l) {
+            Some(("TYPE", name, "counter")) => Some(name),
+            _ => None,
+        })
         .collect();
     for line in om.lines() {
-        if line == "# EOF" || line.starts_with("# UNIT ") {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.rsplit_once(' ').unwrap_or((rest, "untyped"));
-            match kind {
+        match parse_descriptor(line) {
+            Some(("UNIT", _, _)) => {}
+            Some(("TYPE", name, kind)) => match kind {
                 "counter" => out.push_str(&format!("# TYPE {name}_total counter\n")),
                 "info" => out.push_str(&format!("# TYPE {name}_info gauge\n")),
                 "gauge" | "histogram" | "summary" => {
                     out.push_str(&format!("# TYPE {name} {kind}\n"))
                 }
                 _ => out.push_str(&format!("# TYPE {name} untyped\n")),
-            }
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-            if counters.contains(name) {
+            },
+            Some(("HELP", name, help)) if counters.contains(name) => {
                 out.push_str(&format!("# HELP {name}_total {help}\n"));
-            } else {
+            }
+            _ if line == "# EOF" => {}
+            _ => {
                 out.push_str(line);
                 out.push('\n');
             }
-            continue;
         }
-        out.push_str(line);
-        out.push('\n');
     }
     out
 }

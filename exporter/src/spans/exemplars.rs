@@ -16,7 +16,7 @@ use std::{
 };
 
 use super::event::SlowCall;
-use crate::exposition::otlp::openmetrics::{label_key, parse_sample};
+use crate::openmetrics::{label_key, parse_sample};
 
 /// The bucket lines that receive exemplars.
 pub(crate) const BUCKET_PREFIX: &str = "sysscope_syscall_duration_seconds_bucket{";

@@ -1,7 +1,8 @@
 //! The command-line tools on the real kernel with the real probes: `summary` against
 //! `strace -c -f` on the same deterministic command, `trace` output parsed as Trace Event
 //! Format with exact slice counts, `diagnose` naming each scripted pattern first, `top`
-//! showing a workload's cgroup, and the privilege check.
+//! showing a workload's cgroup (from its own probes, and from a running exporter, with TLS and
+//! basic auth too), and the privilege check.
 
 use std::{
     collections::BTreeMap,
@@ -488,20 +489,28 @@ fn top_shows_the_busy_cgroup_without_a_terminal() {
         return;
     }
     let cg = TestCgroup::new("sysscope-test-top");
-    let mut work = cg
-        .command(workload_bin())
-        // Busy until killed below: however long loading the probes takes on a loaded
-        // machine, the workload is still making calls when the frames are taken.
-        .args(["loop-getppid", "60", "1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut work = busy(&cg);
     let (code, out, err) = sysscope(&["top", "--count", "2", "--interval", "700ms", "-n", "200"]);
     let _ = work.kill();
     let _ = work.wait();
     assert_eq!(code, 0, "{err}");
     // Two frames, each with a header; the workload's cgroup with getppid as its top syscall.
     assert_eq!(out.matches("sysscope top - ").count(), 2, "{out}");
+    assert_busy_row(&out, &cg);
+}
+
+/// A workload in `cg` calling getppid until killed: however long loading the probes takes on
+/// a loaded machine, it is still making calls when the frames are taken.
+fn busy(cg: &TestCgroup) -> std::process::Child {
+    cg.command(workload_bin())
+        .args(["loop-getppid", "60", "1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// `top`'s output has a row for `cg` (the last, with several frames) with getppid in it.
+fn assert_busy_row(out: &str, cg: &TestCgroup) {
     let row = out
         .lines()
         .rev()
@@ -562,14 +571,7 @@ fn top_from_a_running_exporter_needs_no_privileges() {
     }
     let exporter = Exporter::start(TEST_CONFIG, &[]);
     let cg = TestCgroup::new("sysscope-test-top-from");
-    let mut work = cg
-        .command(workload_bin())
-        // Busy until killed below: however long loading the probes takes on a loaded
-        // machine, the workload is still making calls when the frames are taken.
-        .args(["loop-getppid", "60", "1"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut work = busy(&cg);
     let url = format!("http://127.0.0.1:{}/metrics", exporter.port);
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
@@ -588,11 +590,122 @@ fn top_from_a_running_exporter_needs_no_privileges() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let row = text
-        .lines()
-        .find(|l| l.contains(&cg.rel))
-        .unwrap_or_else(|| panic!("{} not in:\n{text}", cg.rel));
-    assert!(row.contains("getppid"), "{row}");
+    assert_busy_row(&text, &cg);
+}
+
+#[test]
+fn top_from_an_exporter_with_tls_and_basic_auth() {
+    if !require_root("top_from_an_exporter_with_tls_and_basic_auth") {
+        return;
+    }
+    let pki = crate::security::pki();
+    let dir = pki.dir.path();
+    // Cost 4 keeps the test fast; what is checked is that top sends the credentials.
+    let hash = bcrypt::hash("s3cret", 4).unwrap();
+    let web = dir.join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n\
+             basic_auth_users:\n  prometheus: '{hash}'\n"
+        ),
+    )
+    .unwrap();
+    let password_file = dir.join("password");
+    std::fs::write(&password_file, "s3cret\n").unwrap();
+    let port = free_port();
+    let mut exporter = Exporter::spawn_on(
+        port,
+        TEST_CONFIG,
+        &[&format!("--web.config.file={}", web.display())],
+    );
+    let url = format!("https://127.0.0.1:{port}/metrics");
+    let https = crate::security::client(&pki.ca, None);
+    exporter.wait_for(|| {
+        https
+            .get(&url)
+            .basic_auth("prometheus", Some("s3cret"))
+            .send()
+            .is_ok_and(|r| r.status() == 200)
+    });
+    let cg = TestCgroup::new("sysscope-test-top-tls");
+    let mut work = busy(&cg);
+    let ca = dir.join("ca.pem").display().to_string();
+    let top = |extra: &[&str], password: Option<&str>| {
+        let mut command = Command::new(sysscope_bin());
+        command
+            .args([
+                "top", "--from", &url, "--count", "1", "-i", "1s", "-n", "200",
+            ])
+            .args(extra)
+            .env_remove("SYSSCOPE_FROM_PASSWORD");
+        if let Some(password) = password {
+            command.env("SYSSCOPE_FROM_PASSWORD", password);
+        }
+        let out = command.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let with_ca = ["--from-ca-file", ca.as_str()];
+    let frames = [
+        // The password from the environment, then from a file.
+        top(
+            &[&with_ca[..], &["--from-user", "prometheus"]].concat(),
+            Some("s3cret"),
+        ),
+        top(
+            &[
+                &with_ca[..],
+                &["--from-user", "prometheus", "--from-password-file"],
+                &[password_file.to_str().unwrap()],
+            ]
+            .concat(),
+            None,
+        ),
+    ];
+    // Refused: no credentials, a wrong password, a CA that did not sign the server's
+    // certificate, and a user without a password.
+    let no_credentials = top(&with_ca, None);
+    let wrong = top(
+        &[&with_ca[..], &["--from-user", "prometheus"]].concat(),
+        Some("wrong"),
+    );
+    let stranger = dir.join("stranger.pem");
+    std::fs::write(&stranger, crate::security::ca("unrelated CA").pem()).unwrap();
+    let untrusted = top(
+        &[
+            "--from-ca-file",
+            stranger.to_str().unwrap(),
+            "--from-user",
+            "prometheus",
+        ],
+        Some("s3cret"),
+    );
+    let no_password = top(
+        &[&with_ca[..], &["--from-user", "prometheus"]].concat(),
+        None,
+    );
+    let _ = work.kill();
+    let _ = work.wait();
+    for (code, out, err) in &frames {
+        assert_eq!(*code, Some(0), "{err}");
+        assert_busy_row(out, &cg);
+    }
+    for (what, (code, _, err)) in [("no credentials", &no_credentials), ("wrong", &wrong)] {
+        assert_eq!(*code, Some(1), "{what}: {err}");
+        assert!(err.contains("401"), "{what}: {err}");
+    }
+    assert_eq!(untrusted.0, Some(1), "{}", untrusted.2);
+    assert!(untrusted.2.contains(&url), "{}", untrusted.2);
+    assert_eq!(no_password.0, Some(2), "{}", no_password.2);
+    assert!(
+        no_password.2.contains("SYSSCOPE_FROM_PASSWORD"),
+        "{}",
+        no_password.2
+    );
 }
 
 /// The args of the last sample (by time) of counter track `name`.

@@ -12,10 +12,11 @@ use rcgen::{
 };
 
 /// A CA, a server certificate for 127.0.0.1/localhost, a client certificate from the same CA
-/// and one from another CA, as PEM files in a temporary directory.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: String,
+/// and one from another CA, as PEM files in a temporary directory (`ca.pem`, `server.pem`,
+/// `server.key`).
+pub(crate) struct Pki {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) ca: String,
     client: String,
     rogue_client: String,
 }
@@ -36,7 +37,7 @@ fn leaf(
     (cert.pem(), key.serialize_pem())
 }
 
-fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+pub(crate) fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
@@ -48,7 +49,7 @@ fn ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
 }
 
-fn pki() -> Pki {
+pub(crate) fn pki() -> Pki {
     let dir = tempfile::tempdir().unwrap();
     let ca1 = ca("sysscope test CA");
     let ca2 = ca("someone else's CA");
@@ -71,7 +72,7 @@ fn pki() -> Pki {
     }
 }
 
-fn client(ca: &str, identity: Option<&str>) -> reqwest::blocking::Client {
+pub(crate) fn client(ca: &str, identity: Option<&str>) -> reqwest::blocking::Client {
     let mut b = reqwest::blocking::Client::builder()
         .use_rustls_tls()
         .tls_built_in_root_certs(false)

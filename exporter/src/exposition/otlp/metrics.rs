@@ -44,19 +44,20 @@ use opentelemetry_proto::tonic::{
 };
 use prost::Message;
 
-use super::{
-    config::{Protocol, SignalSettings},
+use super::{grpc_metadata, http_headers, HeaderError, Stats};
+use crate::{
+    config::otlp::{Protocol, SignalSettings},
+    exposition::{format::Format, scrape::Scraper},
     openmetrics::{self, Family, Kind, Sample},
-    Stats,
+    util::error::Chain,
 };
-use crate::exposition::{format::Format, scrape::Scraper};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricPushError {
     #[error("OTLP metrics endpoint `{endpoint}`: {problem}")]
     Endpoint { endpoint: String, problem: String },
-    #[error("OTLP header `{name}`: not a valid {what}")]
-    Header { name: String, what: &'static str },
+    #[error(transparent)]
+    Header(#[from] HeaderError),
     #[error("OTLP gRPC export needs a tokio runtime")]
     NoRuntime,
     #[error("OTLP metrics endpoint `{endpoint}`")]
@@ -479,19 +480,11 @@ impl Client {
                             retryable: matches!(code, 429 | 502 | 503 | 504),
                         })
                     }
-                    Err(e) => {
-                        // reqwest's own message hides the cause (refused, TLS, timeout).
-                        let mut message = format!("HTTP request failed: {e}");
-                        let mut source = std::error::Error::source(&e);
-                        while let Some(cause) = source {
-                            message.push_str(&format!(": {cause}"));
-                            source = cause.source();
-                        }
-                        Err(SendError {
-                            message,
-                            retryable: true,
-                        })
-                    }
+                    // reqwest's own message hides the cause (refused, TLS, timeout).
+                    Err(e) => Err(SendError {
+                        message: format!("HTTP request failed: {}", Chain(&e)),
+                        retryable: true,
+                    }),
                 }
             }
         }
@@ -525,20 +518,7 @@ fn build_client(
                 let _guard = runtime.enter();
                 endpoint.connect_lazy()
             };
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            for (k, v) in &settings.headers {
-                let key =
-                    tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                        .map_err(|_| MetricPushError::Header {
-                            name: k.clone(),
-                            what: "gRPC metadata key",
-                        })?;
-                let value = v.parse().map_err(|_| MetricPushError::Header {
-                    name: k.clone(),
-                    what: "gRPC metadata value",
-                })?;
-                metadata.insert(key, value);
-            }
+            let metadata = grpc_metadata(&settings.headers)?;
             let mut client = MetricsServiceClient::new(channel);
             if settings.gzip {
                 client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
@@ -550,22 +530,7 @@ fn build_client(
             })
         }
         Protocol::HttpProtobuf | Protocol::HttpJson => {
-            let mut headers = reqwest::header::HeaderMap::new();
-            for (k, v) in &settings.headers {
-                let name = reqwest::header::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
-                    MetricPushError::Header {
-                        name: k.clone(),
-                        what: "HTTP header name",
-                    }
-                })?;
-                let value = reqwest::header::HeaderValue::from_str(v).map_err(|_| {
-                    MetricPushError::Header {
-                        name: k.clone(),
-                        what: "HTTP header value",
-                    }
-                })?;
-                headers.insert(name, value);
-            }
+            let headers = http_headers(&settings.headers)?;
             let client =
                 super::tls::http_client(settings).map_err(|source| MetricPushError::Tls {
                     endpoint: settings.endpoint.clone(),

@@ -1,27 +1,80 @@
 //! OTLP: slow-call spans and the metric catalogue pushed to an OpenTelemetry endpoint.
 //!
 //! Configured by the standard `OTEL_*` environment variables over the config file's `[otlp]`
-//! section ([`config`]); with no endpoint set nothing is sent. TLS (system roots or a CA file,
+//! section (resolved in [`crate::config::otlp`]); with no endpoint set nothing is sent. TLS (system roots or a CA file,
 //! optional client certificates) and the shared blocking HTTP client are in `tls`.
 //! Spans go through `traces` (opentelemetry-otlp's exporter behind sysscope's own bounded
 //! queue, batching and backoff, so every drop is counted).
 //! Metrics go through [`metrics`]: the same OpenMetrics exposition Prometheus scrapes is read
-//! back (`openmetrics`) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
+//! back (`crate::openmetrics`) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
 //! outputs always carry the same numbers and bucket bounds.
 //!
 //! Self-metrics ([`Stats`]): `sysscope_spans_exported_total{destination}`,
 //! `sysscope_spans_dropped_total{reason}` (user-space reasons), `sysscope_spans_queued`,
 //! `sysscope_otlp_requests_total{signal,result}`.
 
-pub mod config;
 pub mod metrics;
-pub(crate) mod openmetrics;
 pub(crate) mod tls;
 pub(crate) mod traces;
 
 use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 
 use crate::collectors::self_metrics::{SelfMetrics, SpanCounters};
+/// The OTLP settings, at the path the span pipeline's wiring still names.
+pub use crate::config::otlp as config;
+
+/// A configured header that cannot be sent as it is.
+#[derive(Debug, thiserror::Error)]
+#[error("OTLP header `{name}`: not a valid {what}")]
+pub struct HeaderError {
+    name: String,
+    what: &'static str,
+}
+
+/// Hands each configured header to `put`, which says what it could not take.
+fn each_header(
+    headers: &[(String, String)],
+    mut put: impl FnMut(&str, &str) -> Result<(), &'static str>,
+) -> Result<(), HeaderError> {
+    for (name, value) in headers {
+        put(name, value).map_err(|what| HeaderError {
+            name: name.clone(),
+            what,
+        })?;
+    }
+    Ok(())
+}
+
+/// The configured headers as gRPC metadata (keys lower-cased, as gRPC requires).
+pub(crate) fn grpc_metadata(
+    headers: &[(String, String)],
+) -> Result<tonic::metadata::MetadataMap, HeaderError> {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    each_header(headers, |k, v| {
+        let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+            .map_err(|_| "gRPC metadata key")?;
+        metadata.insert(key, v.parse().map_err(|_| "gRPC metadata value")?);
+        Ok(())
+    })?;
+    Ok(metadata)
+}
+
+/// The configured headers as HTTP headers.
+pub(crate) fn http_headers(
+    headers: &[(String, String)],
+) -> Result<reqwest::header::HeaderMap, HeaderError> {
+    use reqwest::header::{HeaderName, HeaderValue};
+    let mut map = reqwest::header::HeaderMap::new();
+    each_header(headers, |k, v| {
+        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| "HTTP header name")?;
+        map.insert(
+            name,
+            HeaderValue::from_str(v).map_err(|_| "HTTP header value")?,
+        );
+        Ok(())
+    })?;
+    Ok(map)
+}
 
 /// The span pipeline's and the OTLP exporters' counters: typed handles registered once with
 /// the self-metrics ([`Stats::register`]) and incremented where the event happens.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
-use super::config::{SignalSettings, TlsSettings};
+use crate::config::otlp::{SignalSettings, TlsSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -135,7 +135,7 @@ impl opentelemetry_http::HttpClient for BlockingHttpClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exposition::otlp::config::PemFile;
+    use crate::config::otlp::PemFile;
 
     fn pem(path: &str, text: String) -> PemFile {
         PemFile {

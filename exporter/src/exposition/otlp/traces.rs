@@ -1,45 +1,49 @@
-//! Span export to an OTLP endpoint: a bounded queue, batching, and retry with backoff, in
-//! front of opentelemetry-otlp's `SpanExporter` (gRPC through tonic, or OTLP/HTTP with
-//! protobuf or JSON bodies through the blocking reqwest client of [`super::tls`]; TLS for
-//! `https://` endpoints as [`super::tls`] builds it).
+//! Span export to an OTLP endpoint: the OpenTelemetry SDK's `BatchSpanProcessor` (batching on
+//! its own thread) in front of opentelemetry-otlp's `SpanExporter` with its retry policy (gRPC
+//! through tonic, or OTLP/HTTP with protobuf or JSON bodies through the blocking reqwest
+//! client of [`super::tls`]; TLS for `https://` endpoints as [`super::tls`] builds it).
 //!
-//! The queue holds at most `slow_calls.export_queue` spans, the batch being sent included, so
-//! memory stays bounded however long the endpoint is down or slow; a span that does not fit
-//! is dropped and counted (`export_queue_full`). One thread sends batches of at most
-//! `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` spans when a batch is full or `OTEL_BSP_SCHEDULE_DELAY`
-//! has passed. A failed request (after the exporter's own quick retries) is retried after a
-//! pause that doubles from [`INITIAL_BACKOFF`] to [`MAX_BACKOFF`], so a dead endpoint costs
-//! one request every few seconds and export resumes within [`MAX_BACKOFF`] of it coming back;
-//! a batch that failed [`MAX_ATTEMPTS`] times is dropped and counted (`export_failed`).
+//! What the SDK does not count is counted here. At most `slow_calls.export_queue` spans are
+//! held, the batch being sent included ([`SpanExport::push`] admits a span only below that
+//! bound, and the processor's own queue is as large, so it never drops one itself): memory
+//! stays bounded however long the endpoint is down or slow, and a span that does not fit is
+//! dropped and counted (`export_queue_full`). A batch that still fails after the exporter's
+//! retries ([`RETRIES`], from [`INITIAL_BACKOFF`] doubling to [`MAX_BACKOFF`], within the
+//! request timeout) is dropped and counted (`export_failed`), and the next batch waits
+//! [`OUTAGE_PAUSE`], so a dead endpoint costs a few requests every few seconds, not a stream.
+//! Why this, and not sysscope's own queue: docs/spans.md ("Export").
 //!
-//! The thread is a plain OS thread: the HTTP exporter's blocking client must not run on a
-//! tokio runtime thread, while tonic needs a runtime, which the thread borrows through a
-//! [`tokio::runtime::Handle`] for gRPC only.
+//! The export thread is the processor's plain OS thread: the HTTP exporter's blocking client
+//! must not run on a tokio runtime thread, while tonic needs a runtime, which the exporter
+//! borrows through a [`tokio::runtime::Handle`] for gRPC only.
 
 use std::{
-    collections::{HashMap, VecDeque},
-    sync::{mpsc, Arc, Condvar, Mutex},
-    thread::JoinHandle,
-    time::{Duration, Instant},
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
 };
 
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_otlp::{RetryPolicy, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::{
-    trace::{SpanData, SpanExporter as _},
+    error::OTelSdkResult,
+    trace::{BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor},
     Resource,
 };
 
-use super::{
-    config::{Protocol, SignalSettings},
-    Stats,
-};
+use super::{grpc_metadata, HeaderError, Stats};
+use crate::config::otlp::{Protocol, SignalSettings};
 
-/// Pause after the first failed request.
+/// Retries of a failed request, after the first attempt.
+pub(crate) const RETRIES: usize = 3;
+/// Pause before the first retry.
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
 /// Longest pause between two attempts.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// Attempts per batch before it is dropped.
-pub(crate) const MAX_ATTEMPTS: u32 = 5;
+/// Pause after a batch was dropped, before the next one is tried.
+pub(crate) const OUTAGE_PAUSE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraceExportError {
@@ -49,8 +53,8 @@ pub enum TraceExportError {
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },
-    #[error("OTLP header `{name}`: not a valid {what}")]
-    Header { name: String, what: &'static str },
+    #[error(transparent)]
+    Header(#[from] HeaderError),
     #[error("OTLP span exporter for {endpoint}")]
     Tls {
         endpoint: String,
@@ -63,45 +67,73 @@ pub enum TraceExportError {
     Thread(#[source] std::io::Error),
 }
 
-#[derive(Debug, Default)]
-struct State {
-    spans: VecDeque<SpanData>,
-    in_flight: usize,
-    shutdown: bool,
-}
-
-#[derive(Debug)]
-struct Queue {
-    state: Mutex<State>,
-    wake: Condvar,
-    capacity: usize,
-    max_batch: usize,
-}
-
 /// The running span exporter.
 #[derive(Debug)]
 pub struct SpanExport {
-    queue: Arc<Queue>,
+    processor: BatchSpanProcessor,
+    closing: Arc<AtomicBool>,
+    /// Spans handed to the processor and not yet exported or dropped.
+    held: Arc<AtomicUsize>,
+    capacity: usize,
     stats: Arc<Stats>,
-    done: Mutex<Option<mpsc::Receiver<()>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// How the export thread runs the exporter's futures.
-#[derive(Clone)]
-enum Driver {
+/// The OTLP exporter, counting what the processor hands it.
+#[derive(Debug)]
+struct Counted {
+    otlp: opentelemetry_otlp::SpanExporter,
     /// gRPC: tonic's connections live on the agent's runtime.
-    Runtime(tokio::runtime::Handle),
-    /// HTTP: the blocking client, outside any runtime.
-    Blocking,
+    runtime: Option<tokio::runtime::Handle>,
+    held: Arc<AtomicUsize>,
+    stats: Arc<Stats>,
+    endpoint: String,
+    failing: AtomicBool,
+    /// Set by [`SpanExport::shutdown`]: what is left is sent once, without pausing.
+    closing: Arc<AtomicBool>,
 }
 
-impl Driver {
-    fn run<F: std::future::Future>(&self, f: F) -> F::Output {
-        match self {
-            Driver::Runtime(h) => h.block_on(f),
-            Driver::Blocking => futures::executor::block_on(f),
+impl SpanExporter for Counted {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len();
+        let result = match &self.runtime {
+            Some(runtime) => runtime.block_on(self.otlp.export(batch)),
+            None => self.otlp.export(batch).await,
+        };
+        self.stats.request("traces", result.is_ok());
+        let endpoint = &self.endpoint;
+        match &result {
+            Ok(()) => {
+                self.stats.exported("otlp", n as u64);
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(endpoint, "OTLP span export recovered");
+                }
+            }
+            Err(e) => {
+                self.stats.dropped("export_failed", n as u64);
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(endpoint, error = %e, "OTLP span export failed; batches that fail their retries are dropped and counted, and so are spans beyond the queue");
+                } else {
+                    tracing::debug!(endpoint, error = %e, "OTLP span export failed again");
+                }
+            }
         }
+        let held = self.held.fetch_sub(n, Ordering::AcqRel) - n;
+        self.stats.queued.set(held as i64);
+        if result.is_err() && !self.closing.load(Ordering::Relaxed) {
+            // The processor's thread: no request until then, while spans beyond the queue
+            // are counted as dropped.
+            std::thread::sleep(OUTAGE_PAUSE);
+        }
+        // Handled: counted, logged once per outage (the processor would log every batch).
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.otlp.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.otlp.set_resource(resource);
     }
 }
 
@@ -109,27 +141,18 @@ fn build_exporter(
     settings: &SignalSettings,
     resource: &Resource,
 ) -> Result<opentelemetry_otlp::SpanExporter, TraceExportError> {
+    let retry = RetryPolicy::default()
+        .with_max_retries(RETRIES)
+        .with_initial_delay(INITIAL_BACKOFF)
+        .with_max_delay(MAX_BACKOFF);
     let built = match settings.protocol {
         Protocol::Grpc => {
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            for (k, v) in &settings.headers {
-                let key =
-                    tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                        .map_err(|_| TraceExportError::Header {
-                            name: k.clone(),
-                            what: "gRPC metadata key",
-                        })?;
-                let value = v.parse().map_err(|_| TraceExportError::Header {
-                    name: k.clone(),
-                    what: "gRPC metadata value",
-                })?;
-                metadata.insert(key, value);
-            }
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
                 .with_timeout(settings.timeout)
-                .with_metadata(metadata);
+                .with_metadata(grpc_metadata(&settings.headers)?)
+                .with_retry_policy(retry);
             if settings.gzip {
                 builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
             }
@@ -146,14 +169,13 @@ fn build_exporter(
                     endpoint: settings.endpoint.clone(),
                     source,
                 })?;
-            let builder = opentelemetry_otlp::SpanExporter::builder()
+            let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
-                .with_http_client(super::tls::BlockingHttpClient(client));
-            let builder = if settings.gzip {
-                builder.with_compression(opentelemetry_otlp::Compression::Gzip)
-            } else {
-                builder
-            };
+                .with_http_client(super::tls::BlockingHttpClient(client))
+                .with_retry_policy(retry);
+            if settings.gzip {
+                builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
+            }
             builder
                 .with_endpoint(settings.endpoint.clone())
                 .with_protocol(if settings.protocol == Protocol::HttpJson {
@@ -186,205 +208,79 @@ impl SpanExport {
         stats: Arc<Stats>,
         runtime: Option<tokio::runtime::Handle>,
     ) -> Result<Self, TraceExportError> {
-        let driver = match settings.protocol {
-            Protocol::Grpc => Driver::Runtime(runtime.ok_or(TraceExportError::NoRuntime)?),
-            Protocol::HttpProtobuf | Protocol::HttpJson => Driver::Blocking,
+        let runtime = match settings.protocol {
+            Protocol::Grpc => Some(runtime.ok_or(TraceExportError::NoRuntime)?),
+            Protocol::HttpProtobuf | Protocol::HttpJson => None,
         };
-        let queue = Arc::new(Queue {
-            state: Mutex::new(State::default()),
-            wake: Condvar::new(),
-            capacity: capacity.max(1),
-            max_batch: max_batch.max(1),
-        });
-        // The exporter is created (and later dropped) on the export thread: the blocking HTTP
-        // client must not be dropped inside the runtime. Build errors come back here.
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let (done_tx, done_rx) = mpsc::channel();
-        let thread = {
-            let queue = queue.clone();
-            let stats = stats.clone();
-            let driver = driver.clone();
+        // Built on a thread of its own: the blocking HTTP client must not be built inside the
+        // runtime (start is called on it), tonic's channel must be (entered for gRPC).
+        let otlp = std::thread::scope(|scope| {
             std::thread::Builder::new()
-                .name("otlp-spans".into())
-                .spawn(move || {
-                    let exporter = {
-                        let _guard = match &driver {
-                            Driver::Runtime(h) => Some(h.enter()),
-                            Driver::Blocking => None,
-                        };
-                        build_exporter(&settings, &resource)
-                    };
-                    let exporter = match exporter {
-                        Ok(e) => {
-                            let _ = ready_tx.send(Ok(()));
-                            e
-                        }
-                        Err(e) => {
-                            let _ = ready_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                    tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), tls = settings.tls.is_some(), "exporting slow-call spans over OTLP");
-                    export_loop(&queue, &exporter, &driver, &stats, schedule_delay, &settings.endpoint);
-                    let _ = exporter.shutdown_with_timeout(Duration::from_secs(1));
-                    let _ = done_tx.send(());
+                .name("otlp-spans-init".into())
+                .spawn_scoped(scope, || {
+                    let _guard = runtime.as_ref().map(|h| h.enter());
+                    build_exporter(&settings, &resource)
                 })
                 .map_err(TraceExportError::Thread)?
+                .join()
+                .map_err(|_| {
+                    TraceExportError::Thread(std::io::Error::other(
+                        "building the span exporter panicked",
+                    ))
+                })?
+        })?;
+        let capacity = capacity.max(1);
+        let held = Arc::new(AtomicUsize::new(0));
+        let closing = Arc::new(AtomicBool::new(false));
+        let exporter = Counted {
+            otlp,
+            runtime,
+            held: held.clone(),
+            stats: stats.clone(),
+            endpoint: settings.endpoint.clone(),
+            failing: AtomicBool::new(false),
+            closing: closing.clone(),
         };
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(TraceExportError::Thread(std::io::Error::other(
-                    "span export thread ended during start-up",
-                )))
-            }
-        }
+        let config = BatchConfigBuilder::default()
+            .with_max_queue_size(capacity)
+            .with_max_export_batch_size(max_batch.max(1))
+            .with_scheduled_delay(schedule_delay)
+            .build();
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(config)
+            .build();
+        tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), tls = settings.tls.is_some(), "exporting slow-call spans over OTLP");
         stats.enable_otlp_traces();
         Ok(Self {
-            queue,
+            processor,
+            closing,
+            held,
+            capacity,
             stats,
-            done: Mutex::new(Some(done_rx)),
-            thread: Mutex::new(Some(thread)),
         })
     }
 
     /// Queues a span; when the queue is full it is dropped and counted.
     pub fn push(&self, span: SpanData) -> bool {
-        let mut st = self.queue.state.lock().expect("span queue lock");
-        if st.spans.len() + st.in_flight >= self.queue.capacity {
+        let admitted = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
+        let Ok(before) = admitted else {
             self.stats.dropped("export_queue_full", 1);
             return false;
-        }
-        st.spans.push_back(span);
-        self.stats
-            .queued
-            .set((st.spans.len() + st.in_flight) as i64);
-        if st.spans.len() >= self.queue.max_batch {
-            self.queue.wake.notify_one();
-        }
+        };
+        self.stats.queued.set(before as i64 + 1);
+        self.processor.on_end(span);
         true
     }
 
     /// Sends what is queued (for at most `grace`) and stops the thread.
     pub fn shutdown(&self, grace: Duration) {
-        {
-            let mut st = self.queue.state.lock().expect("span queue lock");
-            st.shutdown = true;
-            self.queue.wake.notify_all();
+        self.closing.store(true, Ordering::Relaxed);
+        if self.processor.shutdown_with_timeout(grace).is_err() {
+            tracing::warn!("span export still busy after {grace:?}; leaving it behind");
         }
-        let done = self.done.lock().expect("span export lock").take();
-        if let Some(done) = done {
-            if done.recv_timeout(grace).is_ok() {
-                if let Some(t) = self.thread.lock().expect("span export lock").take() {
-                    let _ = t.join();
-                }
-            } else {
-                tracing::warn!("span export still busy after {grace:?}; leaving it behind");
-            }
-        }
-    }
-}
-
-/// Waits for a batch: full, or the schedule delay passed with something queued, or shutdown.
-fn next_batch(queue: &Queue, stats: &Stats, delay: Duration) -> Option<Vec<SpanData>> {
-    let mut st = queue.state.lock().expect("span queue lock");
-    let mut deadline = Instant::now() + delay;
-    loop {
-        if st.spans.len() >= queue.max_batch || (st.shutdown && !st.spans.is_empty()) {
-            break;
-        }
-        if st.shutdown {
-            return None;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            if !st.spans.is_empty() {
-                break;
-            }
-            deadline = now + delay;
-        }
-        st = queue
-            .wake
-            .wait_timeout(st, deadline.saturating_duration_since(now))
-            .expect("span queue lock")
-            .0;
-    }
-    let n = st.spans.len().min(queue.max_batch);
-    let batch: Vec<SpanData> = st.spans.drain(..n).collect();
-    st.in_flight = n;
-    stats.queued.set((st.spans.len() + st.in_flight) as i64);
-    Some(batch)
-}
-
-fn finish_batch(queue: &Queue, stats: &Stats) {
-    let mut st = queue.state.lock().expect("span queue lock");
-    st.in_flight = 0;
-    stats.queued.set(st.spans.len() as i64);
-}
-
-/// Sleeps for `pause` unless shutdown is requested meanwhile; returns whether it is.
-fn pause_unless_shutdown(queue: &Queue, pause: Duration) -> bool {
-    let deadline = Instant::now() + pause;
-    let mut st = queue.state.lock().expect("span queue lock");
-    while !st.shutdown {
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        st = queue
-            .wake
-            .wait_timeout(st, deadline - now)
-            .expect("span queue lock")
-            .0;
-    }
-    true
-}
-
-fn export_loop(
-    queue: &Queue,
-    exporter: &opentelemetry_otlp::SpanExporter,
-    driver: &Driver,
-    stats: &Stats,
-    delay: Duration,
-    endpoint: &str,
-) {
-    let mut backoff = INITIAL_BACKOFF;
-    let mut failing = false;
-    while let Some(batch) = next_batch(queue, stats, delay) {
-        let n = batch.len() as u64;
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            match driver.run(exporter.export(batch.clone())) {
-                Ok(()) => {
-                    tracing::debug!(spans = n, attempts, "OTLP span batch exported");
-                    stats.request("traces", true);
-                    stats.exported("otlp", n);
-                    if failing {
-                        tracing::info!(endpoint, "OTLP span export recovered");
-                    }
-                    failing = false;
-                    backoff = INITIAL_BACKOFF;
-                    break;
-                }
-                Err(e) => {
-                    stats.request("traces", false);
-                    if !failing {
-                        tracing::warn!(endpoint, error = %e, "OTLP span export failed; retrying with backoff, spans beyond the queue are dropped and counted");
-                    } else {
-                        tracing::debug!(endpoint, error = %e, attempts, "OTLP span export failed again");
-                    }
-                    failing = true;
-                    let shutting_down = pause_unless_shutdown(queue, backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    if attempts >= MAX_ATTEMPTS || shutting_down {
-                        stats.dropped("export_failed", n);
-                        break;
-                    }
-                }
-            }
-        }
-        finish_batch(queue, stats);
     }
 }

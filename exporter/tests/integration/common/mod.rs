@@ -544,52 +544,37 @@ impl Drop for Exporter {
     }
 }
 
-/// A minimal HTTP/1.1 GET on loopback: (status, raw headers, body).
+/// A GET on loopback over a fresh connection: (status, the response head as text, body).
 pub fn http_get(
     port: u16,
     path: &str,
     accept: Option<&str>,
 ) -> std::io::Result<(u16, String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let accept = accept
-        .map(|a| format!("Accept: {a}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{accept}Connection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok((status, head.to_string(), body))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
+    static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
+    let client = CLIENT.get_or_init(|| {
+        reqwest::blocking::Client::builder()
+            // Each request on a connection of its own, as a scraper or a probe opens it.
+            .pool_max_idle_per_host(0)
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("HTTP client")
+    });
+    let mut request = client.get(format!("http://127.0.0.1:{port}{path}"));
+    if let Some(accept) = accept {
+        request = request.header(reqwest::header::ACCEPT, accept);
     }
-    out
+    let response = request.send().map_err(std::io::Error::other)?;
+    let mut head = format!("{:?} {}\r\n", response.version(), response.status());
+    for (name, value) in response.headers() {
+        head.push_str(&format!(
+            "{name}: {}\r\n",
+            String::from_utf8_lossy(value.as_bytes())
+        ));
+    }
+    let status = response.status().as_u16();
+    let body = response.bytes().map_err(std::io::Error::other)?;
+    Ok((status, head, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// One sample of the exposition.
@@ -600,68 +585,19 @@ pub struct Sample {
     pub value: f64,
 }
 
-/// Parses sample lines of the Prometheus text / OpenMetrics formats (comments skipped).
+/// Parses sample lines of the Prometheus text / OpenMetrics formats (comments skipped) with
+/// the exporter's own reader; a line that does not parse fails the test.
 pub fn parse_samples(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.starts_with('#') || line.trim().is_empty() {
-            continue;
-        }
-        // Label values are parsed with their escapes before anything else: a value may hold
-        // `}`, `" # {"` or anything a tenant chose, and an exemplar comes after the value.
-        let (name, rest) = match line.find('{') {
-            Some(i) => (&line[..i], &line[i..]),
-            None => line.split_at(line.find(' ').expect("sample has a value")),
-        };
-        let mut labels = BTreeMap::new();
-        let value_part;
-        if let Some(rest) = rest.strip_prefix('{') {
-            let mut chars = rest.char_indices().peekable();
-            let mut key = String::new();
-            let mut end = 0;
-            while let Some((i, c)) = chars.next() {
-                match c {
-                    '}' => {
-                        end = i + 1;
-                        break;
-                    }
-                    ',' | ' ' => continue,
-                    '=' => {
-                        assert_eq!(chars.next().map(|x| x.1), Some('"'));
-                        let mut val = String::new();
-                        while let Some((_, c)) = chars.next() {
-                            match c {
-                                '\\' => match chars.next().map(|x| x.1) {
-                                    Some('n') => val.push('\n'),
-                                    Some(o) => val.push(o),
-                                    None => {}
-                                },
-                                '"' => break,
-                                o => val.push(o),
-                            }
-                        }
-                        labels.insert(std::mem::take(&mut key), val);
-                    }
-                    o => key.push(o),
-                }
+    sysscope::openmetrics::sample_lines(text)
+        .map(|(line, sample)| {
+            let s = sample.unwrap_or_else(|| panic!("not a sample line: {line}"));
+            Sample {
+                name: s.name,
+                labels: s.labels.into_iter().collect(),
+                value: s.value,
             }
-            value_part = &rest[end..];
-        } else {
-            value_part = rest;
-        }
-        let value_str = value_part.split_whitespace().next().expect("value");
-        let value = match value_str {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => v.parse().unwrap_or_else(|_| panic!("bad value in {line}")),
-        };
-        out.push(Sample {
-            name: name.to_string(),
-            labels,
-            value,
-        });
-    }
-    out
+        })
+        .collect()
 }
 
 /// Samples named `name` whose labels include every pair of `want`.

@@ -1,11 +1,13 @@
-//! A reader for the OpenMetrics text sysscope itself writes (prometheus-client's encoder):
+//! The one reader of the exposition text sysscope writes (prometheus-client's OpenMetrics, and
+//! the Prometheus text 0.0.4 made from it): descriptor lines (`# TYPE`, `# HELP`, `# UNIT`),
 //! metric families with their type, help and unit, samples with unescaped labels, and
-//! exemplars. It is what lets the OTLP metrics push and the exemplar annotator reuse the one
-//! exposition every collector already produces, instead of a second encoding path.
+//! exemplars. The OTLP metrics push, the exemplar annotator, the 0.0.4 rewrite, `sysscope top
+//! --from` and the integration tests all read the exposition through it. A leaf: it imports
+//! nothing from the crate.
 
 /// Metric types of the OpenMetrics text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
     Counter,
     Gauge,
     Histogram,
@@ -27,15 +29,15 @@ impl Kind {
 
 /// An exemplar attached to a sample (` # {labels} value [timestamp]`).
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Exemplar {
+pub struct Exemplar {
     pub labels: Vec<(String, String)>,
     pub value: f64,
-    pub(crate) timestamp: Option<f64>,
+    pub timestamp: Option<f64>,
 }
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Sample {
+pub struct Sample {
     pub name: String,
     pub labels: Vec<(String, String)>,
     pub value: f64,
@@ -43,7 +45,8 @@ pub(crate) struct Sample {
 }
 
 impl Sample {
-    pub(crate) fn label(&self, name: &str) -> Option<&str> {
+    /// The value of label `name`.
+    pub fn label(&self, name: &str) -> Option<&str> {
         self.labels
             .iter()
             .find_map(|(k, v)| (k == name).then_some(v.as_str()))
@@ -52,7 +55,7 @@ impl Sample {
 
 /// A metric family: its descriptor lines and samples.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Family {
+pub struct Family {
     pub name: String,
     pub kind: Kind,
     pub help: String,
@@ -100,7 +103,7 @@ fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
 }
 
 /// Parses one sample line (not a comment).
-pub(crate) fn parse_sample(line: &str) -> Option<Sample> {
+pub fn parse_sample(line: &str) -> Option<Sample> {
     let line = line.trim_end_matches(['\n', '\r']);
     let name_end = line.find(['{', ' '])?;
     let name = line[..name_end].to_string();
@@ -134,8 +137,25 @@ pub(crate) fn parse_sample(line: &str) -> Option<Sample> {
     })
 }
 
+/// A descriptor line, `# TYPE name counter`, `# HELP name text` or `# UNIT name seconds`, as
+/// (keyword, family name, the rest); `None` for a sample line or another comment (`# EOF`).
+pub fn parse_descriptor(line: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = line.strip_prefix("# ")?.splitn(3, ' ');
+    let keyword = parts.next()?;
+    let name = parts.next()?;
+    Some((keyword, name, parts.next().unwrap_or("")))
+}
+
+/// The sample lines of an exposition (comments and blank lines left out), each parsed: `None`
+/// for a line that does not parse.
+pub fn sample_lines(text: &str) -> impl Iterator<Item = (&str, Option<Sample>)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| (l, parse_sample(l)))
+}
+
 /// Parses a whole exposition into families, in order. Samples that do not parse are skipped.
-pub(crate) fn parse_families(text: &str) -> Vec<Family> {
+pub fn parse_families(text: &str) -> Vec<Family> {
     let mut families: Vec<Family> = Vec::new();
     let family_named = |families: &mut Vec<Family>, name: &str| -> usize {
         if let Some(i) = families.iter().rposition(|f| f.name == name) {
@@ -151,12 +171,7 @@ pub(crate) fn parse_families(text: &str) -> Vec<Family> {
         families.len() - 1
     };
     for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# ") {
-            let mut parts = rest.splitn(3, ' ');
-            let (Some(what), Some(name)) = (parts.next(), parts.next()) else {
-                continue;
-            };
-            let arg = parts.next().unwrap_or("");
+        if let Some((what, name, arg)) = parse_descriptor(line) {
             match what {
                 "TYPE" => {
                     let i = family_named(&mut families, name);
@@ -174,7 +189,7 @@ pub(crate) fn parse_families(text: &str) -> Vec<Family> {
             }
             continue;
         }
-        if line.is_empty() || line.starts_with('#') {
+        if line.trim().is_empty() || line.starts_with('#') {
             continue;
         }
         let Some(sample) = parse_sample(line) else {
@@ -193,7 +208,7 @@ pub(crate) fn parse_families(text: &str) -> Vec<Family> {
 }
 
 /// Escapes a label value the way the text formats quote it.
-pub(crate) fn escape_label_value(v: &str) -> String {
+pub fn escape_label_value(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     for c in v.chars() {
         match c {
@@ -207,7 +222,7 @@ pub(crate) fn escape_label_value(v: &str) -> String {
 }
 
 /// A canonical text key for a label set: sorted by name, values escaped and quoted.
-pub(crate) fn label_key<'a>(labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+pub fn label_key<'a>(labels: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut pairs: Vec<(&str, &str)> = labels.into_iter().collect();
     pairs.sort_unstable();
     let mut key = String::new();
@@ -260,6 +275,24 @@ mod tests {
         assert_eq!(f[1].unit, "seconds");
         assert_eq!(f[1].help, "Latency.");
         assert_eq!(f[1].samples.len(), 4);
+    }
+
+    #[test]
+    fn descriptors_and_sample_lines() {
+        assert_eq!(
+            parse_descriptor("# TYPE a counter"),
+            Some(("TYPE", "a", "counter"))
+        );
+        assert_eq!(
+            parse_descriptor("# HELP a Some help."),
+            Some(("HELP", "a", "Some help."))
+        );
+        assert_eq!(parse_descriptor("# EOF"), None);
+        assert_eq!(parse_descriptor("a{b=\"# TYPE\"} 1"), None);
+        let lines: Vec<_> = sample_lines("# TYPE a gauge\na 1\n\ngarbage\n# EOF\n").collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].1.as_ref().map(|s| s.value), Some(1.0));
+        assert_eq!(lines[1], ("garbage", None));
     }
 
     #[test]

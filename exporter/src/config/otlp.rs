@@ -1,5 +1,7 @@
-//! OTLP export settings: the standard OpenTelemetry environment variables, with the `[otlp]`
-//! section of the config file as their fallback.
+//! The `[otlp]` section of the config file, and the OTLP export settings resolved from it and
+//! the standard OpenTelemetry environment variables: one resolver ([`Settings::resolve`]) for
+//! both, which also validates the section at load (every key it sets is checked, with the key
+//! named, whether or not an endpoint is set yet).
 //!
 //! A signal (traces, metrics) is exported only when an endpoint is set for it
 //! (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT`, or
@@ -16,6 +18,7 @@
 
 use std::{collections::BTreeMap, collections::HashMap, time::Duration};
 
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
 use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
@@ -125,6 +128,27 @@ pub enum SettingsError {
     },
 }
 
+impl SettingsError {
+    /// The setting named without its kind (`otlp.timeout` for "config key otlp.timeout"), and
+    /// what is wrong with its value.
+    fn key_and_problem(&self) -> (String, String) {
+        let (setting, problem) = match self {
+            SettingsError::Invalid {
+                setting,
+                value,
+                problem,
+            } => (setting, format!("`{value}`: {problem}")),
+            SettingsError::File {
+                setting,
+                path,
+                problem,
+            } => (setting, format!("file `{path}`: {problem}")),
+        };
+        let key = setting.strip_prefix("config key ").unwrap_or(setting);
+        (key.to_string(), problem)
+    }
+}
+
 /// A value and the setting it came from (named in errors).
 #[derive(Debug, Clone)]
 struct Found {
@@ -211,87 +235,39 @@ pub struct OtlpConfig {
     pub(crate) span_batch_size: Option<usize>,
 }
 
-/// Characters that would break the `key=value,...` form: percent-encoded.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b == b'%' || b == b',' || !(0x21..=0x7e).contains(&b) {
-            out.push_str(&format!("%{b:02X}"));
-        } else {
-            out.push(b as char);
-        }
-    }
-    out
-}
+/// What `key=value,...` lists (`OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_RESOURCE_ATTRIBUTES`)
+/// percent-encode in a value: the separators, `%` itself, and what is not printable ASCII.
+const VALUE_ESCAPES: &AsciiSet = &CONTROLS.add(b' ').add(b'%').add(b',');
 
 fn key_values(map: &BTreeMap<String, String>) -> String {
     map.iter()
-        .map(|(k, v)| format!("{}={}", k.trim(), percent_encode(v)))
+        .map(|(k, v)| format!("{}={}", k.trim(), utf8_percent_encode(v, VALUE_ESCAPES)))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-fn duration_key(key: &str, value: &str, min: Duration) -> Result<Duration, (String, String)> {
-    let d = crate::util::duration::parse(value).map_err(|p| (key.into(), p))?;
+/// A duration key in the milliseconds of its variable; at least `min`.
+fn millis(key: &str, value: &str, min: Duration) -> Result<String, SettingsError> {
+    let error = |problem: String| SettingsError::Invalid {
+        setting: format!("config key {key}"),
+        value: value.to_string(),
+        problem,
+    };
+    let d = crate::util::duration::parse(value).map_err(error)?;
     if d < min {
-        return Err((
-            key.into(),
-            format!(
-                "`{value}` is too short (at least {})",
-                crate::util::duration::format(&min)
-            ),
-        ));
+        return Err(error(format!(
+            "too short (at least {})",
+            crate::util::duration::format(&min)
+        )));
     }
-    Ok(d)
-}
-
-fn check_url(key: &str, url: &str, protocol: Option<&str>) -> Result<(), (String, String)> {
-    let url = url.trim();
-    let err = |p: String| Err((key.to_string(), p));
-    if url.is_empty() {
-        return err("must not be empty (leave the key out instead)".into());
-    }
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            if scheme != "http" && scheme != "https" {
-                return err(format!("`{url}`: the scheme must be http:// or https://"));
-            }
-            if rest.split(['/', '?', '#']).next().unwrap_or("").is_empty() {
-                return err(format!("`{url}` names no host"));
-            }
-        }
-        None if protocol == Some("grpc") => {}
-        None => {
-            return err(format!(
-                "`{url}` has no scheme: write http:// or https:// (a scheme-less endpoint is \
-                 only for protocol = \"grpc\")"
-            ))
-        }
-    }
-    Ok(())
+    Ok(d.as_millis().to_string())
 }
 
 impl OtlpConfig {
-    /// Checks every key; the error is (key, problem).
+    /// Checks every key that is set: the checks only a file can fail (header names, empty
+    /// names, certificate files that cannot be opened or come without their pair), then the
+    /// resolver over the file alone. The error is (key, problem).
     pub(crate) fn validate(&self) -> Result<(), (String, String)> {
-        let protocol = self.protocol.as_deref().map(str::trim);
-        if let Some(p) = protocol {
-            if Protocol::parse(p).is_none() {
-                return Err((
-                    "otlp.protocol".into(),
-                    format!("`{p}` is not one of grpc, http/protobuf, http/json"),
-                ));
-            }
-        }
-        for (key, url) in [
-            ("otlp.endpoint", &self.endpoint),
-            ("otlp.traces_endpoint", &self.traces_endpoint),
-            ("otlp.metrics_endpoint", &self.metrics_endpoint),
-        ] {
-            if let Some(url) = url {
-                check_url(key, url, protocol)?;
-            }
-        }
         for (name, value) in &self.headers {
             let key = format!("otlp.headers.{name}");
             if name.trim().is_empty()
@@ -303,17 +279,6 @@ impl OtlpConfig {
             }
             if value.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
                 return Err((key, "the value holds control characters".into()));
-            }
-        }
-        if let Some(t) = &self.timeout {
-            duration_key("otlp.timeout", t, Duration::from_millis(1))?;
-        }
-        if let Some(c) = &self.compression {
-            if parse_compression(c).is_none() {
-                return Err((
-                    "otlp.compression".into(),
-                    format!("`{c}`: expected gzip or none"),
-                ));
             }
         }
         for (key, path) in [
@@ -352,143 +317,142 @@ impl OtlpConfig {
         {
             return Err(("otlp.service_name".into(), "must not be empty".into()));
         }
-        if self.resource_attributes.keys().any(|k| k.trim().is_empty()) {
-            return Err((
-                "otlp.resource_attributes".into(),
-                "attribute names must not be empty".into(),
-            ));
-        }
-        if let Some(d) = &self.metrics_interval {
-            duration_key("otlp.metrics_interval", d, Duration::from_millis(100))?;
-        }
-        if let Some(d) = &self.metrics_timeout {
-            duration_key("otlp.metrics_timeout", d, Duration::from_millis(1))?;
-        }
-        if let Some(d) = &self.span_batch_delay {
-            duration_key("otlp.span_batch_delay", d, Duration::from_millis(1))?;
-        }
-        if let Some(n) = self.span_batch_size {
-            if !(1..=100_000).contains(&n) {
-                return Err((
-                    "otlp.span_batch_size".into(),
-                    format!("{n} is out of range 1..=100000"),
-                ));
-            }
-        }
-        Ok(())
+        let file = self.lookup().map_err(|e| e.key_and_problem())?;
+        Settings::resolve_with(&|k| file(k), None, "", Check::EverySetting)
+            .map(drop)
+            .map_err(|e| e.key_and_problem())
     }
 
     /// Every key that is set, as (the `OTEL_*` variable it stands for, the key, the value in
-    /// the variable's format). Call on a validated config.
-    pub fn variables(&self) -> Vec<(&'static str, &'static str, String)> {
-        let ms = |d: &String| {
-            crate::util::duration::parse(d)
-                .map(|d| d.as_millis().max(1).to_string())
-                .unwrap_or_else(|_| d.clone())
+    /// the variable's format: durations in milliseconds, maps as `key=value,...`). A duration
+    /// that does not parse, or is below its variable's minimum, is an error naming the key.
+    pub fn variables(&self) -> Result<Vec<(&'static str, &'static str, String)>, SettingsError> {
+        const MS: Duration = Duration::from_millis(1);
+        let ms = |key: &'static str, d: &Option<String>, min: Duration| {
+            d.as_ref().map(|d| millis(key, d, min)).transpose()
         };
-        let mut out = Vec::new();
-        let mut put = |var, key, value: Option<String>| {
-            if let Some(v) = value {
-                out.push((var, key, v));
-            }
-        };
-        put(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "otlp.endpoint",
-            self.endpoint.clone(),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "otlp.traces_endpoint",
-            self.traces_endpoint.clone(),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-            "otlp.metrics_endpoint",
-            self.metrics_endpoint.clone(),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-            "otlp.protocol",
-            self.protocol.clone(),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_HEADERS",
-            "otlp.headers",
-            (!self.headers.is_empty()).then(|| key_values(&self.headers)),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_TIMEOUT",
-            "otlp.timeout",
-            self.timeout.as_ref().map(ms),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_COMPRESSION",
-            "otlp.compression",
-            self.compression.clone(),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_INSECURE",
-            "otlp.insecure",
-            self.insecure.map(|b| b.to_string()),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_CERTIFICATE",
-            "otlp.certificate",
-            self.certificate.clone(),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
-            "otlp.client_certificate",
-            self.client_certificate.clone(),
-        );
-        put(
-            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
-            "otlp.client_key",
-            self.client_key.clone(),
-        );
-        put(
-            "OTEL_SERVICE_NAME",
-            "otlp.service_name",
-            self.service_name.clone(),
-        );
-        put(
-            "OTEL_RESOURCE_ATTRIBUTES",
-            "otlp.resource_attributes",
-            (!self.resource_attributes.is_empty()).then(|| key_values(&self.resource_attributes)),
-        );
         let exporter = |on: bool| if on { "otlp" } else { "none" }.to_string();
-        put(
-            "OTEL_TRACES_EXPORTER",
-            "otlp.traces",
-            self.traces.map(exporter),
-        );
-        put(
-            "OTEL_METRICS_EXPORTER",
-            "otlp.metrics",
-            self.metrics.map(exporter),
-        );
-        put(
-            "OTEL_METRIC_EXPORT_INTERVAL",
-            "otlp.metrics_interval",
-            self.metrics_interval.as_ref().map(ms),
-        );
-        put(
-            "OTEL_METRIC_EXPORT_TIMEOUT",
-            "otlp.metrics_timeout",
-            self.metrics_timeout.as_ref().map(ms),
-        );
-        put(
-            "OTEL_BSP_SCHEDULE_DELAY",
-            "otlp.span_batch_delay",
-            self.span_batch_delay.as_ref().map(ms),
-        );
-        put(
-            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-            "otlp.span_batch_size",
-            self.span_batch_size.map(|n| n.to_string()),
-        );
-        out
+        let all = [
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "otlp.endpoint",
+                self.endpoint.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "otlp.traces_endpoint",
+                self.traces_endpoint.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+                "otlp.metrics_endpoint",
+                self.metrics_endpoint.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                "otlp.protocol",
+                self.protocol.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "otlp.headers",
+                (!self.headers.is_empty()).then(|| key_values(&self.headers)),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+                "otlp.timeout",
+                ms("otlp.timeout", &self.timeout, MS)?,
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
+                "otlp.compression",
+                self.compression.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_INSECURE",
+                "otlp.insecure",
+                self.insecure.map(|b| b.to_string()),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+                "otlp.certificate",
+                self.certificate.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                "otlp.client_certificate",
+                self.client_certificate.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+                "otlp.client_key",
+                self.client_key.clone(),
+            ),
+            (
+                "OTEL_SERVICE_NAME",
+                "otlp.service_name",
+                self.service_name.clone(),
+            ),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "otlp.resource_attributes",
+                (!self.resource_attributes.is_empty())
+                    .then(|| key_values(&self.resource_attributes)),
+            ),
+            (
+                "OTEL_TRACES_EXPORTER",
+                "otlp.traces",
+                self.traces.map(exporter),
+            ),
+            (
+                "OTEL_METRICS_EXPORTER",
+                "otlp.metrics",
+                self.metrics.map(exporter),
+            ),
+            (
+                "OTEL_METRIC_EXPORT_INTERVAL",
+                "otlp.metrics_interval",
+                ms(
+                    "otlp.metrics_interval",
+                    &self.metrics_interval,
+                    Duration::from_millis(100),
+                )?,
+            ),
+            (
+                "OTEL_METRIC_EXPORT_TIMEOUT",
+                "otlp.metrics_timeout",
+                ms("otlp.metrics_timeout", &self.metrics_timeout, MS)?,
+            ),
+            (
+                "OTEL_BSP_SCHEDULE_DELAY",
+                "otlp.span_batch_delay",
+                ms("otlp.span_batch_delay", &self.span_batch_delay, MS)?,
+            ),
+            (
+                "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+                "otlp.span_batch_size",
+                self.span_batch_size.map(|n| n.to_string()),
+            ),
+        ];
+        Ok(all
+            .into_iter()
+            .filter_map(|(var, key, value)| Some((var, key, value?)))
+            .collect())
+    }
+
+    /// The file's settings as a variable lookup (each found under its key).
+    fn lookup(&self) -> Result<impl Fn(&str) -> Option<Found>, SettingsError> {
+        let from_file: HashMap<&'static str, (&'static str, String)> = self
+            .variables()?
+            .into_iter()
+            .map(|(var, key, value)| (var, (key, value)))
+            .collect();
+        Ok(move |k: &str| {
+            from_file.get(k).map(|(key, v)| Found {
+                setting: format!("config key {key}"),
+                value: v.clone(),
+            })
+        })
     }
 }
 
@@ -497,6 +461,17 @@ impl OtlpConfig {
 
 /// Looks a variable up: the environment first, then the config file.
 type Lookup<'a> = dyn Fn(&str) -> Option<Found> + 'a;
+
+/// What the resolver checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// What the settings in force use (a signal without an endpoint, or turned off, is not
+    /// read): at start-up.
+    InUse,
+    /// Every setting that is set, as if its signal were exported: the `[otlp]` section at load,
+    /// before an endpoint may come from the environment.
+    EverySetting,
+}
 
 impl Settings {
     /// Reads the process environment over the config file's `[otlp]` section. `node_name` is
@@ -507,16 +482,6 @@ impl Settings {
         Self::resolve(file, |k| vars.get(k).cloned(), node_name, &hostname())
     }
 
-    /// Resolves the settings from environment variables only (empty values count as unset).
-    #[cfg(test)]
-    fn from_vars(
-        get: impl Fn(&str) -> Option<String>,
-        node_name: Option<&str>,
-        host_name: &str,
-    ) -> Result<Self, SettingsError> {
-        Self::resolve(&OtlpConfig::default(), get, node_name, host_name)
-    }
-
     /// Resolves the settings from a variable lookup (the environment; empty values count as
     /// unset) over the config file's `[otlp]` section.
     pub fn resolve(
@@ -525,30 +490,24 @@ impl Settings {
         node_name: Option<&str>,
         host_name: &str,
     ) -> Result<Self, SettingsError> {
-        let from_file: HashMap<&'static str, (&'static str, String)> = file
-            .variables()
-            .into_iter()
-            .map(|(var, key, value)| (var, (key, value)))
-            .collect();
+        let from_file = file.lookup()?;
         let lookup = |k: &str| -> Option<Found> {
-            if let Some(v) = env(k).filter(|v| !v.trim().is_empty()) {
-                return Some(Found {
+            match env(k).filter(|v| !v.trim().is_empty()) {
+                Some(value) => Some(Found {
                     setting: format!("environment variable {k}"),
-                    value: v,
-                });
+                    value,
+                }),
+                None => from_file(k),
             }
-            from_file.get(k).map(|(key, v)| Found {
-                setting: format!("config key {key}"),
-                value: v.clone(),
-            })
         };
-        Self::resolve_with(&lookup, node_name, host_name)
+        Self::resolve_with(&lookup, node_name, host_name, Check::InUse)
     }
 
     fn resolve_with(
         get: &Lookup<'_>,
         node_name: Option<&str>,
         host_name: &str,
+        check: Check,
     ) -> Result<Self, SettingsError> {
         let disabled = match get("OTEL_SDK_DISABLED") {
             Some(f) => parse_bool(&f)?,
@@ -558,16 +517,15 @@ impl Settings {
         let metrics_on = exporter_enabled(get, "OTEL_METRICS_EXPORTER", &["otlp", "prometheus"])?
             && get("OTEL_METRICS_EXPORTER").map(|f| f.value.trim().to_ascii_lowercase())
                 != Some("prometheus".into());
-        let traces = if disabled || !traces_on {
-            None
-        } else {
-            signal(get, TRACES)?
+        let every = check == Check::EverySetting;
+        let read = |on: bool, s: Signal| -> Result<Option<SignalSettings>, SettingsError> {
+            if !every && (disabled || !on) {
+                return Ok(None);
+            }
+            Ok(signal(get, s, every)?.filter(|_| !disabled && on))
         };
-        let metrics = if disabled || !metrics_on {
-            None
-        } else {
-            signal(get, METRICS)?
-        };
+        let traces = read(traces_on, TRACES)?;
+        let metrics = read(metrics_on, METRICS)?;
         let ms = |name: &str, default: u64, min: u64| -> Result<Duration, SettingsError> {
             match get(name) {
                 None => Ok(Duration::from_millis(default)),
@@ -592,7 +550,10 @@ impl Settings {
             Some(f) => match f.value.trim().parse::<usize>() {
                 Ok(n) if (1..=100_000).contains(&n) => n,
                 _ => {
-                    return Err(invalid(&f, "expected a number of spans from 1 to 100000"));
+                    return Err(invalid(
+                        &f,
+                        "out of range: expected a number of spans from 1 to 100000",
+                    ));
                 }
             },
         };
@@ -685,51 +646,29 @@ enum PemKind {
     PrivateKey,
 }
 
-fn signal(get: &Lookup<'_>, signal: Signal) -> Result<Option<SignalSettings>, SettingsError> {
+/// The settings of one signal; `None` without an endpoint. With `every`, the settings that do
+/// not depend on the endpoint are checked even without one.
+fn signal(
+    get: &Lookup<'_>,
+    signal: Signal,
+    every: bool,
+) -> Result<Option<SignalSettings>, SettingsError> {
     let specific = |suffix: &str| format!("OTEL_EXPORTER_OTLP_{}_{suffix}", signal.upper);
     let pick = |suffix: &str| -> Option<Found> {
         get(&specific(suffix)).or_else(|| get(&format!("OTEL_EXPORTER_OTLP_{suffix}")))
     };
+    let endpoint = match get(&specific("ENDPOINT")) {
+        Some(f) => Some((f, true)),
+        None => get("OTEL_EXPORTER_OTLP_ENDPOINT").map(|f| (f, false)),
+    };
+    if endpoint.is_none() && !every {
+        return Ok(None);
+    }
     let protocol = match pick("PROTOCOL") {
         None => Protocol::HttpProtobuf,
         Some(f) => Protocol::parse(&f.value)
             .ok_or_else(|| invalid(&f, "expected grpc, http/protobuf or http/json"))?,
     };
-    let (found, is_specific) = match get(&specific("ENDPOINT")) {
-        Some(f) => (f, true),
-        None => match get("OTEL_EXPORTER_OTLP_ENDPOINT") {
-            Some(f) => (f, false),
-            None => return Ok(None),
-        },
-    };
-    let raw = found.value.trim().to_string();
-    let mut endpoint = if raw.contains("://") {
-        raw.clone()
-    } else if protocol == Protocol::Grpc {
-        // A scheme-less gRPC endpoint is secure unless OTEL_EXPORTER_OTLP_INSECURE says not.
-        let insecure = match pick("INSECURE") {
-            Some(f) => parse_bool(&f)?,
-            None => false,
-        };
-        format!("{}://{raw}", if insecure { "http" } else { "https" })
-    } else {
-        return Err(invalid(
-            &found,
-            "expected a URL such as http://otel-collector:4318 or https://otel-collector:4318",
-        ));
-    };
-    let (scheme, rest) = endpoint.split_once("://").unwrap_or(("", ""));
-    let secure = match scheme {
-        "http" => false,
-        "https" => true,
-        _ => return Err(invalid(&found, "the scheme must be http:// or https://")),
-    };
-    if rest.split(['/', '?', '#']).next().unwrap_or("").is_empty() {
-        return Err(invalid(&found, "the URL names no host"));
-    }
-    if protocol.is_http() && !is_specific {
-        endpoint = format!("{}{}", endpoint.trim_end_matches('/'), signal.path);
-    }
     let headers = match pick("HEADERS") {
         None => Vec::new(),
         Some(f) => parse_key_values(&f.value).map_err(|p| invalid(&f, p))?,
@@ -747,6 +686,17 @@ fn signal(get: &Lookup<'_>, signal: Signal) -> Result<Option<SignalSettings>, Se
             parse_compression(&f.value).ok_or_else(|| invalid(&f, "expected gzip or none"))?
         }
     };
+    let Some((found, is_specific)) = endpoint else {
+        return Ok(None);
+    };
+    let insecure = || match pick("INSECURE") {
+        Some(f) => parse_bool(&f),
+        None => Ok(false),
+    };
+    let (mut endpoint, secure) = endpoint_url(&found, protocol, insecure)?;
+    if protocol.is_http() && !is_specific {
+        endpoint = format!("{}{}", endpoint.trim_end_matches('/'), signal.path);
+    }
     let certificate = pick("CERTIFICATE");
     let client_certificate = pick("CLIENT_CERTIFICATE");
     let client_key = pick("CLIENT_KEY");
@@ -798,6 +748,45 @@ fn signal(get: &Lookup<'_>, signal: Signal) -> Result<Option<SignalSettings>, Se
     }))
 }
 
+/// The endpoint URL `found` names, and whether it is TLS: `http://` or `https://` with a host.
+/// A gRPC endpoint may leave the scheme out: `https` unless `insecure` says otherwise.
+fn endpoint_url(
+    found: &Found,
+    protocol: Protocol,
+    insecure: impl FnOnce() -> Result<bool, SettingsError>,
+) -> Result<(String, bool), SettingsError> {
+    let raw = found.value.trim();
+    if raw.is_empty() {
+        return Err(invalid(
+            found,
+            "must not be empty (leave the key out instead)",
+        ));
+    }
+    let endpoint = if raw.contains("://") {
+        raw.to_string()
+    } else if protocol == Protocol::Grpc {
+        format!("{}://{raw}", if insecure()? { "http" } else { "https" })
+    } else {
+        return Err(invalid(
+            found,
+            "has no scheme: write a URL such as http://otel-collector:4318 or \
+             https://otel-collector:4318 (a scheme-less endpoint is only for the grpc protocol)",
+        ));
+    };
+    // The URL standard reads `https:///x` as host `x`: an empty authority is refused as written.
+    let authority = endpoint.split_once("://").map_or("", |(_, rest)| rest);
+    if authority.is_empty() || authority.starts_with(['/', '?', '#']) {
+        return Err(invalid(found, "the URL names no host"));
+    }
+    let url = url::Url::parse(&endpoint).map_err(|e| invalid(found, format!("not a URL: {e}")))?;
+    let secure = match url.scheme() {
+        "http" => false,
+        "https" => true,
+        _ => return Err(invalid(found, "the scheme must be http:// or https://")),
+    };
+    Ok((endpoint, secure))
+}
+
 /// `gzip` -> true, `none` (or empty) -> false, anything else is not supported.
 fn parse_compression(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
@@ -829,23 +818,18 @@ pub(crate) fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String>
 }
 
 fn percent_decode(s: &str) -> Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("bad percent-encoding in `{s}`"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
+    // percent-encoding leaves a malformed escape as it is; the OTLP lists are refused instead.
+    let malformed = s
+        .split('%')
+        .skip(1)
+        .any(|rest| rest.len() < 2 || !rest.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit));
+    if malformed {
+        return Err(format!("bad percent-encoding in `{s}`"));
     }
-    String::from_utf8(out).map_err(|_| format!("`{s}` is not UTF-8 once decoded"))
+    percent_decode_str(s)
+        .decode_utf8()
+        .map(|v| v.into_owned())
+        .map_err(|_| format!("`{s}` is not UTF-8 once decoded"))
 }
 
 fn resource(
@@ -894,12 +878,18 @@ pub(crate) fn hostname() -> String {
 mod tests {
     use super::*;
 
+    /// Resolves the settings from environment variables only (empty values count as unset).
     fn settings(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        Settings::from_vars(|k| map.get(k).cloned(), None, "node-1")
+        Settings::resolve(
+            &OtlpConfig::default(),
+            |k| map.get(k).cloned(),
+            None,
+            "node-1",
+        )
     }
 
     #[test]
@@ -1263,6 +1253,11 @@ x-file = "1"
             ("endpoint = \"\"", "otlp.endpoint", "empty"),
             ("endpoint = \"a:4318\"", "otlp.endpoint", "no scheme"),
             (
+                "endpoint = \"http://a b:4318\"",
+                "otlp.endpoint",
+                "not a URL",
+            ),
+            (
                 "traces_endpoint = \"https:///x\"",
                 "otlp.traces_endpoint",
                 "no host",
@@ -1335,6 +1330,9 @@ x-file = "1"
         }
         // A scheme-less endpoint is fine for gRPC.
         file("endpoint = \"collector:4317\"\nprotocol = \"grpc\"\n");
+        // Every setting is checked at load, with or without an endpoint.
+        let c: OtlpConfig = toml::from_str("compression = \"zstd\"\ntraces = false").unwrap();
+        assert_eq!(c.validate().unwrap_err().0, "otlp.compression");
         // Unknown keys are refused.
         assert!(toml::from_str::<OtlpConfig>("endpint = \"http://a:1\"").is_err());
     }

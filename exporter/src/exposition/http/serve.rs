@@ -1,0 +1,212 @@
+//! The accept loop: each connection admitted ([`super::admission`]), TLS when the web config
+//! file configures it (a plain-HTTP request to the TLS port gets a readable 400, as Go's
+//! servers answer), HTTP/1 or HTTP/2 by hyper, every request through the auth gate, and a
+//! graceful shutdown.
+
+use std::{
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{body::Incoming, Request, Response};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::{conn::auto, graceful::GracefulShutdown},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+
+use super::{
+    admission::{idle_deadline, Connections, InFlight, IDLE_TIMEOUT},
+    auth_gate::{handle_secured, PasswordChecks, Security},
+};
+use crate::exposition::web_config::WebConfigFile;
+
+/// Time a client has to complete the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether the client opened with a TLS handshake record (content type 22), peeking only.
+async fn starts_with_tls_handshake(stream: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    matches!(
+        tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await,
+        Ok(Ok(1)) if first[0] == 0x16
+    )
+}
+
+/// Answers a plain-HTTP request on the TLS port with a readable 400. The request head is read
+/// first and the client's remaining bytes drained after (each for at most a second): closing
+/// with unread input would reset the connection and lose the answer.
+async fn refuse_plain_http(mut stream: TcpStream) {
+    const ANSWER: &[u8] =
+        b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n\
+        Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+    let mut buf = [0u8; 4096];
+    let mut head = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+            if head.len() > 16 * 1024 || head.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
+    let _ = stream.write_all(ANSWER).await;
+    let _ = stream.shutdown().await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// Accepts connections until `shutdown` resolves and serves their requests with `routes`
+/// behind `web` (TLS, basic auth, headers), then lets in-flight requests finish (for at most
+/// `grace`).
+pub(super) async fn run<R, F>(
+    listener: TcpListener,
+    routes: R,
+    web: Option<Arc<WebConfigFile>>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) where
+    R: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .max_buf_size(64 * 1024)
+        .header_read_timeout(Duration::from_secs(10))
+        .timer(hyper_util::rt::TokioTimer::new());
+    if web.as_ref().is_some_and(|w| !w.http2()) {
+        builder = builder.http1_only();
+    }
+    let builder = Arc::new(builder);
+    // Follows the web config file while the endpoint serves.
+    if let Some(file) = &web {
+        if let Err(e) = file.follow() {
+            tracing::error!(error = %e, "cannot follow the web config file: changes need a restart");
+        }
+    }
+    let security = Arc::new(Security {
+        web,
+        password_checks: PasswordChecks::new(),
+    });
+    let connections = Arc::new(Mutex::new(Connections::new()));
+    let epoch = connections.lock().expect("connection table lock").epoch;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let admitted = connections
+                    .lock()
+                    .expect("connection table lock")
+                    .admit(peer.ip());
+                let Some((id, activity, evict)) = admitted else {
+                    tracing::debug!(%peer, "too many busy connections; closing this one");
+                    drop(stream);
+                    continue;
+                };
+                let routes = routes.clone();
+                let security = security.clone();
+                let builder = builder.clone();
+                // The file's TLS settings as they are now (they may have been changed).
+                let tls = security
+                    .web
+                    .as_ref()
+                    .and_then(|w| w.tls())
+                    .map(tokio_rustls::TlsAcceptor::from);
+                let watcher = graceful.watcher();
+                let table = connections.clone();
+                tokio::spawn(async move {
+                    let serve_activity = activity.clone();
+                    let service = hyper::service::service_fn(move |req| {
+                        let in_flight = InFlight::start(serve_activity.clone(), epoch);
+                        let (routes, security) = (routes.clone(), security.clone());
+                        let activity = serve_activity.clone();
+                        async move {
+                            let resp =
+                                handle_secured(&routes, &security, peer.ip(), &activity, req).await;
+                            drop(in_flight);
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    });
+                    let serve = async move {
+                    let result = match tls {
+                        None => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                        Some(acceptor) => {
+                            if !starts_with_tls_handshake(&stream).await {
+                                refuse_plain_http(stream).await;
+                                return;
+                            }
+                            let tls_stream = match tokio::time::timeout(
+                                TLS_HANDSHAKE_TIMEOUT,
+                                acceptor.accept(stream),
+                            )
+                            .await
+                            {
+                                Ok(Ok(s)) => s,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                    };
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                    };
+                    tokio::select! {
+                        _ = serve => {}
+                        _ = evict.notified() => {}
+                        _ = idle_deadline(&activity, epoch) => {
+                            tracing::debug!(%peer, "no request within {:?}; closing", IDLE_TIMEOUT);
+                        }
+                    }
+                    table.lock().expect("connection table lock").close(id);
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after {:?}; closing them", grace);
+    }
+}
