@@ -25,25 +25,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
 };
-use sysscope_abi::{
-    block_op, maps, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey, BlockStats,
-};
+use sysscope_abi::{block_op, maps, BlockKey, BlockLatency, BlockLatencyKey, BlockStats};
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
     hist::{exported_bounds, HistogramTotals},
-    kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps},
+    kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps, Inflight},
     kernel::cumulative::{HashReader, Tracker},
     kernel::Probes,
     metadata::{cgroups::UNRESOLVED, devices::DeviceResolver, SharedLabeler},
     series::{Budget, CgroupLabels, Workload, OTHER},
-    util::clock::monotonic_ns,
 };
 
 pub(crate) const NAME: &str = "block_io";
@@ -114,7 +110,7 @@ fn cgroup_gone(root: &Path, path: &str) -> bool {
 pub(crate) struct BlockIoCollector {
     stats: HashReader<BlockKey, BlockStats>,
     latency: HashReader<BlockLatencyKey, BlockLatency>,
-    inflight: BpfHashMap<MapData, u64, BlockInflight>,
+    inflight: Inflight,
     /// Occupancy of `BLOCK_STATS`, `BLOCK_LATENCY` and `BLOCK_INFLIGHT`.
     stats_usage: MapUsage,
     latency_usage: MapUsage,
@@ -342,27 +338,9 @@ impl BlockIoCollector {
 
     /// Counts the requests in flight and removes those that will never complete.
     fn sweep_inflight(&mut self) {
-        let now = monotonic_ns();
-        let stale_ns = INFLIGHT_STALE_AFTER.as_nanos() as u64;
-        let mut stale = Vec::new();
-        let mut seen = 0u64;
-        for item in self.inflight.iter() {
-            let Ok((rq, entry)) = item else { continue };
-            seen += 1;
-            let since = entry.issue_ns.max(entry.submit_ns);
-            if now.saturating_sub(since) > stale_ns {
-                // Submitted but never issued: merged into another request and freed without
-                // a tracepoint. Normal, not counted; issued and never completed is.
-                stale.push((rq, entry.issue_ns != 0));
-            }
-        }
-        for (rq, issued) in &stale {
-            if self.inflight.remove(rq).is_ok() {
-                self.expired_inflight += *issued as u64;
-                seen -= 1;
-            }
-        }
-        self.inflight_usage.seen(seen);
+        let sweep = self.inflight.sweep(INFLIGHT_STALE_AFTER);
+        self.expired_inflight += sweep.expired;
+        self.inflight_usage.seen(sweep.in_flight);
     }
 
     /// Drops series no kernel entry feeds that have been idle for the retention period.

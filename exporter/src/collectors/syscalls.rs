@@ -22,7 +22,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, MapData};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
@@ -35,7 +34,7 @@ use crate::{
     hist::{exported_bounds, HistogramTotals},
     kernel::cumulative::{Counters, Tracker},
     kernel::fd_class,
-    kernel::syscalls::SyscallMaps,
+    kernel::syscalls::{SlowThresholds, SyscallMaps},
     kernel::{ProbeError, Probes},
     metadata::{Labeler, SharedLabeler, Sighting},
     series::{Budget, Workload, OTHER},
@@ -77,8 +76,8 @@ struct ErrorTotals {
 
 pub(crate) struct SyscallCollector {
     maps: SyscallMaps,
-    /// `SLOW_THRESHOLDS`: per syscall number, the duration from which a call is sampled.
-    thresholds: Array<MapData, u64>,
+    /// Per syscall number, the duration from which a call is sampled.
+    thresholds: SlowThresholds,
     labeler: SharedLabeler,
     entries: Tracker<SyscallKey, SyscallStats, Route<SeriesKey>>,
     error_entries: Tracker<ErrnoKey, u64, Route<ErrorSeriesKey>>,
@@ -111,13 +110,8 @@ impl SyscallCollector {
         config: &Config,
         labeler: SharedLabeler,
     ) -> Result<Self, ProbeError> {
-        let map_err = |source| ProbeError::Map {
-            map: maps::SLOW_THRESHOLDS.into(),
-            source,
-        };
-        let mut thresholds: Array<MapData, u64> =
-            Array::try_from(probes.take_map(maps::SLOW_THRESHOLDS)?).map_err(map_err)?;
-        write_thresholds(&mut thresholds, config).map_err(map_err)?;
+        let mut thresholds = SlowThresholds::take(probes)?;
+        thresholds.write(&config.slow_thresholds_ns())?;
         let maps = SyscallMaps::attach(probes, NAME)?;
         let limits = &config.limits;
         Ok(Self {
@@ -330,17 +324,6 @@ fn series_labels<'a>(
     fd_class::push_labels(fd, labels);
 }
 
-/// Writes every syscall's slow-call threshold (0: never sampled) as `config` says.
-fn write_thresholds(
-    map: &mut Array<MapData, u64>,
-    config: &Config,
-) -> Result<(), aya::maps::MapError> {
-    for (nr, ns) in config.slow_thresholds_ns().iter().enumerate() {
-        map.set(nr as u32, ns, 0)?;
-    }
-    Ok(())
-}
-
 /// Names the entries of one read of a map: `seen_at` is when the read ended, `reclaim` the
 /// processes whose entries it reads for the last time.
 struct Names<'a> {
@@ -481,10 +464,7 @@ impl Collector for SyscallCollector {
     }
 
     fn reconfigure(&mut self, config: &Config) -> Result<(), CollectorError> {
-        write_thresholds(&mut self.thresholds, config).map_err(|source| CollectorError::Map {
-            map: maps::SLOW_THRESHOLDS,
-            source,
-        })?;
+        self.thresholds.write(&config.slow_thresholds_ns())?;
         self.budget.set_max(config.limits.max_series);
         self.retention = config.collection.series_retention;
         Ok(())

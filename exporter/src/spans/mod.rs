@@ -26,7 +26,6 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Map, MapData, RingBuf};
 use opentelemetry::InstrumentationScope;
 use opentelemetry_sdk::Resource;
 
@@ -41,6 +40,7 @@ use crate::{
         },
         scrape::Annotator,
     },
+    kernel::slow_events::SlowEvents,
     metadata::SharedLabeler,
     util::error::Chain,
 };
@@ -50,12 +50,6 @@ const EXEMPLAR_SERIES: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpanError {
-    #[error("slow-call ring buffer `{map}`")]
-    Map {
-        map: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
     #[error("watching the slow-call ring buffer")]
     Watch(#[source] std::io::Error),
     #[error(transparent)]
@@ -104,7 +98,7 @@ impl SlowCalls {
         config: &Config,
         settings: &Settings,
         labeler: SharedLabeler,
-        ring: Option<Map>,
+        ring: Option<SlowEvents>,
         stats: Arc<Stats>,
     ) -> Result<Self, SpanError> {
         let runtime = tokio::runtime::Handle::try_current().ok();
@@ -135,23 +129,16 @@ impl SlowCalls {
         });
         // A ring buffer that cannot be watched costs the spans, not the agent: log and go on.
         let reader = match (ring, runtime) {
-            (Some(map), Some(rt)) if enabled => {
+            (Some(ring), Some(rt)) if enabled => {
                 let enricher = event::Enricher::new(labeler, config.slow_calls.resolve_file_paths);
-                let started = RingBuf::<MapData>::try_from(map)
-                    .map_err(|source| SpanError::Map {
-                        map: sysscope_abi::maps::SLOW_EVENTS,
-                        source,
-                    })
-                    .and_then(|ring| {
-                        let _guard = rt.enter();
-                        reader::spawn(
-                            ring,
-                            Arc::new(Mutex::new(enricher)),
-                            sinks.clone(),
-                            stats.span_counters(),
-                        )
-                        .map_err(SpanError::Watch)
-                    });
+                let _guard = rt.enter();
+                let started = reader::spawn(
+                    ring,
+                    Arc::new(Mutex::new(enricher)),
+                    sinks.clone(),
+                    stats.span_counters(),
+                )
+                .map_err(SpanError::Watch);
                 match started {
                     Ok(task) => Some(task),
                     Err(e) => {
