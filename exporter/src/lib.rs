@@ -4,7 +4,8 @@
 //! Data flows one way: probes (`ebpf/probes`) -> kernel maps -> [`collectors`] ->
 //! [`agent`] -> [`exposition`]. [`kernel`] loads and attaches the eBPF object and reads its
 //! maps, [`metadata`] turns kernel ids into labels, [`series`] bounds cardinality, [`config`]
-//! is the TOML file, [`spans`] turns sampled slow syscalls into spans.
+//! is the TOML file, [`spans`] turns sampled slow syscalls into spans, and [`serve`] wires
+//! them together and runs the exporter.
 
 // Items are `pub(crate)` unless the binaries or the integration tests use them; this keeps
 // `pub` out of modules that are private anyway.
@@ -23,6 +24,7 @@ pub mod metadata;
 pub mod privileges;
 pub mod reload;
 pub mod series;
+pub mod serve;
 pub mod spans;
 pub mod startup;
 pub mod syscall_table;

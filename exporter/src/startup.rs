@@ -37,7 +37,7 @@ pub struct StartReport {
     pub failed: Vec<(&'static str, String)>,
     /// The slow-call ring buffer (`SLOW_EVENTS`) for the span pipeline, taken here because the
     /// agent owns the probes afterwards; `None` when slow calls are off or not sampled.
-    pub slow_events: Option<SlowEvents>,
+    pub(crate) slow_events: Option<SlowEvents>,
 }
 
 /// Builds the labeler every collector shares.

@@ -24,7 +24,7 @@ pub mod features;
 mod object_contract;
 pub mod probe_stats;
 mod ring;
-pub mod slow_events;
+pub(crate) mod slow_events;
 pub mod syscalls;
 pub(crate) mod trace;
 

@@ -16,7 +16,7 @@ use super::{ring, ProbeError, Probes};
 pub(crate) struct Malformed;
 
 /// `SLOW_EVENTS`, taken from the probes.
-pub struct SlowEvents(RingBuf<MapData>);
+pub(crate) struct SlowEvents(RingBuf<MapData>);
 
 impl std::fmt::Debug for SlowEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::{unix::AsyncFd, Interest};
 
-use super::{event, Sinks};
+use super::{event, SpanSink};
 use crate::{
     collectors::self_metrics::SpanCounters,
     kernel::slow_events::{Malformed, SlowEvents},
@@ -26,7 +26,7 @@ const MAX_BATCH: usize = 1024;
 pub(crate) fn spawn(
     ring: SlowEvents,
     enricher: Arc<Mutex<event::Enricher>>,
-    sinks: Arc<Sinks>,
+    sinks: Arc<[Arc<dyn SpanSink>]>,
     counters: SpanCounters,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let (resolve_paths, proc_root) = {
@@ -104,13 +104,17 @@ fn drain(
 }
 
 /// Enriches and hands the records to the sinks on a blocking thread (the labeler lock).
-async fn deliver(enricher: &Arc<Mutex<event::Enricher>>, sinks: &Arc<Sinks>, events: Captured) {
+async fn deliver(
+    enricher: &Arc<Mutex<event::Enricher>>,
+    sinks: &Arc<[Arc<dyn SpanSink>]>,
+    events: Captured,
+) {
     let enricher = enricher.clone();
     let sinks = sinks.clone();
     let done = tokio::task::spawn_blocking(move || {
         let mut enricher = enricher.lock().expect("enricher lock");
         for (ev, ctx) in events {
-            sinks.deliver(enricher.enrich_with(&ev, ctx));
+            super::deliver(&sinks, enricher.enrich_with(&ev, ctx));
         }
     })
     .await;

@@ -5,4 +5,5 @@ pub(crate) mod clock;
 pub mod duration;
 pub mod error;
 pub(crate) mod fdinfo;
+pub mod logfmt;
 pub(crate) mod memory;

@@ -80,7 +80,7 @@ struct Queue {
 
 /// The running span exporter.
 #[derive(Debug)]
-pub struct SpanExport {
+pub(crate) struct SpanExport {
     queue: Arc<Queue>,
     stats: Arc<Stats>,
     done: Mutex<Option<mpsc::Receiver<()>>>,
@@ -177,7 +177,7 @@ fn build_exporter(
 impl SpanExport {
     /// Builds the exporter and starts the export thread. For gRPC, `runtime` must be the
     /// agent's tokio runtime.
-    pub fn start(
+    pub(crate) fn start(
         settings: SignalSettings,
         resource: Resource,
         capacity: usize,
@@ -250,7 +250,7 @@ impl SpanExport {
     }
 
     /// Queues a span; when the queue is full it is dropped and counted.
-    pub fn push(&self, span: SpanData) -> bool {
+    pub(crate) fn push(&self, span: SpanData) -> bool {
         let mut st = self.queue.state.lock().expect("span queue lock");
         if st.spans.len() + st.in_flight >= self.queue.capacity {
             self.stats.dropped("export_queue_full", 1);
@@ -267,7 +267,7 @@ impl SpanExport {
     }
 
     /// Sends what is queued (for at most `grace`) and stops the thread.
-    pub fn shutdown(&self, grace: Duration) {
+    pub(crate) fn shutdown(&self, grace: Duration) {
         {
             let mut st = self.queue.state.lock().expect("span queue lock");
             st.shutdown = true;
@@ -386,5 +386,28 @@ fn export_loop(
             }
         }
         finish_batch(queue, stats);
+    }
+}
+
+/// The instrumentation scope of every span sysscope exports.
+static SCOPE: std::sync::LazyLock<opentelemetry::InstrumentationScope> =
+    std::sync::LazyLock::new(|| {
+        opentelemetry::InstrumentationScope::builder("sysscope")
+            .with_version(crate::build_info::VERSION)
+            .build()
+    });
+
+/// The OTLP endpoint as a destination of the slow-call source.
+impl crate::spans::SpanSink for SpanExport {
+    fn deliver(
+        &self,
+        call: &Arc<crate::spans::event::SlowCall>,
+        _series_labels: &[(&'static str, String)],
+    ) {
+        self.push(call.to_span_data(&SCOPE));
+    }
+
+    fn shutdown(&self, grace: Duration) {
+        SpanExport::shutdown(self, grace);
     }
 }
