@@ -25,6 +25,7 @@ pub mod privileges;
 pub mod reload;
 pub mod series;
 pub mod serve;
+pub(crate) mod sources;
 pub mod spans;
 pub mod startup;
 pub mod syscall_table;

@@ -37,6 +37,7 @@ LAYERS = [
             "privileges.rs",
         ],
     ),
+    ("sources", ["sources/"]),
     ("labels", ["metadata/", "series.rs"]),
     ("collectors", ["collector.rs", "collectors/"]),
     ("agent", ["agent.rs"]),
@@ -47,9 +48,9 @@ LAYERS = [
 ]
 
 # Layers whose allowed imports are not "everything below": the CLI measures with the kernel
-# layer and labels, never through the exporter's collectors, agent or exposition.
+# layer, sources and labels, never through the exporter's collectors, agent or exposition.
 USES = {
-    "cli": {"util", "build_info", "config", "kernel", "labels", "cli"},
+    "cli": {"util", "build_info", "config", "kernel", "sources", "labels", "cli"},
 }
 
 # External crates only these layers may name (in `use` or inline paths); files of bin/ belong
