@@ -104,6 +104,7 @@ pub(crate) fn push_labels(class: &FdClass, labels: &mut Vec<(&'static str, Cow<'
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::test_support::require;
 
     #[test]
     fn names_and_labels() {
@@ -143,10 +144,15 @@ mod tests {
 
     #[test]
     fn offsets_resolve_on_this_kernel() {
-        let Ok(btf) = Btf::from_kernel() else {
-            eprintln!("SKIPPED offsets_resolve_on_this_kernel: no readable kernel BTF");
+        let btf = Btf::from_kernel();
+        if !require(
+            "offsets_resolve_on_this_kernel",
+            "the kernel's BTF",
+            btf.is_ok(),
+        ) {
             return;
-        };
+        }
+        let btf = btf.unwrap();
         let c = resolve_offsets(&btf).unwrap();
         assert_eq!(c.ready, 1);
         assert_ne!(c.task_files, sysscope_abi::NO_FIELD);

@@ -571,6 +571,7 @@ fn add_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::test_support::require_root;
 
     fn key(tgid: u32, nr: u32) -> SyscallKey {
         SyscallKey {
@@ -605,19 +606,6 @@ mod tests {
         // SAFETY: a new descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         Map::from_map_data(MapData::from_fd(fd).expect("map info")).expect("a known map type")
-    }
-
-    fn root(test: &str) -> bool {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
-            return true;
-        }
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true" && v != "1"),
-            "{test} needs root, and CI must run it"
-        );
-        eprintln!("SKIPPED {test}: needs root");
-        false
     }
 
     fn stats(calls: u64) -> SyscallStats {
@@ -655,7 +643,7 @@ mod tests {
     /// must start from zero.
     #[test]
     fn sparse_slots_are_read_exactly_and_freed_clean() {
-        if !root("sparse_slots_are_read_exactly_and_freed_clean") {
+        if !require_root("sparse_slots_are_read_exactly_and_freed_clean") {
             return;
         }
         let stripes = 4;

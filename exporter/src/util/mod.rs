@@ -7,3 +7,5 @@ pub mod error;
 pub(crate) mod fdinfo;
 pub mod logfmt;
 pub(crate) mod memory;
+#[cfg(test)]
+pub(crate) mod test_support;

@@ -15,6 +15,7 @@ mod hostile_names;
 mod http_hardening;
 mod kernels;
 mod kubernetes;
+mod metric_catalogue;
 mod performance;
 mod prometheus_e2e;
 mod reload;
