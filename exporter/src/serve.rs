@@ -95,184 +95,175 @@ where
         .thread_name("sysscope")
         .build()
         .map_err(ServeError::Runtime)?;
-    let outcome = runtime.block_on(serve(options, config, web, shutdown));
+    let outcome = runtime.block_on(async move {
+        // Bind first: a busy port is the cheapest failure to report.
+        let listener = http::bind(&options.listen_address).await?;
+        let otlp_settings =
+            Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
+        let (mut agent, labeler, mut report) = startup::start(&config)?;
+        // Slow-call spans (and their self-metrics), before the agent is shared.
+        let otlp_stats = Arc::new(otlp::Stats::new(agent.self_metrics()));
+        let ring = report.slow_events.take();
+        let sampled = config.slow_calls.enabled && ring.is_some();
+        let otlp_spans = match (&otlp_settings.traces, sampled) {
+            (Some(traces), true) => Some(Arc::new(SpanExport::start(
+                traces.clone(),
+                resource(&otlp_settings),
+                config.slow_calls.export_queue,
+                otlp_settings.max_batch,
+                otlp_settings.schedule_delay,
+                otlp_stats.clone(),
+                Some(tokio::runtime::Handle::current()),
+            )?)),
+            _ => None,
+        };
+        // The recent calls are always kept, but they are the destination (and counted) only
+        // without an OTLP endpoint, so `exported` never counts one span twice.
+        let mut recent = RecentCalls::new(config.slow_calls.recent_capacity);
+        if otlp_spans.is_none() && config.slow_calls.recent_capacity > 0 {
+            otlp_stats.enable_local();
+            recent = recent.counted_as_local(otlp_stats.span_counters());
+        }
+        let recent = Arc::new(recent);
+        let exemplars = Arc::new(ExemplarStore::new(spans::EXEMPLAR_SERIES));
+        let mut sinks: Vec<Arc<dyn SpanSink>> = vec![exemplars.clone()];
+        if let Some(otlp) = &otlp_spans {
+            sinks.push(otlp.clone());
+        }
+        sinks.push(recent.clone());
+        let slow_calls =
+            SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.span_counters());
+        otlp_stats.register(
+            agent.self_metrics(),
+            otlp_spans.is_some(),
+            otlp_settings.metrics.is_some(),
+        );
+        // Everything is attached and the span reader runs: give up what running does not need
+        // (see privileges.rs); threads started later inherit the reduced set.
+        let dropped = privileges::drop_after_start(&config).map_err(ServeError::Privileges)?;
+        tracing::info!(
+            kept = ?privileges::cap_names(dropped.kept),
+            bounding_set_reduced = dropped.bounding_set_reduced,
+            threads = dropped.threads,
+            "dropped capabilities"
+        );
+        let reload_stats = Arc::new(reload::ReloadStats::new());
+        reload_stats.register(agent.self_metrics());
+        let agent = Arc::new(Mutex::new(agent));
+        let reloader = Arc::new(reload::Reloader::new(
+            options.config_file.clone(),
+            config.clone(),
+            agent.clone(),
+            reload_stats,
+        ));
+        let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
+        scraper.set_openmetrics_annotator(spans::annotator(&exemplars));
+        let mut routes = BTreeMap::new();
+        routes.insert(
+            spans::recent::ROUTE.to_string(),
+            http::cached(recent.route(slow_calls.running()), Duration::from_secs(1)),
+        );
+        let state = Arc::new(AppState {
+            scraper: scraper.clone(),
+            telemetry_path: options.telemetry_path.clone(),
+            ready: false.into(),
+            routes,
+            reload: Some({
+                let reloader = reloader.clone();
+                Arc::new(move || {
+                    reloader
+                        .reload()
+                        .map(|changed| {
+                            if changed.is_empty() {
+                                "reloaded; nothing changed".to_string()
+                            } else {
+                                format!("reloaded; changed: {}", changed.join(", "))
+                            }
+                        })
+                        .map_err(|e| Chain(&e).to_string())
+                })
+            }),
+        });
+        let metric_push = match &otlp_settings.metrics {
+            Some(settings) => Some(otlp::metrics::MetricPush::start(
+                otlp::metrics::PushOptions {
+                    settings: settings.clone(),
+                    resource: otlp_settings.resource.clone(),
+                    interval: otlp_settings.metric_interval,
+                    export_timeout: otlp_settings.metric_export_timeout,
+                    started: std::time::SystemTime::now(),
+                },
+                scraper.clone(),
+                otlp_stats.clone(),
+                Some(tokio::runtime::Handle::current()),
+            )?),
+            None => None,
+        };
+
+        let background = {
+            let scraper = scraper.clone();
+            let every = config.collection.background_interval;
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let s = scraper.clone();
+                    let _ = tokio::task::spawn_blocking(move || s.refresh()).await;
+                }
+            })
+        };
+
+        // SIGHUP reloads the configuration, as it does for Prometheus.
+        let hangups = {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Hangup)?;
+            let reloader = reloader.clone();
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP received, reloading the configuration");
+                    let r = reloader.clone();
+                    let _ = tokio::task::spawn_blocking(move || r.reload()).await;
+                }
+            })
+        };
+        // Handlers first: a SIGTERM right after the first ready answer must not kill the process
+        // with the default action before the server loop polls its shutdown future.
+        let shutdown = shutdown();
+        state.ready.store(true, Ordering::Relaxed);
+        tracing::info!(
+            address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            path = %options.telemetry_path,
+            tls = web.as_ref().is_some_and(|w| w.tls().is_some()),
+            basic_auth = web
+                .as_ref()
+                .is_some_and(|w| w.current().is_ok_and(|c| c.basic_auth.is_some())),
+            "serving metrics"
+        );
+        http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
+        background.abort();
+        hangups.abort();
+        // Send what is queued (bounded). The exporters block: on this worker, made a blocking
+        // thread for the time, not in the blocking pool, where it would queue behind scrapes still
+        // waiting for the agent.
+        tokio::task::block_in_place(move || {
+            if let Some(push) = metric_push {
+                push.shutdown(Duration::from_secs(1));
+            }
+            slow_calls.shutdown(Duration::from_secs(2));
+        });
+        // Dropping the agent detaches every program and closes every map.
+        drop(scraper);
+        if let Ok(agent) = Arc::try_unwrap(agent) {
+            drop(agent);
+        }
+        tracing::info!("stopped; all probes detached");
+        Ok(())
+    });
     // Scrapes still queued for the agent when the server stopped are not waited for: their
     // clients are gone, and a stop must not take as long as the queue.
     runtime.shutdown_timeout(Duration::from_secs(1));
     outcome
-}
-
-async fn serve<F, S>(
-    options: &ServeOptions,
-    config: Config,
-    web: Option<Arc<WebConfigFile>>,
-    shutdown: F,
-) -> Result<(), ServeError>
-where
-    F: FnOnce() -> S,
-    S: Future<Output = ()>,
-{
-    // Bind first: a busy port is the cheapest failure to report.
-    let listener = http::bind(&options.listen_address).await?;
-    let otlp_settings = Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
-    let (mut agent, labeler, mut report) = startup::start(&config)?;
-    // Slow-call spans (and their self-metrics), before the agent is shared.
-    let otlp_stats = Arc::new(otlp::Stats::new(agent.self_metrics()));
-    let ring = report.slow_events.take();
-    let sampled = config.slow_calls.enabled && ring.is_some();
-    let otlp_spans = match (&otlp_settings.traces, sampled) {
-        (Some(traces), true) => Some(Arc::new(SpanExport::start(
-            traces.clone(),
-            resource(&otlp_settings),
-            config.slow_calls.export_queue,
-            otlp_settings.max_batch,
-            otlp_settings.schedule_delay,
-            otlp_stats.clone(),
-            Some(tokio::runtime::Handle::current()),
-        )?)),
-        _ => None,
-    };
-    // The recent calls are always kept, but they are the destination (and counted) only
-    // without an OTLP endpoint, so `exported` never counts one span twice.
-    let mut recent = RecentCalls::new(config.slow_calls.recent_capacity);
-    if otlp_spans.is_none() && config.slow_calls.recent_capacity > 0 {
-        otlp_stats.enable_local();
-        recent = recent.counted_as_local(otlp_stats.span_counters());
-    }
-    let recent = Arc::new(recent);
-    let exemplars = Arc::new(ExemplarStore::new(spans::EXEMPLAR_SERIES));
-    let mut sinks: Vec<Arc<dyn SpanSink>> = vec![exemplars.clone()];
-    if let Some(otlp) = &otlp_spans {
-        sinks.push(otlp.clone());
-    }
-    sinks.push(recent.clone());
-    let slow_calls = SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.span_counters());
-    otlp_stats.register(
-        agent.self_metrics(),
-        otlp_spans.is_some(),
-        otlp_settings.metrics.is_some(),
-    );
-    // Everything is attached and the span reader runs: give up what running does not need
-    // (see privileges.rs); threads started later inherit the reduced set.
-    let dropped = privileges::drop_after_start(&config).map_err(ServeError::Privileges)?;
-    tracing::info!(
-        kept = ?privileges::cap_names(dropped.kept),
-        bounding_set_reduced = dropped.bounding_set_reduced,
-        threads = dropped.threads,
-        "dropped capabilities"
-    );
-    let reload_stats = Arc::new(reload::ReloadStats::new());
-    reload_stats.register(agent.self_metrics());
-    let agent = Arc::new(Mutex::new(agent));
-    let reloader = Arc::new(reload::Reloader::new(
-        options.config_file.clone(),
-        config.clone(),
-        agent.clone(),
-        reload_stats,
-    ));
-    let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
-    scraper.set_openmetrics_annotator(spans::annotator(&exemplars));
-    let mut routes = BTreeMap::new();
-    routes.insert(
-        spans::recent::ROUTE.to_string(),
-        http::cached(recent.route(slow_calls.running()), Duration::from_secs(1)),
-    );
-    let state = Arc::new(AppState {
-        scraper: scraper.clone(),
-        telemetry_path: options.telemetry_path.clone(),
-        ready: false.into(),
-        routes,
-        reload: Some({
-            let reloader = reloader.clone();
-            Arc::new(move || {
-                reloader
-                    .reload()
-                    .map(|changed| {
-                        if changed.is_empty() {
-                            "reloaded; nothing changed".to_string()
-                        } else {
-                            format!("reloaded; changed: {}", changed.join(", "))
-                        }
-                    })
-                    .map_err(|e| Chain(&e).to_string())
-            })
-        }),
-    });
-    let metric_push = match &otlp_settings.metrics {
-        Some(settings) => Some(otlp::metrics::MetricPush::start(
-            otlp::metrics::PushOptions {
-                settings: settings.clone(),
-                resource: otlp_settings.resource.clone(),
-                interval: otlp_settings.metric_interval,
-                export_timeout: otlp_settings.metric_export_timeout,
-                started: std::time::SystemTime::now(),
-            },
-            scraper.clone(),
-            otlp_stats.clone(),
-            Some(tokio::runtime::Handle::current()),
-        )?),
-        None => None,
-    };
-
-    let background = {
-        let scraper = scraper.clone();
-        let every = config.collection.background_interval;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let s = scraper.clone();
-                let _ = tokio::task::spawn_blocking(move || s.refresh()).await;
-            }
-        })
-    };
-
-    // SIGHUP reloads the configuration, as it does for Prometheus.
-    let hangups = {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Hangup)?;
-        let reloader = reloader.clone();
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                tracing::info!("SIGHUP received, reloading the configuration");
-                let r = reloader.clone();
-                let _ = tokio::task::spawn_blocking(move || r.reload()).await;
-            }
-        })
-    };
-    // Handlers first: a SIGTERM right after the first ready answer must not kill the process
-    // with the default action before the server loop polls its shutdown future.
-    let shutdown = shutdown();
-    state.ready.store(true, Ordering::Relaxed);
-    tracing::info!(
-        address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-        path = %options.telemetry_path,
-        tls = web.as_ref().is_some_and(|w| w.tls().is_some()),
-        basic_auth = web
-            .as_ref()
-            .is_some_and(|w| w.current().is_ok_and(|c| c.basic_auth.is_some())),
-        "serving metrics"
-    );
-    http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
-    background.abort();
-    hangups.abort();
-    // Send what is queued (bounded). The exporters block: on this worker, made a blocking
-    // thread for the time, not in the blocking pool, where it would queue behind scrapes still
-    // waiting for the agent.
-    tokio::task::block_in_place(move || {
-        if let Some(push) = metric_push {
-            push.shutdown(Duration::from_secs(1));
-        }
-        slow_calls.shutdown(Duration::from_secs(2));
-    });
-    // Dropping the agent detaches every program and closes every map.
-    drop(scraper);
-    if let Ok(agent) = Arc::try_unwrap(agent) {
-        drop(agent);
-    }
-    tracing::info!("stopped; all probes detached");
-    Ok(())
 }
 
 /// The OTLP resource of spans: the same attributes as the metrics push.

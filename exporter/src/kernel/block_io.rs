@@ -402,7 +402,6 @@ pub fn resolve_offsets(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::util::test_support::require;
 
     #[test]
     fn io_controller_detection_reads_cgroup_controllers() {
@@ -420,15 +419,9 @@ mod tests {
 
     #[test]
     fn offsets_resolve_on_this_kernel() {
-        let btf = Btf::from_kernel();
-        if !require(
-            "offsets_resolve_on_this_kernel",
-            "the kernel's BTF",
-            btf.is_ok(),
-        ) {
+        let Some(btf) = crate::kernel::btf::for_test("offsets_resolve_on_this_kernel") else {
             return;
-        }
-        let btf = btf.unwrap();
+        };
         let c = resolve_offsets(&btf, true, false).unwrap();
         assert_eq!(c.ready, 1);
         assert_eq!(c.ops, block_op::ReqOps::LINUX);

@@ -470,10 +470,19 @@ impl Btf {
     }
 }
 
+/// The running kernel's BTF for `test`, which needs it: `None` (after
+/// [`crate::util::test_support::require`] said so) where a sandbox hides it.
+#[cfg(test)]
+pub(crate) fn for_test(test: &str) -> Option<Btf> {
+    let btf = Btf::from_kernel();
+    let found = btf.is_ok();
+    crate::util::test_support::require(test, "the kernel's BTF", found)
+        .then(|| btf.expect("checked"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::util::test_support::require;
 
     /// Builds a small BTF blob by hand, the way the kernel lays it out.
     struct Builder {
@@ -611,11 +620,9 @@ mod tests {
     #[test]
     fn reads_the_running_kernel() {
         // Every machine sysscope supports has kernel BTF; a sandbox may hide it.
-        let btf = Btf::from_kernel();
-        if !require("reads_the_running_kernel", "the kernel's BTF", btf.is_ok()) {
+        let Some(btf) = for_test("reads_the_running_kernel") else {
             return;
-        }
-        let btf = btf.unwrap();
+        };
         assert!(btf.len() > 1000);
         assert!(btf.has_struct("task_struct"));
         let f = btf.field("task_struct", "pid").unwrap();

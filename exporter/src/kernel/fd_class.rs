@@ -104,7 +104,6 @@ pub(crate) fn push_labels(class: &FdClass, labels: &mut Vec<(&'static str, Cow<'
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::util::test_support::require;
 
     #[test]
     fn names_and_labels() {
@@ -144,15 +143,9 @@ mod tests {
 
     #[test]
     fn offsets_resolve_on_this_kernel() {
-        let btf = Btf::from_kernel();
-        if !require(
-            "offsets_resolve_on_this_kernel",
-            "the kernel's BTF",
-            btf.is_ok(),
-        ) {
+        let Some(btf) = crate::kernel::btf::for_test("offsets_resolve_on_this_kernel") else {
             return;
-        }
-        let btf = btf.unwrap();
+        };
         let c = resolve_offsets(&btf).unwrap();
         assert_eq!(c.ready, 1);
         assert_ne!(c.task_files, sysscope_abi::NO_FIELD);
