@@ -1,8 +1,9 @@
 //! What every collector is to the agent: the [`Collector`] trait, its error, and the health it
-//! reports about itself beside its own metrics. A leaf below the labels layer, so sources of
-//! metrics that are not in `collectors/` (the Kubernetes pod watch) implement it too.
+//! reports about itself beside its own metrics. Part of the collectors layer.
 
 use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::kernel::ProbeError;
 
 /// Occupancy of one kernel map, for `sysscope_map_*`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,12 +41,10 @@ pub struct Health {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CollectorError {
-    #[error("reading map {map}")]
-    Map {
-        map: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
+    /// A map could not be read or written (the kernel layer's error names it; boxed, as it is
+    /// large and rare).
+    #[error(transparent)]
+    Map(Box<ProbeError>),
     #[error("{what}")]
     Io {
         what: String,
@@ -54,6 +53,12 @@ pub enum CollectorError {
     },
     #[error("{0}")]
     Other(String),
+}
+
+impl From<ProbeError> for CollectorError {
+    fn from(e: ProbeError) -> Self {
+        Self::Map(Box::new(e))
+    }
 }
 
 pub trait Collector: Send {

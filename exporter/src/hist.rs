@@ -2,60 +2,25 @@
 //! and the folding of the probes' log2 buckets onto them. Shared by every collector that
 //! exports a kernel histogram (syscalls, block I/O).
 
-use std::time::Instant;
-
 use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 use sysscope_abi::{hist, LatencyHistogram};
 
 use crate::config::HistogramResolution;
 
-/// One exported histogram series: the sum of what the kernel measured for it, over every
-/// kernel entry that feeds it, and when it last grew (for retiring idle series).
-#[derive(Debug, Clone)]
-pub(crate) struct HistogramTotals {
-    pub(crate) sum_ns: u64,
-    pub(crate) buckets: [u64; hist::HIST_BUCKETS],
-    pub(crate) last_change: Instant,
-}
-
-impl HistogramTotals {
-    pub(crate) fn new(now: Instant) -> Self {
-        Self {
-            sum_ns: 0,
-            buckets: [0; hist::HIST_BUCKETS],
-            last_change: now,
-        }
-    }
-
-    pub(crate) fn count(&self) -> u64 {
-        self.buckets.iter().sum()
-    }
-
-    /// Adds a change read from the kernel.
-    pub(crate) fn add(&mut self, change: &LatencyHistogram, now: Instant) {
-        self.sum_ns = self.sum_ns.wrapping_add(change.sum_ns);
-        for (t, b) in self.buckets.iter_mut().zip(change.buckets.iter()) {
-            *t = t.wrapping_add(*b);
-        }
-        if change.count() > 0 {
-            self.last_change = now;
-        }
-    }
-
-    /// Writes the series as a Prometheus histogram at the exported `bounds`.
-    pub(crate) fn encode(
-        &self,
-        mut metric: MetricEncoder<'_>,
-        bounds: &[(usize, f64)],
-    ) -> std::fmt::Result {
-        let buckets = fold_buckets(&self.buckets, bounds);
-        metric.encode_histogram::<NoLabelSet>(
-            self.sum_ns as f64 / 1e9,
-            self.count(),
-            &buckets,
-            None,
-        )
-    }
+/// Writes `histogram` (the sum of what the kernel measured for one series) as a Prometheus
+/// histogram at the exported `bounds`.
+pub(crate) fn encode_histogram(
+    mut metric: MetricEncoder<'_>,
+    histogram: &LatencyHistogram,
+    bounds: &[(usize, f64)],
+) -> std::fmt::Result {
+    let buckets = fold_buckets(&histogram.buckets, bounds);
+    metric.encode_histogram::<NoLabelSet>(
+        histogram.sum_ns as f64 / 1e9,
+        histogram.count(),
+        &buckets,
+        None,
+    )
 }
 
 /// Exported histogram bounds: (kernel bucket index, upper bound in seconds).

@@ -3,9 +3,10 @@
 //!
 //! Data flows one way: probes (`ebpf/probes`) -> kernel maps -> [`collectors`] ->
 //! [`agent`] -> [`exposition`]. [`kernel`] loads and attaches the eBPF object and reads its
-//! maps, [`sources`] reads what the node exposes besides the probes (NVML), [`metadata`] turns
-//! kernel ids into labels, [`series`] bounds cardinality, [`config`] is the TOML file,
-//! [`spans`] turns sampled slow syscalls into spans.
+//! maps, [`sources`] reads what the node exposes besides the probes (NVML, `/proc/stat`),
+//! [`metadata`] turns kernel ids into labels, [`series`] bounds cardinality, [`config`] is the
+//! TOML file, [`spans`] turns sampled slow syscalls into spans, and [`serve`] wires them
+//! together and runs the exporter.
 
 // Items are `pub(crate)` unless the binaries or the integration tests use them; this keeps
 // `pub` out of modules that are private anyway.
@@ -25,6 +26,7 @@ pub mod openmetrics;
 pub mod privileges;
 pub mod reload;
 pub mod series;
+pub mod serve;
 pub mod sources;
 pub mod spans;
 pub mod startup;

@@ -1,26 +1,20 @@
 //! The `sysscope` binary: the exporter (default) and the command-line tools.
 
 use std::{
-    collections::BTreeMap,
     path::PathBuf,
     process::ExitCode,
     sync::{atomic::Ordering, Arc},
-    time::Duration,
 };
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sysscope::{
     cli,
     config::Config,
-    exposition::{
-        http::{self, AppState},
-        otlp,
-        scrape::Scraper,
-        web_config::WebConfigFile,
-    },
-    privileges, reload, spans, startup,
-    util::error::Chain,
+    exposition::web_config::WebConfigFile,
+    privileges,
+    serve::{self, ServeOptions},
+    startup,
+    util::{error::Chain, logfmt::Logfmt},
 };
 use tracing_subscriber::EnvFilter;
 
@@ -109,108 +103,6 @@ fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
         other => anyhow::bail!("--log.format: `{other}` is not one of logfmt, json"),
     }
     Ok(())
-}
-
-/// logfmt lines: `ts=<RFC 3339> level=info target=<module> msg="..." key=value ...`, the
-/// fields of the event's spans (outermost first) after its own.
-struct Logfmt;
-
-impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Logfmt
-where
-    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
-    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
-        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
-        event: &tracing::Event<'_>,
-    ) -> std::fmt::Result {
-        use tracing_subscriber::fmt::time::FormatTime;
-        let meta = event.metadata();
-        let mut ts = String::new();
-        tracing_subscriber::fmt::time::SystemTime
-            .format_time(&mut tracing_subscriber::fmt::format::Writer::new(&mut ts))?;
-        let mut fields = LogfmtFields::default();
-        event.record(&mut fields);
-        write!(
-            writer,
-            "ts={ts} level={} target={}",
-            meta.level().as_str().to_ascii_lowercase(),
-            logfmt_value(meta.target())
-        )?;
-        write!(writer, " msg={}", logfmt_value(&fields.message))?;
-        for (key, value) in &fields.pairs {
-            write!(writer, " {key}={}", logfmt_value(value))?;
-        }
-        if let Some(scope) = ctx.event_scope() {
-            for span in scope.from_root() {
-                if let Some(formatted) = span
-                    .extensions()
-                    .get::<tracing_subscriber::fmt::FormattedFields<N>>()
-                {
-                    if !formatted.is_empty() {
-                        write!(writer, " span={}", logfmt_value(span.name()))?;
-                        write!(writer, " span_fields={}", logfmt_value(formatted))?;
-                    }
-                }
-            }
-        }
-        writeln!(writer)
-    }
-}
-
-/// An event's message and other fields, as text.
-#[derive(Default)]
-struct LogfmtFields {
-    message: String,
-    pairs: Vec<(&'static str, String)>,
-}
-
-impl tracing::field::Visit for LogfmtFields {
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        if field.name() == "message" {
-            self.message = value.to_string();
-        } else {
-            self.pairs.push((field.name(), value.to_string()));
-        }
-    }
-
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let text = format!("{value:?}");
-        if field.name() == "message" {
-            self.message = text;
-        } else {
-            self.pairs.push((field.name(), text));
-        }
-    }
-}
-
-/// A logfmt value: bare when it is a plain token, else quoted with `\`, `"` and control
-/// characters escaped.
-fn logfmt_value(value: &str) -> std::borrow::Cow<'_, str> {
-    let plain = !value.is_empty()
-        && !value
-            .chars()
-            .any(|c| c == ' ' || c == '=' || c == '"' || c == '\\' || c.is_control());
-    if plain {
-        return value.into();
-    }
-    let mut out = String::with_capacity(value.len() + 2);
-    out.push('"');
-    for c in value.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out.into()
 }
 
 /// glibc gives each thread that allocates its own arena (up to 8 per core) and keeps freed
@@ -320,7 +212,16 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            return exit(run_exporter(&cli, config, web));
+            let options = ServeOptions {
+                listen_address: cli.listen_address.clone(),
+                telemetry_path: cli.telemetry_path.clone(),
+                config_file: cli.config_file.clone(),
+            };
+            return exit(
+                serve::run_exporter(&options, config, web, shutdown_signal)
+                    .map(|()| ExitCode::SUCCESS)
+                    .map_err(anyhow::Error::from),
+            );
         }
         Some(Command::Summary(args)) => ("summary", cli::summary::run(args, &config)),
         Some(Command::Trace(args)) => ("trace", cli::trace::run(args, &config)),
@@ -386,181 +287,6 @@ fn config_check(config: &Config) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn run_exporter(
-    cli: &Cli,
-    config: Config,
-    web: Option<Arc<WebConfigFile>>,
-) -> anyhow::Result<ExitCode> {
-    if !cli.telemetry_path.starts_with('/') {
-        anyhow::bail!(
-            "--web.telemetry-path `{}` must start with /",
-            cli.telemetry_path
-        );
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .max_blocking_threads(8)
-        .enable_all()
-        .thread_name("sysscope")
-        .build()
-        .context("starting the async runtime")?;
-    let outcome = runtime.block_on(async move {
-        // Bind first: a busy port is the cheapest failure to report.
-        let listener = http::bind(&cli.listen_address).await?;
-        let otlp_settings =
-            otlp::config::Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
-        let (mut agent, labeler, mut report) = startup::start(&config)?;
-        // Slow-call spans (and their self-metrics), before the agent is shared.
-        let otlp_stats = Arc::new(otlp::Stats::new(agent.self_metrics()));
-        let slow_calls = spans::SlowCalls::start(
-            &config,
-            &otlp_settings,
-            labeler,
-            report.slow_events.take(),
-            otlp_stats.clone(),
-        )?;
-        otlp_stats.register(
-            agent.self_metrics(),
-            slow_calls.sinks().otlp.is_some(),
-            otlp_settings.metrics.is_some(),
-        );
-        // Everything is attached and the span reader runs: give up what running does not
-        // need (see privileges.rs); threads started later inherit the reduced set.
-        match privileges::drop_after_start(&config) {
-            Ok(r) => tracing::info!(
-                kept = ?privileges::cap_names(r.kept),
-                bounding_set_reduced = r.bounding_set_reduced,
-                threads = r.threads,
-                "dropped capabilities"
-            ),
-            // Running on with capabilities it promised to give up would be worse than not
-            // running: the operator learns why and the supervisor restarts it.
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(
-                    "could not drop the capabilities sysscope does not need after start-up",
-                ))
-            }
-        }
-        let reload_stats = Arc::new(reload::ReloadStats::new());
-        reload_stats.register(agent.self_metrics());
-        let agent = Arc::new(std::sync::Mutex::new(agent));
-        let reloader = Arc::new(reload::Reloader::new(
-            cli.config_file.clone(),
-            config.clone(),
-            agent.clone(),
-            reload_stats,
-        ));
-        let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
-        scraper.set_openmetrics_annotator(slow_calls.annotator());
-        let mut routes = BTreeMap::new();
-        let (slow_calls_path, slow_calls_route) = slow_calls.route();
-        routes.insert(
-            slow_calls_path,
-            http::cached(slow_calls_route, Duration::from_secs(1)),
-        );
-        let state = Arc::new(AppState {
-            scraper: scraper.clone(),
-            telemetry_path: cli.telemetry_path.clone(),
-            ready: false.into(),
-            routes,
-            reload: Some({
-                let reloader = reloader.clone();
-                Arc::new(move || {
-                    reloader
-                        .reload()
-                        .map(|changed| {
-                            if changed.is_empty() {
-                                "reloaded; nothing changed".to_string()
-                            } else {
-                                format!("reloaded; changed: {}", changed.join(", "))
-                            }
-                        })
-                        .map_err(|e| Chain(&e).to_string())
-                })
-            }),
-        });
-        let metric_push = match &otlp_settings.metrics {
-            Some(settings) => Some(otlp::metrics::MetricPush::start(
-                otlp::metrics::PushOptions {
-                    settings: settings.clone(),
-                    resource: otlp_settings.resource.clone(),
-                    interval: otlp_settings.metric_interval,
-                    export_timeout: otlp_settings.metric_export_timeout,
-                    started: std::time::SystemTime::now(),
-                },
-                scraper.clone(),
-                otlp_stats.clone(),
-                Some(tokio::runtime::Handle::current()),
-            )?),
-            None => None,
-        };
-
-        let background = {
-            let scraper = scraper.clone();
-            let every = config.collection.background_interval;
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    let s = scraper.clone();
-                    let _ = tokio::task::spawn_blocking(move || s.refresh()).await;
-                }
-            })
-        };
-
-        // SIGHUP reloads the configuration, as it does for Prometheus.
-        let hangups = {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-            let reloader = reloader.clone();
-            tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP received, reloading the configuration");
-                    let r = reloader.clone();
-                    let _ = tokio::task::spawn_blocking(move || r.reload()).await;
-                }
-            })
-        };
-        // Handlers first: a SIGTERM right after the first ready answer must not kill the
-        // process with the default action before the server loop polls its shutdown future.
-        let shutdown = shutdown_signal();
-        state.ready.store(true, Ordering::Relaxed);
-        tracing::info!(
-            address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            path = %cli.telemetry_path,
-            tls = web.as_ref().is_some_and(|w| w.tls().is_some()),
-            basic_auth = web
-                .as_ref()
-                .is_some_and(|w| w.current().is_ok_and(|c| c.basic_auth.is_some())),
-            "serving metrics"
-        );
-        http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
-        background.abort();
-        hangups.abort();
-        // Send what is queued (bounded). The exporters block: on this worker, made a blocking
-        // thread for the time, not in the blocking pool, where it would queue behind scrapes
-        // still waiting for the agent.
-        tokio::task::block_in_place(move || {
-            if let Some(push) = metric_push {
-                push.shutdown(Duration::from_secs(1));
-            }
-            slow_calls.shutdown(Duration::from_secs(2));
-        });
-        // Dropping the agent detaches every program and closes every map.
-        drop(scraper);
-        if let Ok(agent) = Arc::try_unwrap(agent) {
-            drop(agent);
-        }
-        tracing::info!("stopped; all probes detached");
-        Ok::<_, anyhow::Error>(ExitCode::SUCCESS)
-    });
-    // Scrapes still queued for the agent when the server stopped are not waited for: their
-    // clients are gone, and a stop must not take as long as the queue.
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    outcome
-}
-
 /// Installs the SIGTERM and SIGINT handlers now; the future resolves on either signal.
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -576,23 +302,5 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
             _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::logfmt_value;
-
-    #[test]
-    fn logfmt_values_are_bare_or_quoted_and_escaped() {
-        assert_eq!(logfmt_value("info"), "info");
-        assert_eq!(logfmt_value("127.0.0.1:9812"), "127.0.0.1:9812");
-        assert_eq!(logfmt_value(""), "\"\"");
-        assert_eq!(logfmt_value("serving metrics"), "\"serving metrics\"");
-        assert_eq!(logfmt_value("a=b"), "\"a=b\"");
-        assert_eq!(
-            logfmt_value("say \"hi\"\\\n\u{1b}"),
-            "\"say \\\"hi\\\"\\\\\\n\\u{1b}\""
-        );
     }
 }

@@ -1,4 +1,5 @@
-//! Label sets of per-workload series and the cardinality budget.
+//! Label sets of per-workload series, the cardinality budget, and the one table that turns a
+//! cumulative kernel map into labelled series.
 //!
 //! A *workload* is what a series is labelled with: cgroup (with the Kubernetes identity derived
 //! from it), process name and, when enabled, pid. Kernel entries are keyed by (cgroup id, tgid):
@@ -6,8 +7,29 @@
 //! and go. The [`Budget`] bounds how many series exist: a label set that does not fit is routed,
 //! once and for good, to `comm="other"` in its cgroup, then to `cgroup="other"`, and counted.
 //! Routing is sticky so a counter never moves between series.
+//!
+//! A [`SeriesTable`] is that path for one map (the syscall statistics and errors, block bytes
+//! and latency, and the command-line tools' totals): each read is *observed* entry by entry
+//! ([`crate::kernel::cumulative`] gives each entry's change since what was settled), an entry is
+//! *named* (its label set, folded by the budget into the series it counts in) when first seen,
+//! or again whenever it changes for tables that follow renames, its change is added to its
+//! series and *settled*, the entries whose processes or cgroups are gone are handed back for
+//! deletion, and series no entry feeds are *retired* once idle for the retention. The ordering
+//! rules live here once: a change is settled only once its entry is named (one that cannot be
+//! named yet keeps it for the next read, and is not reclaimed), and an entry is forgotten only
+//! once its kernel entry is confirmed deleted. A series is keyed by its label set only, never by
+//! a kernel key, and its values are sums: any number of entries may be routed to one series
+//! (a coarser label set merges them exactly), and an entry routed elsewhere leaves what it added.
 
-use std::{borrow::Cow, collections::HashMap, hash::Hash, sync::Arc};
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+    hash::Hash,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::kernel::cumulative::{Counters, Snapshot, Tracker};
 
 /// Label value of folded series.
 pub(crate) const OTHER: &str = "other";
@@ -184,6 +206,224 @@ impl<K: Clone + Eq + Hash> Budget<K> {
     }
 }
 
+/// One exported series: the sum of the changes of every kernel entry routed to it, and when it
+/// last counted an event (for retiring idle series).
+#[derive(Debug, Clone)]
+pub(crate) struct Series<V> {
+    pub(crate) sum: V,
+    pub(crate) last_change: Instant,
+}
+
+impl<V: Counters> Series<V> {
+    fn new(now: Instant) -> Self {
+        Self {
+            sum: V::ZERO,
+            last_change: now,
+        }
+    }
+
+    fn add(&mut self, change: &V, now: Instant) {
+        self.sum.add(change);
+        if change.has_events() {
+            self.last_change = now;
+        }
+    }
+}
+
+/// Where one kernel entry's values go: the label set it was named with (before the budget
+/// folded it) and the series it counts in; both `None` until it could be named.
+#[derive(Debug)]
+pub(crate) struct Route<L, S> {
+    pub(crate) labels: Option<L>,
+    pub(crate) series: Option<S>,
+}
+
+/// What naming an entry found.
+pub(crate) enum Named<L, S> {
+    /// Labelled `labels`, counted in `series` (the labels, or what the budget folded them to).
+    As(L, S),
+    /// Not nameable yet (a process that exited since the read): its change waits for the next
+    /// read, and it is not reclaimed.
+    NotYet,
+    /// Not counted by this table (not the command-line tool's target): left unread, reclaimed
+    /// like any other entry.
+    Ignored,
+}
+
+/// What one read of a map left to do: the entries to delete in the kernel (their values are
+/// in their series now), and whether the read saw every entry.
+#[derive(Debug)]
+pub(crate) struct Folded<K> {
+    pub(crate) reclaim: Vec<K>,
+    pub(crate) complete: bool,
+}
+
+/// One cumulative kernel map (kernel key `K`, value `V`) as labelled series `S`, each entry
+/// named `L` (see the module documentation).
+pub(crate) struct SeriesTable<K, V, L, S> {
+    entries: Tracker<K, V, Route<L, S>>,
+    series: HashMap<S, Series<V>>,
+    /// Whether an entry is named again whenever it changed (a process renamed by `exec` or
+    /// `prctl` counts under its new name from then on), or once for good.
+    renames: bool,
+}
+
+impl<K, V, L, S> std::fmt::Debug for SeriesTable<K, V, L, S>
+where
+    K: Eq + Hash + Copy,
+    V: Counters,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SeriesTable")
+            .field("entries", &self.entries.len())
+            .field("series", &self.series.len())
+            .field("renames", &self.renames)
+            .finish()
+    }
+}
+
+impl<K, V, L, S> SeriesTable<K, V, L, S>
+where
+    K: Eq + Hash + Copy,
+    V: Counters,
+    S: Eq + Hash + Clone,
+{
+    /// A table whose entries are named once, when first seen.
+    pub(crate) fn named_once() -> Self {
+        Self {
+            entries: Tracker::default(),
+            series: HashMap::new(),
+            renames: false,
+        }
+    }
+
+    /// A table whose entries are named again whenever they changed.
+    pub(crate) fn following_renames() -> Self {
+        Self {
+            renames: true,
+            ..Self::named_once()
+        }
+    }
+
+    /// Adds what changed in every entry of `read` to its series. `name` names an entry not
+    /// named yet (`true`), or one that changed in a table following renames (`false`);
+    /// `reclaim` picks, from an entry and its change, the entries to delete in the kernel once
+    /// their values are in. Delete those, then hand back the ones gone to [`Self::reclaimed`].
+    pub(crate) fn fold(
+        &mut self,
+        read: Snapshot<K, V>,
+        now: Instant,
+        mut name: impl FnMut(&K, bool) -> Named<L, S>,
+        reclaim: impl Fn(&K, &V) -> bool,
+    ) -> Folded<K> {
+        let mut to_reclaim = Vec::new();
+        self.entries.begin();
+        for (key, cur) in read.entries {
+            let (change, unnamed) = match self.entries.get(&key) {
+                Some(tracked) => (tracked.change(&cur), tracked.state.series.is_none()),
+                None => (cur.since(&V::ZERO), true),
+            };
+            let changed = !change.is_zero();
+            let mut named = None;
+            if unnamed || (self.renames && changed) {
+                match name(&key, unnamed) {
+                    Named::As(labels, series) => named = Some((labels, series)),
+                    Named::NotYet => {
+                        self.entries.observe(key, Self::unrouted);
+                        continue;
+                    }
+                    Named::Ignored => {
+                        if reclaim(&key, &change) {
+                            to_reclaim.push(key);
+                        }
+                        continue;
+                    }
+                }
+            }
+            let entry = self.entries.observe(key, Self::unrouted);
+            if let Some((labels, series)) = named {
+                entry.state = Route {
+                    labels: Some(labels),
+                    series: Some(series),
+                };
+            }
+            if unnamed || changed {
+                let target = entry
+                    .state
+                    .series
+                    .clone()
+                    .expect("a named entry has a series");
+                self.series
+                    .entry(target)
+                    .or_insert_with(|| Series::new(now))
+                    .add(&change, now);
+            }
+            entry.settle(cur);
+            if reclaim(&key, &change) {
+                to_reclaim.push(key);
+            }
+        }
+        Folded {
+            reclaim: to_reclaim,
+            complete: read.complete,
+        }
+    }
+
+    fn unrouted() -> Route<L, S> {
+        Route {
+            labels: None,
+            series: None,
+        }
+    }
+
+    /// Ends a read: forgets the entries whose kernel entries are confirmed `gone` and, after a
+    /// `complete` read, those it did not see.
+    pub(crate) fn reclaimed(&mut self, gone: impl IntoIterator<Item = K>, complete: bool) {
+        self.entries.forget(gone);
+        self.entries.end(complete);
+    }
+
+    /// Drops the series no entry is routed to that counted nothing for `retention`; returns
+    /// whether any went.
+    pub(crate) fn retire(&mut self, now: Instant, retention: Duration) -> bool {
+        let live: HashSet<&S> = self
+            .entries
+            .states()
+            .filter_map(|r| r.series.as_ref())
+            .collect();
+        let before = self.series.len();
+        self.series
+            .retain(|k, s| live.contains(k) || now.duration_since(s.last_change) < retention);
+        self.series.len() != before
+    }
+
+    /// Every series, to encode.
+    pub(crate) fn series(&self) -> impl Iterator<Item = (&S, &Series<V>)> {
+        self.series.iter()
+    }
+
+    pub(crate) fn has_series(&self, series: &S) -> bool {
+        self.series.contains_key(series)
+    }
+
+    /// Takes every series out (a tool that wants what changed since it last asked).
+    pub(crate) fn take_series(&mut self) -> HashMap<S, Series<V>> {
+        std::mem::take(&mut self.series)
+    }
+
+    /// The kernel keys of the entries tracked.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {
+        self.entries.keys()
+    }
+
+    /// The label sets of the entries named so far.
+    pub(crate) fn labels(&self) -> impl Iterator<Item = (&K, &L)> {
+        self.entries
+            .iter()
+            .filter_map(|(k, r)| r.labels.as_ref().map(|l| (k, l)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +495,135 @@ mod tests {
         let before = b.folded();
         assert_eq!(b.route(&folded[0], 10, fold), (w("/a", "other"), 0));
         assert_eq!(b.folded(), before + 1);
+    }
+
+    /// One read of a map of `u64` counters keyed by `u32`.
+    fn read(entries: &[(u32, u64)]) -> Snapshot<u32, u64> {
+        Snapshot::ended(entries.to_vec(), true)
+    }
+
+    fn sum(table: &SeriesTable<u32, u64, u32, &'static str>, series: &'static str) -> u64 {
+        table
+            .series()
+            .find(|(s, _)| **s == series)
+            .map_or(0, |(_, s)| s.sum)
+    }
+
+    #[test]
+    fn entries_merge_into_their_series_and_wait_until_they_can_be_named() {
+        let mut table: SeriesTable<u32, u64, u32, &str> = SeriesTable::named_once();
+        let now = Instant::now();
+        // Entries 1 and 2 count in one series; 3 cannot be named yet.
+        let name = |key: &u32, _| match key {
+            3 => Named::NotYet,
+            k => Named::As(*k, "a"),
+        };
+        // 3's process is gone, but its values are not in yet: it is not reclaimed.
+        let folded = table.fold(read(&[(1, 5), (2, 7), (3, 4)]), now, name, |k, _| *k == 3);
+        assert!(folded.reclaim.is_empty());
+        table.reclaimed(Vec::new(), folded.complete);
+        assert_eq!(sum(&table, "a"), 12);
+        // 3 is still waiting: its whole value comes once it is named.
+        let folded = table.fold(
+            read(&[(1, 6), (2, 7), (3, 9)]),
+            now,
+            |k, first| {
+                assert!(first == (*k == 3), "only the unnamed entry is named again");
+                Named::As(*k, "a")
+            },
+            |_, _| false,
+        );
+        table.reclaimed(Vec::new(), folded.complete);
+        assert_eq!(sum(&table, "a"), 12 + 1 + 9);
+    }
+
+    #[test]
+    fn an_entry_is_forgotten_only_once_its_kernel_entry_is_gone() {
+        let mut table: SeriesTable<u32, u64, u32, &str> = SeriesTable::named_once();
+        let now = Instant::now();
+        let name = |k: &u32, _| Named::As(*k, "a");
+        let reclaim = |k: &u32, _: &u64| *k == 1;
+        let folded = table.fold(read(&[(1, 5)]), now, name, reclaim);
+        assert_eq!(folded.reclaim, [1]);
+        // The delete failed: the entry stays, and its next read adds only what is new.
+        table.reclaimed(Vec::new(), folded.complete);
+        let folded = table.fold(read(&[(1, 8)]), now, name, reclaim);
+        assert_eq!(sum(&table, "a"), 8);
+        // Deleted now: forgotten, and an entry created again under the key counts whole.
+        table.reclaimed(folded.reclaim, folded.complete);
+        assert_eq!(table.keys().count(), 0);
+        let folded = table.fold(read(&[(1, 2)]), now, name, |_, _| false);
+        table.reclaimed(Vec::new(), folded.complete);
+        assert_eq!(sum(&table, "a"), 10);
+    }
+
+    #[test]
+    fn renamed_entries_move_on_and_leave_what_they_counted() {
+        let mut table: SeriesTable<u32, u64, u32, &str> = SeriesTable::following_renames();
+        let now = Instant::now();
+        table.fold(
+            read(&[(1, 5)]),
+            now,
+            |k, _| Named::As(*k, "old"),
+            |_, _| false,
+        );
+        // Unchanged: not named again. Changed: named again.
+        let mut named = 0;
+        table.fold(
+            read(&[(1, 5)]),
+            now,
+            |k, _| {
+                named += 1;
+                Named::As(*k, "new")
+            },
+            |_, _| false,
+        );
+        assert_eq!(named, 0);
+        table.fold(
+            read(&[(1, 9)]),
+            now,
+            |k, _| Named::As(*k, "new"),
+            |_, _| false,
+        );
+        assert_eq!((sum(&table, "old"), sum(&table, "new")), (5, 4));
+    }
+
+    #[test]
+    fn ignored_entries_are_not_read_but_are_reclaimed() {
+        let mut table: SeriesTable<u32, u64, u32, &str> = SeriesTable::named_once();
+        let folded = table.fold(
+            read(&[(1, 5), (2, 3)]),
+            Instant::now(),
+            |k, _| {
+                if *k == 1 {
+                    Named::Ignored
+                } else {
+                    Named::As(*k, "a")
+                }
+            },
+            |k, _| *k == 1,
+        );
+        assert_eq!(folded.reclaim, [1]);
+        assert_eq!(table.keys().copied().collect::<Vec<_>>(), [2]);
+        assert_eq!(table.take_series().len(), 1);
+        assert_eq!(table.series().count(), 0);
+    }
+
+    #[test]
+    fn only_series_no_entry_feeds_retire_once_idle() {
+        let mut table: SeriesTable<u32, u64, u32, &str> = SeriesTable::named_once();
+        let start = Instant::now();
+        let folded = table.fold(
+            read(&[(1, 5), (2, 3)]),
+            start,
+            |k, _| Named::As(*k, if *k == 1 { "kept" } else { "gone" }),
+            |k, _| *k == 2,
+        );
+        table.reclaimed(folded.reclaim, folded.complete);
+        let retention = Duration::from_secs(60);
+        assert!(!table.retire(start + Duration::from_secs(30), retention));
+        assert!(table.retire(start + Duration::from_secs(61), retention));
+        assert!(table.has_series(&"kept") && !table.has_series(&"gone"));
     }
 
     #[test]

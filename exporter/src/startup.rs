@@ -9,14 +9,15 @@ use crate::{
         block_io::{self, BlockIoCollector},
         cpu::{self, CpuCollector},
         gpu::{self, GpuCollector, GpuError},
+        kubernetes::{self as pod_watch, PodWatchCollector},
         syscalls::{self, SyscallCollector},
         Collector,
     },
     config::Config,
-    kernel::{self, LoadOptions, ProbeError, Probes},
+    kernel::{self, slow_events::SlowEvents, LoadOptions, ProbeError, Probes},
     metadata::{
         cgroups,
-        kubernetes::{self, watch as pod_watch, PodStore},
+        kubernetes::{self, PodStore},
         Labeler, SharedLabeler,
     },
     util::error::Chain,
@@ -36,7 +37,7 @@ pub struct StartReport {
     pub failed: Vec<(&'static str, String)>,
     /// The slow-call ring buffer (`SLOW_EVENTS`) for the span pipeline, taken here because the
     /// agent owns the probes afterwards; `None` when slow calls are off or not sampled.
-    pub slow_events: Option<aya::maps::Map>,
+    pub(crate) slow_events: Option<SlowEvents>,
 }
 
 /// Builds the labeler every collector shares.
@@ -109,7 +110,7 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
 
     // The pod watch feeds the labeler, so it starts first; it never waits for the API.
     let mut pods = None;
-    if let Some(watch) = pod_watch::start(&config.kubernetes).transpose() {
+    if let Some(watch) = PodWatchCollector::start(&config.kubernetes).transpose() {
         if let Ok(c) = &watch {
             pods = Some(c.store());
         }
@@ -167,8 +168,8 @@ pub fn start(config: &Config) -> Result<(Agent, SharedLabeler, StartReport), Sta
 
     // Slow calls are only sampled when the syscall probes run (they set the thresholds).
     if config.slow_calls.enabled && lineup.running(syscalls::NAME) {
-        match probes.take_map(sysscope_abi::maps::SLOW_EVENTS) {
-            Ok(map) => lineup.report.slow_events = Some(map),
+        match SlowEvents::take(&mut probes) {
+            Ok(ring) => lineup.report.slow_events = Some(ring),
             Err(e) => tracing::error!(error = %Chain(&e), "slow-call spans unavailable"),
         }
     }

@@ -34,7 +34,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_ktime_get_ns, bpf_probe_read_kernel, generated::bpf_get_current_ancestor_cgroup_id,
+        bpf_ktime_get_ns, generated::bpf_get_current_ancestor_cgroup_id,
     },
     macros::{map, raw_tracepoint},
     maps::{HashMap, RingBuf},
@@ -45,7 +45,7 @@ use sysscope_abi::{
     BlockLatencyKey, BlockProbeConfig, BlockStats, BlockTraceEvent, NO_FIELD,
 };
 
-use crate::common::{count_drop, EEXIST};
+use crate::common::{count_drop, read, EEXIST};
 
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
 #[map(name = "BLOCK_INFLIGHT")]
@@ -80,17 +80,6 @@ static BLOCK_CONFIG: BlockProbeConfig = BlockProbeConfig::UNSET;
 fn config() -> BlockProbeConfig {
     // SAFETY: a global the loader sets before the load, read as a whole.
     unsafe { core::ptr::read_volatile(&BLOCK_CONFIG) }
-}
-
-/// Reads a `T` at `base + off` in kernel memory; `None` for a null base, a missing field or
-/// an unreadable address.
-#[inline(always)]
-fn read<T>(base: u64, off: u32) -> Option<T> {
-    if base == 0 || off == NO_FIELD {
-        return None;
-    }
-    // SAFETY: the helper checks the address and fails on one it cannot read.
-    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
 #[inline(always)]

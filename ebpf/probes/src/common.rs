@@ -1,7 +1,7 @@
-//! Helpers shared by the probe families: the drop counters and register access.
+//! Helpers shared by the probe families: the drop counters, kernel memory and register access.
 
 use aya_ebpf::{helpers::bpf_probe_read_kernel, macros::map, maps::PerCpuArray};
-use sysscope_abi::counters;
+use sysscope_abi::{counters, NO_FIELD};
 
 /// What the probes could not record, per CPU (indices in `sysscope_abi::counters`).
 #[map(name = "PROBE_COUNTERS")]
@@ -14,6 +14,17 @@ pub fn count_drop(index: u32) {
         // SAFETY: Per-CPU slot, and programs do not nest on a CPU: a plain add is enough.
         unsafe { *slot += 1 };
     }
+}
+
+/// Reads a `T` at `base + off` in kernel memory; `None` for a null base, a missing field
+/// (`NO_FIELD`: the member does not exist on the running kernel) or an unreadable address.
+#[inline(always)]
+pub fn read<T>(base: u64, off: u32) -> Option<T> {
+    if base == 0 || off == NO_FIELD {
+        return None;
+    }
+    // SAFETY: the helper checks the address and copies nothing from an unreadable one.
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
 /// `-EEXIST`, returned by a `BPF_NOEXIST` insert that lost a race with another CPU.

@@ -6,23 +6,14 @@
 //! Global: `FD_CONFIG` (struct offsets, looked up by user space in the kernel's BTF before the
 //! load, as the block probes' are). No map.
 
-use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_get_current_task_btf};
-use sysscope_abi::{fd_class, FdCache, FdClass, FdProbeConfig, NO_FIELD};
+use aya_ebpf::helpers::generated::bpf_get_current_task_btf;
+use sysscope_abi::{fd_class, FdCache, FdClass, FdProbeConfig};
+
+use crate::common::read;
 
 /// Set by the loader from kernel BTF; `ready == 0` (nothing classified) until then.
 #[unsafe(no_mangle)]
 static FD_CONFIG: FdProbeConfig = FdProbeConfig::UNSET;
-
-/// Reads a `T` at `base + off` in kernel memory; `None` for a null base, a missing field or an
-/// unreadable address.
-#[inline(always)]
-fn read<T>(base: u64, off: u32) -> Option<T> {
-    if base == 0 || off == NO_FIELD {
-        return None;
-    }
-    // SAFETY: the helper checks the address and copies nothing from an unreadable one.
-    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
-}
 
 /// Reads a `T` at `base + off` of a BTF-typed kernel pointer: a plain load, which the verifier
 /// checks against the kernel's types and turns into a fault-safe one. `off` comes from the

@@ -25,15 +25,14 @@ use std::{
 };
 
 use anyhow::{bail, Context};
-use aya::maps::{Map, MapData, MapInfo};
 use sysscope::{
     config::{Config, ProbeStatsMode},
-    kernel::syscalls::{SyscallStatsTable, TableMaps},
+    kernel::syscalls::SyscallStatsTable,
     kernel::{LoadOptions, Probes},
     metadata::cgroups,
     syscall_table,
 };
-use sysscope_abi::{hist, maps, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
+use sysscope_abi::{hist, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
 
 fn usage() -> ! {
     eprintln!(
@@ -151,30 +150,6 @@ fn wait_for_end() {
     }
 }
 
-/// Ids and names of the eBPF maps process `pid` holds open.
-fn maps_of(pid: u32) -> anyhow::Result<Vec<(u32, String)>> {
-    let mut out = Vec::new();
-    let dir = format!("/proc/{pid}/fdinfo");
-    for fd in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
-        let Ok(fd) = fd else { continue };
-        let Ok(info) = std::fs::read_to_string(fd.path()) else {
-            continue;
-        };
-        for line in info.lines() {
-            if let Some(id) = line.strip_prefix("map_id:") {
-                if let Ok(id) = id.trim().parse::<u32>() {
-                    if let Ok(info) = MapInfo::from_id(id) {
-                        out.push((id, info.name_as_str().unwrap_or("").to_string()));
-                    }
-                }
-            }
-        }
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
-}
-
 struct BenchCgroups {
     dir: PathBuf,
     ids: Vec<u64>,
@@ -226,23 +201,7 @@ fn fill(args: &[String]) -> anyhow::Result<()> {
     let (Some(pid), Some(entries)) = (pid, entries) else {
         usage()
     };
-    let held = maps_of(pid)?;
-    let open = |name: &'static str| -> anyhow::Result<Map> {
-        let id = held
-            .iter()
-            .find(|(_, n)| n == name)
-            .map(|(id, _)| *id)
-            .with_context(|| format!("process {pid} holds no {name} map"))?;
-        Ok(Map::from_map_data(MapData::from_id(id)?)?)
-    };
-    let mut table = SyscallStatsTable::new(TableMaps {
-        slots: open(maps::SYSCALL_SLOTS)?,
-        stats: open(maps::SYSCALL_STATS)?,
-        free: open(maps::FREE_SLOTS)?,
-        epoch: open(maps::SLOT_EPOCH)?,
-        taken: open(maps::CGROUP_TAKEN)?,
-        returned: open(maps::CGROUP_RETURNED)?,
-    })?;
+    let mut table = SyscallStatsTable::of_process(pid)?;
 
     let nrs: Vec<u32> = (0..MAX_SYSCALL_NR)
         .filter(|nr| syscall_table::name(*nr).is_some())

@@ -2,61 +2,8 @@
 //! benchmarks. Each step makes exactly the calls it names, through raw syscalls, so a test can
 //! compare what sysscope reports with the truth.
 //!
-//! ```text
-//! sysscope-workload STEP [STEP ...]
-//!   getppid N                 N getppid calls
-//!   openat-missing N          N openat calls that fail with ENOENT
-//!   sleep N MS                N nanosleep calls of MS milliseconds
-//!   slow-pipe-read N MS       N reads of a pipe that another thread fills MS ms after the
-//!                             read has blocked (so each read lasts at least MS ms)
-//!   slow-pipe-read-timed N MS the same, then prints "read_ns=<n>" per read (its duration as
-//!                             measured here) and leaves the pipe open until the process exits
-//!   slow-pipe-burst N MS      N threads each block in a read of its own pipe; at least MS ms
-//!                             after all have blocked, early in a second of CLOCK_MONOTONIC
-//!                             (100-400 ms past it), all pipes are filled at once: N slow reads
-//!                             ending together (the pipes stay open until the process exits)
-//!   read-file PATH BYTES BS   read BYTES of PATH in BS-byte read calls (looping over the file)
-//!   read-loop PATH SECS BS    read PATH in BS-byte calls, over and over, for SECS seconds
-//!   write-fsync PATH N BS     N writes of BS bytes to PATH, each followed by fsync
-//!   loop-getppid SECS THREADS getppid in a loop on THREADS threads for SECS seconds (fractions
-//!                             allowed, as for every SECS below);
-//!                             prints "calls=<n> ns_per_call=<x>" (the benchmark's load)
-//!   stat PATH N               N newfstatat calls on PATH (a metadata storm)
-//!   open-close PATH N         N openat + close pairs on PATH (open/close churn)
-//!   mmap N KB                 N anonymous mmap + mprotect + munmap of KB KiB
-//!   epoll-wait N MS           N epoll_wait calls (epoll_pwait on arm64, which lacks epoll_wait)
-//!                             with an MS ms timeout on an empty epoll set
-//!   futex-contention T N      T threads each take a shared mutex N times, holding it briefly
-//!                             while the others wait in futex
-//!   small-writes PATH N BS    N writes of BS bytes to PATH (one open, one close)
-//!   getppid-threads T N       T threads each make N getppid calls (T x N in all)
-//!   loop-dd SECS THREADS BS   like `dd if=/dev/zero of=/dev/null bs=BS` on THREADS threads for
-//!                             SECS seconds (a read and a write per block); prints the same line,
-//!                             counting both calls
-//!   loop-read-file PATH SECS THREADS BS
-//!                             read PATH (page cache) in BS-byte reads on THREADS threads for
-//!                             SECS seconds, seeking back at end of file; prints the same line
-//!   sleep-migrating N MS      N nanosleep calls of MS ms on a thread pinned to CPU 0, which
-//!                             another thread moves to CPU 1 once it sleeps: every call is
-//!                             switched out on one CPU and returns on the other;
-//!                             prints slept_ns=<time slept> and migrated=<calls that returned on
-//!                             CPU 1> on stderr
-//!   loop-pingpong SECS PAIRS  PAIRS pairs of threads pass one byte back and forth over two
-//!                             pipes for SECS seconds, both threads of pair i on CPU i: every
-//!                             read blocks and switches to the other thread, so every read is
-//!                             switched out mid-call (the context-switch path of the probes);
-//!                             prints the same line, counting reads and writes, with the
-//!                             process's CPU time (both threads of each pair)
-//!   rate-getppid RATE SECS    about RATE getppid calls per second for SECS seconds (a steady
-//!                             background load); prints the same line
-//!   wait-stdin                block until stdin is closed or a line is read
-//!   pin-cpu N                 run the following steps on CPU N only (sched_setaffinity)
-//!   spin MS                   compute in user space, without syscalls, for MS ms of wall time
-//!   fork-children N K PREFIX  fork N children (64 at a time); child i names itself
-//!                             PREFIX<i> (prctl PR_SET_NAME), makes K getppid calls and exits
-//!   join-cgroup DIR           move this process into cgroup DIR (after the dynamic loader ran,
-//!                             so only the steps that follow are counted there)
-//! ```
+//! `sysscope-workload STEP [STEP ...]` runs the steps in order; `STEPS` lists them with their
+//! arguments and what each does (`sysscope-workload` without arguments prints that list).
 
 use std::{
     ffi::CString,
@@ -67,25 +14,6 @@ use std::{
     },
     time::{Duration, Instant},
 };
-
-fn usage() -> ! {
-    eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         fd-kinds PATH NFILE NPIPE NSOCKET |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K | set-name NAME"
-    );
-    std::process::exit(2)
-}
-
-fn num(arg: Option<&String>) -> u64 {
-    arg.and_then(|s| s.parse().ok()).unwrap_or_else(|| usage())
-}
-
-/// A duration in seconds, fractions allowed ("0.5").
-fn secs(arg: Option<&String>) -> Duration {
-    arg.and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
-        .unwrap_or_else(|| usage())
-}
 
 fn getppid() {
     // SAFETY: getppid takes no arguments and cannot fail.
@@ -132,6 +60,283 @@ fn fd_kinds(path: &str, [nfile, npipe, nsocket]: [u64; 3]) {
     }
 }
 
+/// One step: its name, its arguments, what it does, and how it runs.
+struct Step {
+    name: &'static str,
+    args: &'static str,
+    help: &'static str,
+    run: fn(&StepArgs),
+}
+
+/// Every step. The usage text and the dispatch are made from this table alone.
+const STEPS: &[Step] = &[
+    Step {
+        name: "getppid",
+        args: "N",
+        help: "N getppid calls",
+        run: |a| {
+            for _ in 0..a.num(0) {
+                getppid();
+            }
+        },
+    },
+    Step {
+        name: "openat-missing",
+        args: "N",
+        help: "N openat calls that fail with ENOENT",
+        run: |a| openat_missing(a.num(0)),
+    },
+    Step {
+        name: "sleep",
+        args: "N MS",
+        help: "N nanosleep calls of MS milliseconds; prints slept_ns=<time slept> on stderr \
+               (a loaded machine oversleeps)",
+        run: |a| {
+            let ms = a.num(1);
+            let slept: Duration = (0..a.num(0)).map(|_| nanosleep_ms(ms)).sum();
+            eprintln!("slept_ns={}", slept.as_nanos());
+        },
+    },
+    Step {
+        name: "sleep-migrating",
+        args: "N MS",
+        help: "N nanosleep calls of MS ms on a thread pinned to CPU 0, which another thread \
+               moves to CPU 1 once it sleeps: every call is switched out on one CPU and returns \
+               on the other; prints slept_ns=<time slept> and migrated=<calls that returned on \
+               CPU 1> on stderr",
+        run: |a| sleep_migrating(a.num(0), a.num(1)),
+    },
+    Step {
+        name: "slow-pipe-read",
+        args: "N MS",
+        help: "N reads of a pipe that another thread fills MS ms after the read has blocked (so \
+               each read lasts at least MS ms)",
+        run: |a| slow_pipe_read(a.num(0), a.num(1), false),
+    },
+    Step {
+        name: "slow-pipe-read-timed",
+        args: "N MS",
+        help: "the same, then prints \"read_ns=<n>\" per read (its duration as measured here) \
+               and leaves the pipe open until the process exits",
+        run: |a| slow_pipe_read(a.num(0), a.num(1), true),
+    },
+    Step {
+        name: "slow-pipe-burst",
+        args: "N MS",
+        help: "N threads each block in a read of its own pipe; at least MS ms after all have \
+               blocked, early in a second of CLOCK_MONOTONIC (100-400 ms past it), all pipes are \
+               filled at once: N slow reads ending together (the pipes stay open until the \
+               process exits)",
+        run: |a| slow_pipe_burst(a.num(0), a.num(1)),
+    },
+    Step {
+        name: "fd-kinds",
+        args: "PATH NFILE NPIPE NSOCKET",
+        help: "NFILE one-byte reads of PATH (which must hold that many bytes), then NPIPE and \
+               NSOCKET one-byte writes and reads of a pipe and of a UNIX socket pair",
+        run: |a| fd_kinds(a.str(0), [a.num(1), a.num(2), a.num(3)]),
+    },
+    Step {
+        name: "read-file",
+        args: "PATH BYTES BS",
+        help: "read BYTES of PATH in BS-byte read calls (looping over the file)",
+        run: |a| read_file(a.str(0), a.num(1), a.num(2).max(1) as usize),
+    },
+    Step {
+        name: "read-loop",
+        args: "PATH SECS BS",
+        help: "read PATH in BS-byte calls, over and over, for SECS (whole) seconds",
+        run: |a| {
+            let duration = Duration::from_secs(a.num(1));
+            read_loop(a.str(0), duration, a.num(2).max(1) as usize);
+        },
+    },
+    Step {
+        name: "write-fsync",
+        args: "PATH N BS",
+        help: "N writes of BS bytes to PATH, each followed by fsync",
+        run: |a| write_fsync(a.str(0), a.num(1), a.num(2).max(1) as usize),
+    },
+    Step {
+        name: "loop-getppid",
+        args: "SECS THREADS",
+        help: "getppid in a loop on THREADS threads for SECS seconds (fractions allowed, as for \
+               every SECS below); prints \"calls=<n> ns_per_call=<x>\" (the benchmark's load)",
+        run: |a| loop_getppid(a.secs(0), a.num(1).max(1) as usize),
+    },
+    Step {
+        name: "loop-pingpong",
+        args: "SECS PAIRS",
+        help: "PAIRS pairs of threads pass one byte back and forth over two pipes for SECS \
+               seconds, both threads of pair i on CPU i: every read blocks and switches to the \
+               other thread (the context-switch path of the probes); prints the same line, \
+               counting reads and writes, with the process's CPU time",
+        run: |a| loop_pingpong(a.secs(0), a.num(1).max(1) as usize),
+    },
+    Step {
+        name: "loop-dd",
+        args: "SECS THREADS BS",
+        help: "like `dd if=/dev/zero of=/dev/null bs=BS` on THREADS threads for SECS seconds (a \
+               read and a write per block); prints the same line, counting both calls",
+        run: |a| {
+            loop_dd(
+                a.secs(0),
+                a.num(1).max(1) as usize,
+                a.num(2).max(1) as usize,
+            )
+        },
+    },
+    Step {
+        name: "loop-read-file",
+        args: "PATH SECS THREADS BS",
+        help: "read PATH (page cache) in BS-byte reads on THREADS threads for SECS seconds, \
+               seeking back at end of file; prints the same line",
+        run: |a| {
+            let (threads, bs) = (a.num(2).max(1) as usize, a.num(3).max(1) as usize);
+            loop_read_file(a.str(0), a.secs(1), threads, bs);
+        },
+    },
+    Step {
+        name: "rate-getppid",
+        args: "RATE SECS",
+        help: "about RATE getppid calls per second for SECS seconds (a steady background load); \
+               prints the same line",
+        run: |a| rate_getppid(a.num(0).max(1), a.secs(1)),
+    },
+    Step {
+        name: "join-cgroup",
+        args: "DIR",
+        help: "move this process into cgroup DIR (after the dynamic loader ran, so only the \
+               steps that follow are counted there)",
+        run: |a| join_cgroup(a.str(0)),
+    },
+    Step {
+        name: "stat",
+        args: "PATH N",
+        help: "N newfstatat calls on PATH (a metadata storm)",
+        run: |a| stat_storm(a.str(0), a.num(1)),
+    },
+    Step {
+        name: "open-close",
+        args: "PATH N",
+        help: "N openat + close pairs on PATH (open/close churn)",
+        run: |a| open_close(a.str(0), a.num(1)),
+    },
+    Step {
+        name: "mmap",
+        args: "N KB",
+        help: "N anonymous mmap + mprotect + munmap of KB KiB (at least 4)",
+        run: |a| mmap_churn(a.num(0), a.num(1).max(4) as usize * 1024),
+    },
+    Step {
+        name: "epoll-wait",
+        args: "N MS",
+        help: "N epoll_wait calls (epoll_pwait on arm64, which lacks epoll_wait) with an MS ms \
+               timeout on an empty epoll set",
+        run: |a| epoll_idle(a.num(0), a.num(1) as i32),
+    },
+    Step {
+        name: "futex-contention",
+        args: "THREADS N",
+        help: "THREADS threads (at least 2) each take a shared mutex N times, holding it \
+               briefly while the others wait in futex",
+        run: |a| futex_contention(a.num(0).max(2) as usize, a.num(1)),
+    },
+    Step {
+        name: "small-writes",
+        args: "PATH N BS",
+        help: "N writes of BS bytes to PATH (one open, one close)",
+        run: |a| small_writes(a.str(0), a.num(1), a.num(2).max(1) as usize),
+    },
+    Step {
+        name: "getppid-threads",
+        args: "T N",
+        help: "T threads each make N getppid calls (T x N in all)",
+        run: |a| getppid_threads(a.num(0).max(1), a.num(1)),
+    },
+    Step {
+        name: "pin-cpu",
+        args: "N",
+        help: "run the following steps on CPU N only (sched_setaffinity)",
+        run: |a| pin_cpu(a.num(0) as usize),
+    },
+    Step {
+        name: "spin",
+        args: "MS",
+        help: "compute in user space, without syscalls, for MS ms of wall time",
+        run: |a| spin(Duration::from_millis(a.num(0))),
+    },
+    Step {
+        name: "fork-children",
+        args: "N K PREFIX",
+        help: "fork N children (64 at a time); child i names itself PREFIX<i> (prctl \
+               PR_SET_NAME), makes K getppid calls and exits",
+        run: |a| fork_children(a.num(0), a.num(1), a.str(2)),
+    },
+    Step {
+        name: "hold-children",
+        args: "N K",
+        help: "fork N children that each make K calls of a few distinct syscalls and stay alive \
+               until a line arrives on stdin; prints ready once they all made their calls",
+        run: |a| hold_children(a.num(0), a.num(1)),
+    },
+    Step {
+        name: "set-name",
+        args: "NAME",
+        help: "set this process's name (comm, the first 15 bytes) to NAME, whatever it holds",
+        run: |a| set_name(a.str(0)),
+    },
+    Step {
+        name: "invalid-syscalls",
+        args: "FIRST COUNT",
+        help: "call the COUNT syscall numbers from FIRST, which the kernel does not implement \
+               (each returns ENOSYS)",
+        run: |a| invalid_syscalls(a.num(0), a.num(1)),
+    },
+    Step {
+        name: "wait-stdin",
+        args: "",
+        help: "block until stdin is closed or a line is read",
+        run: |_| {
+            let mut line = String::new();
+            let _ = std::io::stdin().lock().read_line(&mut line);
+        },
+    },
+];
+
+fn usage() -> ! {
+    let mut text = String::from("usage: sysscope-workload STEP [STEP ...]\nsteps:\n");
+    for step in STEPS {
+        let call = format!("{} {}", step.name, step.args);
+        text.push_str(&format!("  {:<36} {}\n", call.trim_end(), step.help));
+    }
+    eprint!("{text}");
+    std::process::exit(2)
+}
+
+/// The arguments of one step.
+struct StepArgs<'a>(&'a [String]);
+
+impl StepArgs<'_> {
+    fn str(&self, i: usize) -> &str {
+        &self.0[i]
+    }
+
+    fn num(&self, i: usize) -> u64 {
+        self.0[i].parse().unwrap_or_else(|_| usage())
+    }
+
+    /// A duration in seconds, fractions allowed ("0.5").
+    fn secs(&self, i: usize) -> Duration {
+        self.0[i]
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+            .unwrap_or_else(|| usage())
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() {
@@ -139,245 +344,74 @@ fn main() {
     }
     let mut i = 0;
     while i < args.len() {
-        let step = args[i].as_str();
-        match step {
-            "getppid" => {
-                let n = num(args.get(i + 1));
+        let step = STEPS
+            .iter()
+            .find(|s| s.name == args[i])
+            .unwrap_or_else(|| usage());
+        let n = step.args.split_whitespace().count();
+        let Some(step_args) = args.get(i + 1..i + 1 + n) else {
+            usage()
+        };
+        (step.run)(&StepArgs(step_args));
+        i += 1 + n;
+    }
+}
+
+fn openat_missing(n: u64) {
+    let path = CString::new(format!("/nonexistent-sysscope/{}", std::process::id())).unwrap();
+    for _ in 0..n {
+        // SAFETY: a valid NUL-terminated path; the call fails with ENOENT.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat,
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                libc::O_RDONLY,
+            )
+        };
+        assert!(r < 0, "openat of a missing path succeeded");
+    }
+}
+
+fn join_cgroup(dir: &str) {
+    let procs = std::path::Path::new(dir).join("cgroup.procs");
+    std::fs::write(&procs, b"0\n").unwrap_or_else(|e| {
+        eprintln!("join-cgroup {}: {e}", procs.display());
+        std::process::exit(1)
+    });
+}
+
+fn getppid_threads(threads: u64, n: u64) {
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            std::thread::spawn(move || {
                 for _ in 0..n {
                     getppid();
                 }
-                i += 2;
-            }
-            "openat-missing" => {
-                let n = num(args.get(i + 1));
-                let path =
-                    CString::new(format!("/nonexistent-sysscope/{}", std::process::id())).unwrap();
-                for _ in 0..n {
-                    // SAFETY: a valid NUL-terminated path; the call fails with ENOENT.
-                    let r = unsafe {
-                        libc::syscall(
-                            libc::SYS_openat,
-                            libc::AT_FDCWD,
-                            path.as_ptr(),
-                            libc::O_RDONLY,
-                        )
-                    };
-                    assert!(r < 0, "openat of a missing path succeeded");
-                }
-                i += 2;
-            }
-            "sleep" => {
-                let n = num(args.get(i + 1));
-                let ms = num(args.get(i + 2));
-                // The time actually slept (a loaded machine oversleeps), on stderr for tests.
-                let mut slept = Duration::ZERO;
-                for _ in 0..n {
-                    slept += nanosleep_ms(ms);
-                }
-                eprintln!("slept_ns={}", slept.as_nanos());
-                i += 3;
-            }
-            "sleep-migrating" => {
-                let n = num(args.get(i + 1));
-                let ms = num(args.get(i + 2));
-                sleep_migrating(n, ms);
-                i += 3;
-            }
-            "slow-pipe-read" => {
-                let n = num(args.get(i + 1));
-                let ms = num(args.get(i + 2));
-                slow_pipe_read(n, ms, false);
-                i += 3;
-            }
-            "slow-pipe-read-timed" => {
-                let n = num(args.get(i + 1));
-                let ms = num(args.get(i + 2));
-                slow_pipe_read(n, ms, true);
-                i += 3;
-            }
-            "slow-pipe-burst" => {
-                let n = num(args.get(i + 1));
-                let ms = num(args.get(i + 2));
-                slow_pipe_burst(n, ms);
-                i += 3;
-            }
-            "fd-kinds" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let counts = [
-                    num(args.get(i + 2)),
-                    num(args.get(i + 3)),
-                    num(args.get(i + 4)),
-                ];
-                fd_kinds(&path, counts);
-                i += 5;
-            }
-            "read-file" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let bytes = num(args.get(i + 2));
-                let bs = num(args.get(i + 3)).max(1);
-                read_file(&path, bytes, bs as usize);
-                i += 4;
-            }
-            "read-loop" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let secs = num(args.get(i + 2));
-                let bs = num(args.get(i + 3)).max(1);
-                read_loop(&path, Duration::from_secs(secs), bs as usize);
-                i += 4;
-            }
-            "write-fsync" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let n = num(args.get(i + 2));
-                let bs = num(args.get(i + 3)).max(1);
-                write_fsync(&path, n, bs as usize);
-                i += 4;
-            }
-            "loop-getppid" => {
-                let duration = secs(args.get(i + 1));
-                let threads = num(args.get(i + 2)).max(1);
-                loop_getppid(duration, threads as usize);
-                i += 3;
-            }
-            "loop-pingpong" => {
-                let duration = secs(args.get(i + 1));
-                let pairs = num(args.get(i + 2)).max(1);
-                loop_pingpong(duration, pairs as usize);
-                i += 3;
-            }
-            "loop-dd" => {
-                let duration = secs(args.get(i + 1));
-                let threads = num(args.get(i + 2)).max(1);
-                let bs = num(args.get(i + 3)).max(1);
-                loop_dd(duration, threads as usize, bs as usize);
-                i += 4;
-            }
-            "loop-read-file" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let duration = secs(args.get(i + 2));
-                let threads = num(args.get(i + 3)).max(1);
-                let bs = num(args.get(i + 4)).max(1);
-                loop_read_file(&path, duration, threads as usize, bs as usize);
-                i += 5;
-            }
-            "rate-getppid" => {
-                let rate = num(args.get(i + 1)).max(1);
-                let duration = secs(args.get(i + 2));
-                rate_getppid(rate, duration);
-                i += 3;
-            }
-            "join-cgroup" => {
-                let dir = args.get(i + 1).unwrap_or_else(|| usage());
-                let procs = std::path::Path::new(dir).join("cgroup.procs");
-                std::fs::write(&procs, b"0\n").unwrap_or_else(|e| {
-                    eprintln!("join-cgroup {}: {e}", procs.display());
-                    std::process::exit(1)
-                });
-                i += 2;
-            }
-            "stat" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let n = num(args.get(i + 2));
-                stat_storm(&path, n);
-                i += 3;
-            }
-            "open-close" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let n = num(args.get(i + 2));
-                open_close(&path, n);
-                i += 3;
-            }
-            "mmap" => {
-                let n = num(args.get(i + 1));
-                let kb = num(args.get(i + 2)).max(4);
-                mmap_churn(n, kb as usize * 1024);
-                i += 3;
-            }
-            "epoll-wait" => {
-                let n = num(args.get(i + 1));
-                let ms = num(args.get(i + 2));
-                epoll_idle(n, ms as i32);
-                i += 3;
-            }
-            "futex-contention" => {
-                let threads = num(args.get(i + 1)).max(2);
-                let n = num(args.get(i + 2));
-                futex_contention(threads as usize, n);
-                i += 3;
-            }
-            "small-writes" => {
-                let path = args.get(i + 1).unwrap_or_else(|| usage()).clone();
-                let n = num(args.get(i + 2));
-                let bs = num(args.get(i + 3)).max(1);
-                small_writes(&path, n, bs as usize);
-                i += 4;
-            }
-            "getppid-threads" => {
-                let threads = num(args.get(i + 1)).max(1);
-                let n = num(args.get(i + 2));
-                let handles: Vec<_> = (0..threads)
-                    .map(|_| {
-                        std::thread::spawn(move || {
-                            for _ in 0..n {
-                                getppid();
-                            }
-                        })
-                    })
-                    .collect();
-                for h in handles {
-                    h.join().unwrap();
-                }
-                i += 3;
-            }
-            "pin-cpu" => {
-                pin_cpu(num(args.get(i + 1)) as usize);
-                i += 2;
-            }
-            "spin" => {
-                spin(Duration::from_millis(num(args.get(i + 1))));
-                i += 2;
-            }
-            "fork-children" => {
-                let n = num(args.get(i + 1));
-                let k = num(args.get(i + 2));
-                let prefix = args.get(i + 3).unwrap_or_else(|| usage()).clone();
-                fork_children(n, k, &prefix);
-                i += 4;
-            }
-            "set-name" => {
-                // The process name the kernel reports (comm), whatever it holds: tests give
-                // it hostile values. The kernel keeps the first 15 bytes.
-                let name = args.get(i + 1).unwrap_or_else(|| usage());
-                let mut bytes = [0u8; 16];
-                let len = name.len().min(15);
-                bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
-                // SAFETY: a NUL-terminated 16-byte buffer, as PR_SET_NAME reads.
-                unsafe { libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0) };
-                i += 2;
-            }
-            "invalid-syscalls" => {
-                let first = num(args.get(i + 1));
-                let count = num(args.get(i + 2));
-                for nr in first..first + count {
-                    // SAFETY: a number the kernel does not implement: it returns ENOSYS and
-                    // touches nothing.
-                    let r = unsafe { libc::syscall(nr as libc::c_long) };
-                    assert!(r < 0, "syscall({nr}) exists");
-                }
-                i += 3;
-            }
-            "hold-children" => {
-                let n = num(args.get(i + 1));
-                let k = num(args.get(i + 2));
-                hold_children(n, k);
-                i += 3;
-            }
-            "wait-stdin" => {
-                let mut line = String::new();
-                let _ = std::io::stdin().lock().read_line(&mut line);
-                i += 1;
-            }
-            _ => usage(),
-        }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+/// The process name the kernel reports (comm), whatever it holds: tests give it hostile
+/// values. The kernel keeps the first 15 bytes.
+fn set_name(name: &str) {
+    let mut bytes = [0u8; 16];
+    let len = name.len().min(15);
+    bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+    // SAFETY: a NUL-terminated 16-byte buffer, as PR_SET_NAME reads.
+    unsafe { libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0) };
+}
+
+fn invalid_syscalls(first: u64, count: u64) {
+    for nr in first..first + count {
+        // SAFETY: a number the kernel does not implement: it returns ENOSYS and touches
+        // nothing.
+        let r = unsafe { libc::syscall(nr as libc::c_long) };
+        assert!(r < 0, "syscall({nr}) exists");
     }
 }
 

@@ -1,7 +1,7 @@
 //! The measured syscall profile of a target: calls, errors (by errno), time and latency
 //! buckets per syscall, read from the syscall probes' maps (`SYSCALL_STATS`,
-//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`] and [`crate::kernel::cumulative`], as
-//! the syscall collector reads them.
+//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`] and a
+//! [`crate::series::SeriesTable`], as the syscall collector reads them.
 //!
 //! The probes count every process of the node; [`ProfileReader::poll`] keeps what matches
 //! the target's filter and, like the exporter, reclaims the entries of exited processes once
@@ -9,7 +9,10 @@
 //! never fills the kernel map. Drops the probes counted are read from `PROBE_COUNTERS`
 //! through [`crate::kernel::counters`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::Instant,
+};
 
 use serde::Serialize;
 use sysscope_abi::{counters, hist, ErrnoKey, FdClass, SyscallKey, SyscallStats};
@@ -17,9 +20,10 @@ use sysscope_abi::{counters, hist, ErrnoKey, FdClass, SyscallKey, SyscallStats};
 use super::CliError;
 use crate::{
     kernel::counters::ProbeCounters,
-    kernel::cumulative::{Counters, Tracker},
+    kernel::cumulative::Counters,
     kernel::syscalls::SyscallMaps,
     kernel::Probes,
+    series::{Named, Series, SeriesTable},
     syscall_table,
 };
 
@@ -224,11 +228,12 @@ impl DropCounters {
     }
 }
 
-/// Incremental reader of the syscall maps.
+/// Incremental reader of the syscall maps: each entry of the target is its own series, taken
+/// out at every poll as what changed since the previous one.
 pub(crate) struct ProfileReader {
     maps: SyscallMaps,
-    stats: Tracker<SyscallKey, SyscallStats, ()>,
-    errors: Tracker<ErrnoKey, u64, ()>,
+    stats: SeriesTable<SyscallKey, SyscallStats, (), SyscallKey>,
+    errors: SeriesTable<ErrnoKey, u64, (), ErrnoKey>,
 }
 
 impl ProfileReader {
@@ -236,8 +241,8 @@ impl ProfileReader {
     pub(crate) fn attach(probes: &mut Probes, tool: &'static str) -> Result<Self, CliError> {
         Ok(Self {
             maps: SyscallMaps::attach(probes, tool)?,
-            stats: Tracker::default(),
-            errors: Tracker::default(),
+            stats: SeriesTable::named_once(),
+            errors: SeriesTable::named_once(),
         })
     }
 
@@ -250,44 +255,27 @@ impl ProfileReader {
             out.exited.push((tgid, exit.comm));
         }
         let exited: HashSet<u32> = out.exited.iter().map(|(t, _)| *t).collect();
-        let snapshot = self.maps.stats.snapshot();
-        let mut stale = Vec::new();
-        self.stats.begin();
-        for (key, cur) in snapshot.entries {
-            if keep(key.cgroup_id, key.tgid) {
-                let entry = self.stats.observe(key, || ());
-                let d = entry.change(&cur);
-                entry.settle(cur);
-                if !d.is_zero() {
-                    out.stats.push((key, d));
-                }
-            }
-            if exited.contains(&key.tgid) {
-                stale.push(key);
-            }
-        }
-        let snapshot_errors = self.maps.errors.read();
-        let mut stale_errors = Vec::new();
-        self.errors.begin();
-        for (key, cur) in snapshot_errors.entries {
-            if keep(key.cgroup_id, key.tgid) {
-                let entry = self.errors.observe(key, || ());
-                let d = entry.change(&cur);
-                entry.settle(cur);
-                if d > 0 {
-                    out.errors.push((key, d));
-                }
-            }
-            if exited.contains(&key.tgid) {
-                stale_errors.push(key);
-            }
-        }
+        let now = Instant::now();
+        let stats = self.stats.fold(
+            self.maps.stats.snapshot(),
+            now,
+            |key, _| target(&keep, key.cgroup_id, key.tgid, *key),
+            |key, _| exited.contains(&key.tgid),
+        );
+        let errors = self.errors.fold(
+            self.maps.errors.read(),
+            now,
+            |key, _| target(&keep, key.cgroup_id, key.tgid, *key),
+            |key, _| exited.contains(&key.tgid),
+        );
         // Forgotten only once the kernel's entry is gone.
-        self.stats.forget(self.maps.stats.remove(&stale));
-        self.errors.forget(self.maps.errors.remove(&stale_errors));
-        self.stats.end(snapshot.complete);
-        self.errors.end(snapshot_errors.complete);
+        let gone = self.maps.stats.remove(&stats.reclaim);
+        self.stats.reclaimed(gone, stats.complete);
+        let gone = self.maps.errors.remove(&errors.reclaim);
+        self.errors.reclaimed(gone, errors.complete);
         self.maps.exits.forget(&exited);
+        out.stats = changed(self.stats.take_series());
+        out.errors = changed(self.errors.take_series());
         out
     }
 
@@ -308,6 +296,24 @@ impl ProfileReader {
         }
         calls
     }
+}
+
+/// An entry of the target counts as its own series; the others are not read.
+fn target<K>(keep: impl Fn(u64, u32) -> bool, cgroup_id: u64, tgid: u32, key: K) -> Named<(), K> {
+    if keep(cgroup_id, tgid) {
+        Named::As((), key)
+    } else {
+        Named::Ignored
+    }
+}
+
+/// The entries whose series grew.
+fn changed<K, V: Counters>(series: HashMap<K, Series<V>>) -> Vec<(K, V)> {
+    series
+        .into_iter()
+        .filter(|(_, s)| !s.sum.is_zero())
+        .map(|(k, s)| (k, s.sum))
+        .collect()
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@
 //! `sysscope_block_io_requests_total`, `sysscope_block_io_duration_seconds`.
 //!
 //! Like the syscall collector, each refresh adds what changed in every kernel entry to the
-//! entry's series ([`crate::kernel::cumulative`]), so series are monotonic sums over processes that
-//! come and go. Entries of exited processes are reclaimed by the rule every collector shares
+//! entry's series ([`crate::series::SeriesTable`]; an entry is named once, with the process
+//! name the kernel recorded at issue), so series are monotonic sums over processes that come
+//! and go. Entries of exited processes are reclaimed by the rule every collector shares
 //! ([`crate::metadata::exits`]): once the process has been known gone (from its exit record,
 //! or from /proc at a reclaim check) for one reclaim interval, and /proc still does not list
 //! it, after their last values were read: I/O still in flight when a process exits completes
@@ -25,25 +26,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
 };
-use sysscope_abi::{
-    block_op, maps, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey, BlockStats,
-};
+use sysscope_abi::{block_op, maps, BlockKey, BlockLatency, BlockLatencyKey, BlockStats};
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
-    hist::{exported_bounds, HistogramTotals},
-    kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps},
-    kernel::cumulative::{HashReader, Tracker},
+    hist::{encode_histogram, exported_bounds},
+    kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps, Inflight},
+    kernel::cumulative::HashReader,
     kernel::Probes,
     metadata::{cgroups::UNRESOLVED, devices::DeviceResolver, SharedLabeler},
-    series::{Budget, CgroupLabels, Workload, OTHER},
-    util::clock::monotonic_ns,
+    series::{Budget, CgroupLabels, Folded, Named, SeriesTable, Workload, OTHER},
 };
 
 pub(crate) const NAME: &str = "block_io";
@@ -64,32 +61,8 @@ type IoKey = (Workload, Arc<str>, u8);
 /// (cgroup when latency is kept per cgroup, device, op) of the latency histogram.
 type LatKey = (Option<Arc<CgroupLabels>>, Arc<str>, u8);
 
-/// Where the values of one kernel entry go, and the path of its cgroup (to notice when the
-/// cgroup is gone).
-#[derive(Debug)]
-struct Route<T> {
-    target: Option<T>,
-    cgroup_path: Option<Arc<str>>,
-}
-
-impl<T> Route<T> {
-    fn new() -> Self {
-        Self {
-            target: None,
-            cgroup_path: None,
-        }
-    }
-}
-
 /// Name, help and value of one counter family over the bytes-and-requests series.
-type IoCounterFamily = (&'static str, &'static str, fn(&IoTotals) -> u64);
-
-#[derive(Debug)]
-struct IoTotals {
-    bytes: u64,
-    requests: u64,
-    last_change: Instant,
-}
+type IoCounterFamily = (&'static str, &'static str, fn(&BlockStats) -> u64);
 
 /// The `comm` label of a kernel-recorded name. Kernel worker threads are named after their
 /// pool and CPU (`kworker/u8:3`, `swapper/1`): they fold into one name each so they do not
@@ -114,17 +87,15 @@ fn cgroup_gone(root: &Path, path: &str) -> bool {
 pub(crate) struct BlockIoCollector {
     stats: HashReader<BlockKey, BlockStats>,
     latency: HashReader<BlockLatencyKey, BlockLatency>,
-    inflight: BpfHashMap<MapData, u64, BlockInflight>,
+    inflight: Inflight,
     /// Occupancy of `BLOCK_STATS`, `BLOCK_LATENCY` and `BLOCK_INFLIGHT`.
     stats_usage: MapUsage,
     latency_usage: MapUsage,
     inflight_usage: MapUsage,
     labeler: SharedLabeler,
     devices: DeviceResolver,
-    entries: Tracker<BlockKey, BlockStats, Route<IoKey>>,
-    lat_entries: Tracker<BlockLatencyKey, BlockLatency, Route<LatKey>>,
-    io_series: HashMap<IoKey, IoTotals>,
-    lat_series: HashMap<LatKey, HistogramTotals>,
+    io: SeriesTable<BlockKey, BlockStats, IoKey, IoKey>,
+    latency_series: SeriesTable<BlockLatencyKey, BlockLatency, LatKey, LatKey>,
     budget: Budget<IoKey>,
     lat_budget: Budget<LatKey>,
     bounds: Vec<(usize, f64)>,
@@ -140,9 +111,8 @@ pub(crate) struct BlockIoCollector {
 impl std::fmt::Debug for BlockIoCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockIoCollector")
-            .field("entries", &self.entries.len())
-            .field("io_series", &self.io_series.len())
-            .field("lat_series", &self.lat_series.len())
+            .field("io", &self.io)
+            .field("latency", &self.latency_series)
             .finish_non_exhaustive()
     }
 }
@@ -173,10 +143,8 @@ impl BlockIoCollector {
             inflight_usage: MapUsage::new(maps::BLOCK_INFLIGHT, block.max_inflight),
             labeler,
             devices: DeviceResolver::default(),
-            entries: Tracker::default(),
-            lat_entries: Tracker::default(),
-            io_series: HashMap::new(),
-            lat_series: HashMap::new(),
+            io: SeriesTable::named_once(),
+            latency_series: SeriesTable::named_once(),
             budget: Budget::new(max_series),
             lat_budget: Budget::new(max_series),
             bounds: exported_bounds(config.syscalls.histogram_resolution),
@@ -214,7 +182,7 @@ impl BlockIoCollector {
         self.last_reclaim_check = now;
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let root = labeler.cgroups.root().to_path_buf();
-        let tgids: HashSet<u32> = self.entries.keys().map(|k| k.tgid).collect();
+        let tgids: HashSet<u32> = self.io.keys().map(|k| k.tgid).collect();
         // tgid 0 is the idle task (I/O issued from interrupt context): never gone. A tgid
         // listed in /proc again is alive (a zombie not yet reaped, or a pid reused).
         let not_listed: HashSet<u32> = tgids
@@ -228,15 +196,14 @@ impl BlockIoCollector {
             .into_iter()
             .filter(|t| labeler.exits.gone_for(*t, RECLAIM_INTERVAL, now))
             .collect();
+        // The paths the entries' cgroups were named with.
         let mut paths: HashMap<u64, Arc<str>> = HashMap::new();
-        for (k, r) in self.entries.iter() {
-            if let Some(p) = &r.cgroup_path {
-                paths.insert(k.cgroup_id, p.clone());
-            }
+        for (k, (workload, _, _)) in self.io.labels() {
+            paths.insert(k.cgroup_id, workload.cgroup.path.clone());
         }
-        for (k, r) in self.lat_entries.iter() {
-            if let Some(p) = &r.cgroup_path {
-                paths.insert(k.cgroup_id, p.clone());
+        for (k, (cgroup, _, _)) in self.latency_series.labels() {
+            if let Some(cgroup) = cgroup {
+                paths.insert(k.cgroup_id, cgroup.path.clone());
             }
         }
         let gone: HashSet<u64> = paths
@@ -249,148 +216,81 @@ impl BlockIoCollector {
         (dead, gone_confirmed)
     }
 
-    /// Adds what changed in every `BLOCK_STATS` entry to its series; returns the keys to
-    /// reclaim (their values are now read) and whether the read saw every entry.
+    /// Adds what changed in every `BLOCK_STATS` entry to its series; returns the entries to
+    /// reclaim (their values are now read).
     fn read_stats(
         &mut self,
         now: Instant,
         dead: &HashSet<u32>,
         gone: &HashSet<u64>,
-    ) -> (Vec<BlockKey>, bool) {
-        let mut to_delete = Vec::new();
+    ) -> Folded<BlockKey> {
         let snapshot = self.stats.read();
         let seen_at = snapshot.read_at;
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.stats_usage.seen(snapshot.entries.len() as u64);
-        self.entries.begin();
-        for (key, cur) in snapshot.entries {
-            let entry = self.entries.observe(key, Route::new);
-            let target = match &entry.state.target {
-                Some(t) => t.clone(),
-                None => {
-                    let cgroup = labeler.cgroup_seen(key.cgroup_id, seen_at);
-                    entry.state.cgroup_path = Some(cgroup.path.clone());
-                    let workload =
-                        labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm));
-                    let device = self.devices.resolve(key.dev);
-                    let target = self
-                        .budget
-                        .route(&(workload, device, key.op), 2, Self::io_fold);
-                    entry.state.target = Some(target.clone());
-                    target
-                }
-            };
-            let d = entry.change(&cur);
-            entry.settle(cur);
-            let totals = self.io_series.entry(target).or_insert_with(|| IoTotals {
-                bytes: 0,
-                requests: 0,
-                last_change: now,
-            });
-            totals.bytes = totals.bytes.wrapping_add(d.bytes);
-            totals.requests = totals.requests.wrapping_add(d.requests);
-            if d.requests > 0 {
-                totals.last_change = now;
-            }
-            if dead.contains(&key.tgid) || gone.contains(&key.cgroup_id) {
-                to_delete.push(key);
-            }
-        }
-        (to_delete, snapshot.complete)
+        let (budget, devices) = (&mut self.budget, &mut self.devices);
+        self.io.fold(
+            snapshot,
+            now,
+            |key, _| {
+                labeler.cgroup_seen(key.cgroup_id, seen_at);
+                let workload =
+                    labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm));
+                let labels = (workload, devices.resolve(key.dev), key.op);
+                let series = budget.route(&labels, 2, Self::io_fold);
+                Named::As(labels, series)
+            },
+            |key, _| dead.contains(&key.tgid) || gone.contains(&key.cgroup_id),
+        )
     }
 
     /// Adds what changed in every `BLOCK_LATENCY` entry to its series; as [`Self::read_stats`].
-    fn read_latency(&mut self, now: Instant, gone: &HashSet<u64>) -> (Vec<BlockLatencyKey>, bool) {
+    fn read_latency(&mut self, now: Instant, gone: &HashSet<u64>) -> Folded<BlockLatencyKey> {
         let cost = self.lat_cost();
-        let mut to_delete = Vec::new();
         let snapshot = self.latency.read();
         let seen_at = snapshot.read_at;
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let by_cgroup = self.by_cgroup;
         self.latency_usage.seen(snapshot.entries.len() as u64);
-        self.lat_entries.begin();
-        for (key, cur) in snapshot.entries {
-            let entry = self.lat_entries.observe(key, Route::new);
-            let target = match &entry.state.target {
-                Some(t) => t.clone(),
-                None => {
-                    let device = self.devices.resolve(key.dev);
-                    let target = if by_cgroup {
-                        let cgroup = labeler.cgroup_seen(key.cgroup_id, seen_at);
-                        entry.state.cgroup_path = Some(cgroup.path.clone());
-                        self.lat_budget
-                            .route(&(Some(cgroup), device, key.op), cost, Self::lat_fold)
-                    } else {
-                        (None, device, key.op)
-                    };
-                    entry.state.target = Some(target.clone());
-                    target
+        let (budget, devices) = (&mut self.lat_budget, &mut self.devices);
+        self.latency_series.fold(
+            snapshot,
+            now,
+            |key, _| {
+                let device = devices.resolve(key.dev);
+                if by_cgroup {
+                    let labels = (
+                        Some(labeler.cgroup_seen(key.cgroup_id, seen_at)),
+                        device,
+                        key.op,
+                    );
+                    let series = budget.route(&labels, cost, Self::lat_fold);
+                    Named::As(labels, series)
+                } else {
+                    let labels = (None, device, key.op);
+                    Named::As(labels.clone(), labels)
                 }
-            };
-            let d = entry.change(&cur);
-            entry.settle(cur);
-            self.lat_series
-                .entry(target)
-                .or_insert_with(|| HistogramTotals::new(now))
-                .add(&d, now);
-            if by_cgroup && key.cgroup_id != 0 && gone.contains(&key.cgroup_id) {
-                to_delete.push(key);
-            }
-        }
-        (to_delete, snapshot.complete)
+            },
+            |key, _| by_cgroup && key.cgroup_id != 0 && gone.contains(&key.cgroup_id),
+        )
     }
 
     /// Counts the requests in flight and removes those that will never complete.
     fn sweep_inflight(&mut self) {
-        let now = monotonic_ns();
-        let stale_ns = INFLIGHT_STALE_AFTER.as_nanos() as u64;
-        let mut stale = Vec::new();
-        let mut seen = 0u64;
-        for item in self.inflight.iter() {
-            let Ok((rq, entry)) = item else { continue };
-            seen += 1;
-            let since = entry.issue_ns.max(entry.submit_ns);
-            if now.saturating_sub(since) > stale_ns {
-                // Submitted but never issued: merged into another request and freed without
-                // a tracepoint. Normal, not counted; issued and never completed is.
-                stale.push((rq, entry.issue_ns != 0));
-            }
-        }
-        for (rq, issued) in &stale {
-            if self.inflight.remove(rq).is_ok() {
-                self.expired_inflight += *issued as u64;
-                seen -= 1;
-            }
-        }
-        self.inflight_usage.seen(seen);
+        let sweep = self.inflight.sweep(INFLIGHT_STALE_AFTER);
+        self.expired_inflight += sweep.expired;
+        self.inflight_usage.seen(sweep.in_flight);
     }
 
     /// Drops series no kernel entry feeds that have been idle for the retention period.
     fn retire_idle_series(&mut self, now: Instant) {
-        let retention = self.retention;
-        let live: HashSet<&IoKey> = self
-            .entries
-            .states()
-            .filter_map(|r| r.target.as_ref())
-            .collect();
-        let before = self.io_series.len();
-        self.io_series
-            .retain(|k, t| live.contains(k) || now.duration_since(t.last_change) < retention);
-        if self.io_series.len() != before {
-            let series = &self.io_series;
-            self.budget.retain(|k| series.contains_key(k));
+        if self.io.retire(now, self.retention) {
+            let io = &self.io;
+            self.budget.retain(|k| io.has_series(k));
         }
-        let live: HashSet<&LatKey> = self
-            .lat_entries
-            .states()
-            .filter_map(|r| r.target.as_ref())
-            .collect();
-        let before = self.lat_series.len();
-        self.lat_series
-            .retain(|k, t| live.contains(k) || now.duration_since(t.last_change) < retention);
-        if self.lat_series.len() != before {
-            let series = &self.lat_series;
-            self.lat_budget.retain(|k| series.contains_key(k));
+        if self.latency_series.retire(now, self.retention) {
+            let latency = &self.latency_series;
+            self.lat_budget.retain(|k| latency.has_series(k));
         }
     }
 }
@@ -404,15 +304,14 @@ impl Collector for BlockIoCollector {
         let now = Instant::now();
         self.labeler.lock().expect("labeler lock").new_cycle();
         let (dead, gone) = self.reclaimable();
-        let (stale_stats, stats_complete) = self.read_stats(now, &dead, &gone);
-        let (stale_latency, latency_complete) = self.read_latency(now, &gone);
+        let stats = self.read_stats(now, &dead, &gone);
+        let latency = self.read_latency(now, &gone);
         // Reclaim: the values of these entries were just added to their series; each is
         // forgotten only once its kernel entry is gone.
-        self.entries.forget(self.stats.remove(&stale_stats));
-        self.lat_entries.forget(self.latency.remove(&stale_latency));
-        // Entries deleted behind our back (none expected) no longer exist.
-        self.entries.end(stats_complete);
-        self.lat_entries.end(latency_complete);
+        let removed = self.stats.remove(&stats.reclaim);
+        self.io.reclaimed(removed, stats.complete);
+        let removed = self.latency.remove(&latency.reclaim);
+        self.latency_series.reclaimed(removed, latency.complete);
         self.sweep_inflight();
         self.retire_idle_series(now);
         Ok(())
@@ -435,14 +334,14 @@ impl Collector for BlockIoCollector {
         ];
         for (name, help, value) in counters {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for ((workload, device, op), totals) in &self.io_series {
+            for ((workload, device, op), series) in self.io.series() {
                 labels.clear();
                 workload.push_labels(&mut labels);
                 labels.push(("device", Cow::Borrowed(device)));
                 labels.push(("op", Cow::Borrowed(op_name(*op))));
                 family
                     .encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(&value(totals), None)?;
+                    .encode_counter::<NoLabelSet, _, u64>(&value(&series.sum), None)?;
             }
         }
         {
@@ -452,7 +351,7 @@ impl Collector for BlockIoCollector {
                 None,
                 MetricType::Histogram,
             )?;
-            for ((cgroup, device, op), totals) in &self.lat_series {
+            for ((cgroup, device, op), series) in self.latency_series.series() {
                 labels.clear();
                 if let Some(cgroup) = cgroup {
                     labels.push(("cgroup", Cow::Borrowed(&cgroup.path)));
@@ -462,7 +361,7 @@ impl Collector for BlockIoCollector {
                 }
                 labels.push(("device", Cow::Borrowed(device)));
                 labels.push(("op", Cow::Borrowed(op_name(*op))));
-                totals.encode(family.encode_family(&labels)?, &self.bounds)?;
+                encode_histogram(family.encode_family(&labels)?, &series.sum, &self.bounds)?;
             }
         }
         Ok(())

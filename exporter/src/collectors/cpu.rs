@@ -7,8 +7,8 @@
 //! (a refresh happens at most once per `collection.min_interval`, on scrapes and on the
 //! background tick). The first refresh has no previous sample, so it reports the averages
 //! since boot, as `mpstat` does without an interval; a CPU that comes online later starts the
-//! same way. `/proc/stat` is parsed here rather than through `procfs`, whose `KernelStats`
-//! keeps CPUs by position and so mislabels every CPU after an offline one.
+//! same way. `/proc/stat` is read through [`crate::sources::proc_stat`], which keeps each CPU's
+//! kernel number.
 //!
 //! cgroup CPU time comes from the `usage_usec`/`user_usec`/`system_usec` lines every cgroup v2
 //! directory has (whether or not the cpu controller is enabled). The hierarchy is walked
@@ -30,35 +30,32 @@ use prometheus_client::{
 };
 
 use super::{Collector, CollectorError};
-use crate::{config::Config, metadata::SharedLabeler, series::CgroupLabels};
+use crate::{
+    config::Config,
+    metadata::SharedLabeler,
+    series::CgroupLabels,
+    sources::proc_stat::{self, CpuTicks, ProcStatError, MODES},
+};
 
 pub(crate) const NAME: &str = "cpu";
 
-/// Modes in export order, matching the columns of `/proc/stat` after the CPU name.
-pub(crate) const MODES: [&str; 8] = [
-    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
-];
-
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
+    #[error(transparent)]
+    ProcStat(#[from] ProcStatError),
     #[error("cannot read {path}")]
     Read {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path} line {line}: {problem}")]
-    Parse {
-        path: String,
-        line: usize,
-        problem: String,
-    },
 }
 
 impl From<CpuError> for CollectorError {
     fn from(e: CpuError) -> Self {
         match e {
-            CpuError::Read { path, source } => CollectorError::Io {
+            CpuError::Read { path, source }
+            | CpuError::ProcStat(ProcStatError::Read { path, source }) => CollectorError::Io {
                 what: format!("reading {path}"),
                 source,
             },
@@ -67,72 +64,12 @@ impl From<CpuError> for CollectorError {
     }
 }
 
-/// Ticks (USER_HZ) one CPU spent in each mode since boot, in [`MODES`] order.
-///
-/// `/proc/stat` also has `guest` and `guest_nice`, but the kernel already counts guest time
-/// in `user` and `nice`: adding them would count it twice, so they are not read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct CpuTicks(pub [u64; 8]);
-
-/// Parses the per-CPU lines (`cpuN ...`) of `/proc/stat` text; `path` names it in errors.
-/// CPUs keep their kernel number (offline CPUs are simply absent). Columns a kernel does not
-/// have (iowait before 2.5.41, steal before 2.6.11) read as 0.
-pub(crate) fn parse_proc_stat(text: &str, path: &str) -> Result<Vec<(u32, CpuTicks)>, CpuError> {
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let Some(rest) = line.strip_prefix("cpu") else {
-            continue;
-        };
-        let mut fields = rest.split_ascii_whitespace();
-        let Some(name) = fields.next() else { continue };
-        // "cpu  ..." (the total) has its number field empty: it splits into the first value.
-        if rest.starts_with(' ') {
-            continue;
-        }
-        let parse_err = |problem: String| CpuError::Parse {
-            path: path.to_string(),
-            line: i + 1,
-            problem,
-        };
-        let cpu: u32 = name
-            .parse()
-            .map_err(|_| parse_err(format!("`cpu{name}` is not a CPU number")))?;
-        let mut ticks = [0u64; 8];
-        let mut n = 0;
-        for (slot, field) in ticks.iter_mut().zip(fields) {
-            *slot = field
-                .parse()
-                .map_err(|_| parse_err(format!("`{field}` is not a tick count")))?;
-            n += 1;
-        }
-        if n < 4 {
-            return Err(parse_err(format!(
-                "cpu{cpu} has {n} columns, expected at least 4"
-            )));
-        }
-        out.push((cpu, CpuTicks(ticks)));
-    }
-    if out.is_empty() {
-        return Err(CpuError::Parse {
-            path: path.to_string(),
-            line: 0,
-            problem: "no per-CPU lines".into(),
-        });
-    }
-    Ok(out)
-}
-
 /// Share of each mode in the ticks between `prev` and `cur` (since boot without `prev`).
 /// `None` when no tick was accounted in between (refreshes closer than a tick): the caller
 /// keeps its previous values. A counter that went back (idle and iowait can, briefly, on
 /// tickless kernels) contributes 0.
 pub(crate) fn ratios(prev: Option<&CpuTicks>, cur: &CpuTicks) -> Option<[f64; 8]> {
-    let zero = CpuTicks::default();
-    let prev = prev.unwrap_or(&zero);
-    let mut delta = [0u64; 8];
-    for (d, (c, p)) in delta.iter_mut().zip(cur.0.iter().zip(prev.0.iter())) {
-        *d = c.saturating_sub(*p);
-    }
+    let delta = cur.since(prev.unwrap_or(&CpuTicks::default()));
     let total: u64 = delta.iter().sum();
     if total == 0 {
         return None;
@@ -348,7 +285,7 @@ impl CpuCollector {
         let root = crate::metadata::cgroup_root(&labeler);
         let cgroup_root = config.cpu.cgroups.then_some(root);
         Self::with_paths(
-            "/proc/stat".into(),
+            proc_stat::PATH.into(),
             cgroup_root,
             config.cpu.max_cgroups,
             labeler,
@@ -364,7 +301,7 @@ impl CpuCollector {
         max_cgroups: usize,
         labeler: SharedLabeler,
     ) -> Result<Self, CpuError> {
-        read_proc_stat(&proc_stat)?;
+        proc_stat::read(&proc_stat)?;
         Ok(Self {
             proc_stat,
             prev: BTreeMap::new(),
@@ -375,7 +312,7 @@ impl CpuCollector {
     }
 
     fn refresh_cpus(&mut self) -> Result<(), CpuError> {
-        let cpus = read_proc_stat(&self.proc_stat)?;
+        let cpus = proc_stat::read(&self.proc_stat)?.cpus;
         let online: Vec<u32> = cpus.iter().map(|(cpu, _)| *cpu).collect();
         for (cpu, ticks) in cpus {
             if let Some(r) = ratios(self.prev.get(&cpu), &ticks) {
@@ -388,15 +325,6 @@ impl CpuCollector {
         self.prev.retain(|cpu, _| online.contains(cpu));
         Ok(())
     }
-}
-
-fn read_proc_stat(path: &Path) -> Result<Vec<(u32, CpuTicks)>, CpuError> {
-    let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| CpuError::Read {
-        path: display.clone(),
-        source,
-    })?;
-    parse_proc_stat(&text, &display)
 }
 
 impl Collector for CpuCollector {
@@ -500,41 +428,9 @@ intr 746811 0 0 0
 ";
 
     #[test]
-    fn parses_per_cpu_lines_with_their_numbers() {
-        let cpus = parse_proc_stat(STAT_A, "stat").unwrap();
-        let numbers: Vec<u32> = cpus.iter().map(|(c, _)| *c).collect();
-        assert_eq!(
-            numbers,
-            [0, 1, 3],
-            "the total line and softirq are not CPUs"
-        );
-        assert_eq!(
-            cpus[0].1,
-            CpuTicks([32780, 0, 10243, 95460, 632, 0, 33, 21])
-        );
-        // Guest columns (9 and 10) are not read: they are inside user and nice already.
-        assert_eq!(cpus[2].1, CpuTicks([1, 2, 3, 4, 5, 6, 7, 8]));
-    }
-
-    #[test]
-    fn old_kernels_with_fewer_columns_read_as_zero() {
-        let cpus = parse_proc_stat("cpu 1 2 3 4\ncpu0 1 2 3 4\n", "stat").unwrap();
-        assert_eq!(cpus, [(0, CpuTicks([1, 2, 3, 4, 0, 0, 0, 0]))]);
-    }
-
-    #[test]
-    fn bad_input_names_the_line() {
-        let e = parse_proc_stat("cpu 1 2 3 4\ncpu0 1 x 3 4\n", "/proc/stat").unwrap_err();
-        assert_eq!(e.to_string(), "/proc/stat line 2: `x` is not a tick count");
-        let e = parse_proc_stat("cpu0 1 2\n", "s").unwrap_err();
-        assert!(e.to_string().contains("2 columns"), "{e}");
-        assert!(parse_proc_stat("intr 1\n", "s").is_err());
-    }
-
-    #[test]
     fn ratios_of_a_delta_sum_to_one_and_ignore_guest() {
-        let a = parse_proc_stat(STAT_A, "a").unwrap();
-        let b = parse_proc_stat(STAT_B, "b").unwrap();
+        let a = proc_stat::parse(STAT_A, "a").unwrap().cpus;
+        let b = proc_stat::parse(STAT_B, "b").unwrap().cpus;
         // cpu0: +100 user, +30 guest (already inside user): all user.
         let r0 = ratios(Some(&a[0].1), &b[0].1).unwrap();
         assert_eq!(r0, [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);

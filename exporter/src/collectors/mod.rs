@@ -9,6 +9,7 @@
 pub(crate) mod block_io;
 pub mod cpu;
 pub mod gpu;
+pub(crate) mod kubernetes;
 pub(crate) mod self_metrics;
 pub(crate) mod syscalls;
 

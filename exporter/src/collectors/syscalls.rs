@@ -9,20 +9,20 @@
 //! `sysscope_syscall_duration_seconds`.
 //!
 //! Each refresh reads every kernel entry and adds what changed since the previous read to the
-//! entry's series ([`crate::kernel::cumulative`]), and reclaims the entries of processes that have
-//! exited (after their last values were read), so series are monotonic sums over processes
-//! that come and go. It drains the exit queue and reports every process it finds gone (by
+//! entry's series ([`crate::series::SeriesTable`]; an entry is named again whenever it changed,
+//! so a renamed process counts under its new name), and reclaims the entries of processes that
+//! have exited (after their last values were read), so series are monotonic sums over
+//! processes that come and go. It drains the exit queue and reports every process it finds gone (by
 //! its exit record, or missing from /proc) to the lifecycle all collectors share
 //! ([`crate::metadata::exits`]); a process's calls end with it, so its entries go at once.
 
 use std::{
     borrow::Cow,
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use aya::maps::{Array, MapData};
 use prometheus_client::{
     encoding::{DescriptorEncoder, NoLabelSet},
     metrics::MetricType,
@@ -32,13 +32,13 @@ use sysscope_abi::{maps, ErrnoKey, FdClass, SyscallKey, SyscallStats, FOLDED_TGI
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
-    hist::{exported_bounds, HistogramTotals},
-    kernel::cumulative::{Counters, Tracker},
+    hist::{encode_histogram, exported_bounds},
+    kernel::cumulative::Counters,
     kernel::fd_class,
-    kernel::syscalls::SyscallMaps,
+    kernel::syscalls::{SlowThresholds, SyscallMaps},
     kernel::{ProbeError, Probes},
     metadata::{Labeler, SharedLabeler, Sighting},
-    series::{Budget, Workload, OTHER},
+    series::{Budget, Folded, Named, SeriesTable, Workload, OTHER},
     syscall_table,
 };
 
@@ -52,38 +52,15 @@ type SeriesKey = (Workload, u32, FdClass);
 /// (workload, syscall, descriptor class, errno) of the error series.
 type ErrorSeriesKey = (Workload, u32, FdClass, u16);
 
-/// Where the values of one kernel entry go: the label set it resolved to (its route in the
-/// budget) and the series the budget gave it; `None` until it could be named.
-#[derive(Debug)]
-struct Route<T> {
-    source: Option<SeriesKey>,
-    target: Option<T>,
-}
-
-impl<T> Route<T> {
-    fn new() -> Self {
-        Self {
-            source: None,
-            target: None,
-        }
-    }
-}
-
-#[derive(Debug)]
-struct ErrorTotals {
-    count: u64,
-    last_change: Instant,
-}
-
 pub(crate) struct SyscallCollector {
     maps: SyscallMaps,
-    /// `SLOW_THRESHOLDS`: per syscall number, the duration from which a call is sampled.
-    thresholds: Array<MapData, u64>,
+    /// Per syscall number, the duration from which a call is sampled.
+    thresholds: SlowThresholds,
     labeler: SharedLabeler,
-    entries: Tracker<SyscallKey, SyscallStats, Route<SeriesKey>>,
-    error_entries: Tracker<ErrnoKey, u64, Route<ErrorSeriesKey>>,
-    series: HashMap<SeriesKey, HistogramTotals>,
-    error_series: HashMap<ErrorSeriesKey, ErrorTotals>,
+    stats: SeriesTable<SyscallKey, SyscallStats, SeriesKey, SeriesKey>,
+    /// Error entries are named like call entries (the budget routes their label set without
+    /// the errno), and counted per errno.
+    errors: SeriesTable<ErrnoKey, u64, SeriesKey, ErrorSeriesKey>,
     budget: Budget<SeriesKey>,
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
     bounds: Vec<(usize, f64)>,
@@ -98,8 +75,8 @@ pub(crate) struct SyscallCollector {
 impl std::fmt::Debug for SyscallCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SyscallCollector")
-            .field("entries", &self.entries.len())
-            .field("series", &self.series.len())
+            .field("stats", &self.stats)
+            .field("errors", &self.errors)
             .finish_non_exhaustive()
     }
 }
@@ -111,23 +88,16 @@ impl SyscallCollector {
         config: &Config,
         labeler: SharedLabeler,
     ) -> Result<Self, ProbeError> {
-        let map_err = |source| ProbeError::Map {
-            map: maps::SLOW_THRESHOLDS.into(),
-            source,
-        };
-        let mut thresholds: Array<MapData, u64> =
-            Array::try_from(probes.take_map(maps::SLOW_THRESHOLDS)?).map_err(map_err)?;
-        write_thresholds(&mut thresholds, config).map_err(map_err)?;
+        let mut thresholds = SlowThresholds::take(probes)?;
+        thresholds.write(&config.slow_thresholds_ns())?;
         let maps = SyscallMaps::attach(probes, NAME)?;
         let limits = &config.limits;
         Ok(Self {
             maps,
             thresholds,
             labeler,
-            entries: Tracker::default(),
-            error_entries: Tracker::default(),
-            series: HashMap::new(),
-            error_series: HashMap::new(),
+            stats: SeriesTable::following_renames(),
+            errors: SeriesTable::following_renames(),
             budget: Budget::new(limits.max_series),
             bounds: exported_bounds(config.syscalls.histogram_resolution),
             retention: config.collection.series_retention,
@@ -143,7 +113,8 @@ impl SyscallCollector {
         1 + self.bounds.len() + 3
     }
 
-    fn fold(key: &SeriesKey) -> Vec<SeriesKey> {
+    /// The coarser label sets a call series folds into when it does not fit the budget.
+    fn coarser(key: &SeriesKey) -> Vec<SeriesKey> {
         vec![
             (key.0.fold_comm(), key.1, key.2),
             (Workload::fold_all(), key.1, key.2),
@@ -178,7 +149,7 @@ impl SyscallCollector {
         let mut labeler = self.labeler.lock().expect("labeler lock");
         // A cgroup's shared key belongs to no process: it is reclaimed when idle (read_stats).
         let tgids: HashSet<u32> = self
-            .entries
+            .stats
             .keys()
             .map(|k| k.tgid)
             .filter(|t| *t != FOLDED_TGID)
@@ -193,58 +164,45 @@ impl SyscallCollector {
         orphans
     }
 
-    /// Adds what changed in every statistics entry to its series; returns the keys to
-    /// reclaim (their values are now read) and whether the read saw every entry.
-    fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<SyscallKey>, bool) {
+    /// Adds what changed in every statistics entry to its series; returns the entries to
+    /// reclaim (their values are now read).
+    fn read_stats(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Folded<SyscallKey> {
         let cost = self.series_cost();
-        let mut to_delete = Vec::new();
         let snapshot = self.maps.stats.snapshot();
         let names = Names {
             seen_at: snapshot.read_at,
             reclaim,
         };
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        self.entries.begin();
-        for (key, cur) in snapshot.entries {
-            let entry = self.entries.observe(key, Route::new);
-            let d = entry.change(&cur);
-            let changed = !d.is_zero();
-            let first = entry.state.target.is_none();
-            if changed || first {
-                // Not nameable yet (a process that exited since the snapshot): keep the
-                // values for the next cycle (and the entry in the kernel) rather than
-                // attribute them to a placeholder.
-                let Some(workload) = names.of(&mut labeler, key.cgroup_id, key.tgid, first) else {
-                    continue;
-                };
-                let source = (workload, key.nr, key.fd);
-                let target = self.budget.route(&source, cost, Self::fold);
-                self.series
-                    .entry(target.clone())
-                    .or_insert_with(|| HistogramTotals::new(now))
-                    .add(&d, now);
-                entry.state = Route {
-                    source: Some(source),
-                    target: Some(target),
-                };
-            }
-            entry.settle(cur);
+        let budget = &mut self.budget;
+        let folded = self.stats.fold(
+            snapshot,
+            now,
+            // Not nameable yet (a process that exited since the snapshot): the values wait for
+            // the next cycle (and the entry in the kernel) rather than go to a placeholder.
+            |key, first| match names.of(&mut labeler, key.cgroup_id, key.tgid, first) {
+                Some(workload) => {
+                    let labels = (workload, key.nr, key.fd);
+                    let series = budget.route(&labels, cost, Self::coarser);
+                    Named::As(labels, series)
+                }
+                None => Named::NotYet,
+            },
             // A cgroup's shared key is freed once a read finds it idle: its values are read,
             // and the slot serves whichever key needs one next.
-            if reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && !changed) {
-                to_delete.push(key);
-            }
-        }
+            |key, change| {
+                reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && change.is_zero())
+            },
+        );
         // What fills the table: keys holding a slot (a key whose copies are not written yet
         // holds one too).
         self.stats_usage.seen(self.maps.stats.keys_held() as u64);
-        (to_delete, snapshot.complete)
+        folded
     }
 
     /// Adds what changed in every error entry to its series; as [`Self::read_stats`].
-    fn read_errors(&mut self, now: Instant, reclaim: &HashSet<u32>) -> (Vec<ErrnoKey>, bool) {
+    fn read_errors(&mut self, now: Instant, reclaim: &HashSet<u32>) -> Folded<ErrnoKey> {
         let cost = self.series_cost();
-        let mut to_delete = Vec::new();
         let snapshot = self.maps.errors.read();
         let names = Names {
             seen_at: snapshot.read_at,
@@ -252,66 +210,31 @@ impl SyscallCollector {
         };
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.errors_usage.seen(snapshot.entries.len() as u64);
-        self.error_entries.begin();
-        for (key, cur) in snapshot.entries {
-            let entry = self.error_entries.observe(key, Route::new);
-            let d = entry.change(&cur);
-            let first = entry.state.target.is_none();
-            if d > 0 || first {
-                let Some(workload) = names.of(&mut labeler, key.cgroup_id, key.tgid, first) else {
-                    continue;
-                };
-                let source = (workload, key.nr as u32, key.fd);
-                let (w, nr, fd) = self.budget.route(&source, cost, Self::fold);
-                let target = (w, nr, fd, key.errno);
-                let totals = self
-                    .error_series
-                    .entry(target.clone())
-                    .or_insert(ErrorTotals {
-                        count: 0,
-                        last_change: now,
-                    });
-                totals.count += d;
-                if d > 0 {
-                    totals.last_change = now;
+        let budget = &mut self.budget;
+        self.errors.fold(
+            snapshot,
+            now,
+            |key, first| match names.of(&mut labeler, key.cgroup_id, key.tgid, first) {
+                Some(workload) => {
+                    let labels = (workload, key.nr as u32, key.fd);
+                    let (w, nr, fd) = budget.route(&labels, cost, Self::coarser);
+                    Named::As(labels, (w, nr, fd, key.errno))
                 }
-                entry.state = Route {
-                    source: Some(source),
-                    target: Some(target),
-                };
-            }
-            entry.settle(cur);
-            if reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && d == 0) {
-                to_delete.push(key);
-            }
-        }
-        (to_delete, snapshot.complete)
+                None => Named::NotYet,
+            },
+            |key, change| reclaim.contains(&key.tgid) || (key.tgid == FOLDED_TGID && *change == 0),
+        )
     }
 
     /// Drops series no kernel entry feeds that have been idle for the retention period.
     fn retire_idle_series(&mut self, now: Instant) {
-        let live: HashSet<&SeriesKey> = self
-            .entries
-            .states()
-            .filter_map(|r| r.target.as_ref())
-            .collect();
-        let live_errors: HashSet<&ErrorSeriesKey> = self
-            .error_entries
-            .states()
-            .filter_map(|r| r.target.as_ref())
-            .collect();
-        let retention = self.retention;
-        let before = self.series.len();
-        self.series
-            .retain(|k, t| live.contains(k) || now.duration_since(t.last_change) < retention);
-        self.error_series.retain(|k, t| {
-            live_errors.contains(k) || now.duration_since(t.last_change) < retention
-        });
-        if self.series.len() != before {
-            let series = &self.series;
-            self.budget.retain(|k| series.contains_key(k));
+        let retired = self.stats.retire(now, self.retention);
+        self.errors.retire(now, self.retention);
+        if retired {
+            let stats = &self.stats;
+            self.budget.retain(|k| stats.has_series(k));
             let mut labeler = self.labeler.lock().expect("labeler lock");
-            let ids: HashSet<u64> = self.entries.keys().map(|k| k.cgroup_id).collect();
+            let ids: HashSet<u64> = self.stats.keys().map(|k| k.cgroup_id).collect();
             labeler.retain_cgroups(|id| ids.contains(&id));
         }
     }
@@ -328,17 +251,6 @@ fn series_labels<'a>(
     workload.push_labels(labels);
     labels.push(("syscall", syscall_table::label(nr)));
     fd_class::push_labels(fd, labels);
-}
-
-/// Writes every syscall's slow-call threshold (0: never sampled) as `config` says.
-fn write_thresholds(
-    map: &mut Array<MapData, u64>,
-    config: &Config,
-) -> Result<(), aya::maps::MapError> {
-    for (nr, ns) in config.slow_thresholds_ns().iter().enumerate() {
-        map.set(nr as u32, ns, 0)?;
-    }
-    Ok(())
 }
 
 /// Names the entries of one read of a map: `seen_at` is when the read ended, `reclaim` the
@@ -381,25 +293,23 @@ impl Collector for SyscallCollector {
         let exited = self.read_exits();
         let mut reclaim = self.orphans(&exited);
         reclaim.extend(exited.iter().copied());
-        let (stale_stats, stats_complete) = self.read_stats(now, &reclaim);
-        let (stale_errors, errors_complete) = self.read_errors(now, &reclaim);
+        let stats = self.read_stats(now, &reclaim);
+        let errors = self.read_errors(now, &reclaim);
 
         // Reclaim: the values of these entries were just added to their series. An entry is
         // forgotten only once the kernel's is gone; otherwise it is read again next time.
-        self.entries.forget(self.maps.stats.remove(&stale_stats));
-        self.error_entries
-            .forget(self.maps.errors.remove(&stale_errors));
-        // Entries deleted behind our back (none expected) no longer exist.
-        self.entries.end(stats_complete);
-        self.error_entries.end(errors_complete);
+        let gone = self.maps.stats.remove(&stats.reclaim);
+        self.stats.reclaimed(gone, stats.complete);
+        let gone = self.maps.errors.remove(&errors.reclaim);
+        self.errors.reclaimed(gone, errors.complete);
         self.maps.stats.forget_idle_cgroups();
         {
             // Entries deferred this cycle still need the exit-time name.
             let remaining: HashSet<u32> = self
-                .entries
+                .stats
                 .keys()
                 .map(|k| k.tgid)
-                .chain(self.error_entries.keys().map(|k| k.tgid))
+                .chain(self.errors.keys().map(|k| k.tgid))
                 .collect();
             let mut labeler = self.labeler.lock().expect("labeler lock");
             self.maps.exits.forget(&exited);
@@ -419,14 +329,10 @@ impl Collector for SyscallCollector {
             // Routing state follows the live label sets, not every label set ever seen:
             // under process churn with unique names the budget would otherwise grow forever.
             let live: HashSet<&SeriesKey> = self
-                .entries
-                .states()
-                .filter_map(|r| r.source.as_ref())
-                .chain(
-                    self.error_entries
-                        .states()
-                        .filter_map(|r| r.source.as_ref()),
-                )
+                .stats
+                .labels()
+                .map(|(_, labels)| labels)
+                .chain(self.errors.labels().map(|(_, labels)| labels))
                 .collect();
             self.budget.retain_routes(|k| live.contains(k));
         }
@@ -443,11 +349,11 @@ impl Collector for SyscallCollector {
                 None,
                 MetricType::Counter,
             )?;
-            for ((workload, nr, fd), totals) in &self.series {
+            for ((workload, nr, fd), series) in self.stats.series() {
                 series_labels(&mut labels, workload, *nr, fd);
                 family
                     .encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(&totals.count(), None)?;
+                    .encode_counter::<NoLabelSet, _, u64>(&series.sum.count(), None)?;
             }
         }
         {
@@ -457,12 +363,12 @@ impl Collector for SyscallCollector {
                 None,
                 MetricType::Counter,
             )?;
-            for ((workload, nr, fd, errno), totals) in &self.error_series {
+            for ((workload, nr, fd, errno), series) in self.errors.series() {
                 series_labels(&mut labels, workload, *nr, fd);
                 labels.push(("errno", syscall_table::errno_label(*errno)));
                 family
                     .encode_family(&labels)?
-                    .encode_counter::<NoLabelSet, _, u64>(&totals.count, None)?;
+                    .encode_counter::<NoLabelSet, _, u64>(&series.sum, None)?;
             }
         }
         {
@@ -472,19 +378,16 @@ impl Collector for SyscallCollector {
                 None,
                 MetricType::Histogram,
             )?;
-            for ((workload, nr, fd), totals) in &self.series {
+            for ((workload, nr, fd), series) in self.stats.series() {
                 series_labels(&mut labels, workload, *nr, fd);
-                totals.encode(family.encode_family(&labels)?, &self.bounds)?;
+                encode_histogram(family.encode_family(&labels)?, &series.sum, &self.bounds)?;
             }
         }
         Ok(())
     }
 
     fn reconfigure(&mut self, config: &Config) -> Result<(), CollectorError> {
-        write_thresholds(&mut self.thresholds, config).map_err(|source| CollectorError::Map {
-            map: maps::SLOW_THRESHOLDS,
-            source,
-        })?;
+        self.thresholds.write(&config.slow_thresholds_ns())?;
         self.budget.set_max(config.limits.max_series);
         self.retention = config.collection.series_retention;
         Ok(())

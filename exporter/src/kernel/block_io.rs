@@ -7,7 +7,7 @@
 //! ([`BlockMaps`]); `BLOCK_STATS` and the `TRACE_BLOCK_EVENTS` ring buffer of the trace
 //! target's requests for `sysscope trace`'s block tracks ([`BlockTrace`]).
 
-use std::{os::fd::AsRawFd, path::Path};
+use std::{os::fd::AsRawFd, path::Path, time::Duration};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, MapError, RingBuf};
 use sysscope_abi::{
@@ -18,11 +18,12 @@ use sysscope_abi::{
 use super::{
     btf::{Btf, BtfError, MemberKind},
     cumulative::HashReader,
-    read_err,
-    trace::drain_ring,
-    ProbeError, Probes,
+    read_err, ring, ProbeError, Probes,
 };
-use crate::{config::Config, util::error::Chain};
+use crate::{
+    config::Config,
+    util::{clock::monotonic_ns, error::Chain},
+};
 
 /// `BLOCK_LATENCY` capacity when latency is kept per (device, op) only.
 const LATENCY_DEVICE_OP_ENTRIES: u32 = 1024;
@@ -50,7 +51,52 @@ pub(crate) fn map_sizes(config: &Config) -> [(&'static str, u32); 3] {
 pub(crate) struct BlockMaps {
     pub(crate) stats: HashReader<BlockKey, BlockStats>,
     pub(crate) latency: HashReader<BlockLatencyKey, BlockLatency>,
-    pub(crate) inflight: BpfHashMap<MapData, u64, BlockInflight>,
+    pub(crate) inflight: Inflight,
+}
+
+/// `BLOCK_INFLIGHT`: the requests issued (or submitted) and not completed yet, by `struct
+/// request` address.
+pub(crate) struct Inflight(BpfHashMap<MapData, u64, BlockInflight>);
+
+/// What a sweep of `BLOCK_INFLIGHT` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sweep {
+    /// Requests in flight after the sweep.
+    pub(crate) in_flight: u64,
+    /// Requests issued to the device that never completed, removed by the sweep.
+    pub(crate) expired: u64,
+}
+
+impl Inflight {
+    /// Counts the requests in flight and removes those in flight longer than `stale_after`:
+    /// they will never complete (device gone, completion missed).
+    pub(crate) fn sweep(&mut self, stale_after: Duration) -> Sweep {
+        let now = monotonic_ns();
+        let stale_ns = stale_after.as_nanos() as u64;
+        let mut stale = Vec::new();
+        let mut seen = 0u64;
+        for item in self.0.iter() {
+            let Ok((rq, entry)) = item else { continue };
+            seen += 1;
+            let since = entry.issue_ns.max(entry.submit_ns);
+            if now.saturating_sub(since) > stale_ns {
+                // Submitted but never issued: merged into another request and freed without
+                // a tracepoint. Normal, not counted; issued and never completed is.
+                stale.push((rq, entry.issue_ns != 0));
+            }
+        }
+        let mut expired = 0;
+        for (rq, issued) in &stale {
+            if self.0.remove(rq).is_ok() {
+                expired += *issued as u64;
+                seen -= 1;
+            }
+        }
+        Sweep {
+            in_flight: seen,
+            expired,
+        }
+    }
 }
 
 impl BlockMaps {
@@ -83,6 +129,7 @@ impl BlockMaps {
                 .map_err(map_err(maps::BLOCK_LATENCY))?,
         );
         let inflight = BpfHashMap::try_from(probes.take_map(maps::BLOCK_INFLIGHT)?)
+            .map(Inflight)
             .map_err(map_err(maps::BLOCK_INFLIGHT))?;
         attach_programs(probes, collector, issue_tp, complete_tp, plan)?;
         Ok(Self {
@@ -159,7 +206,7 @@ impl BlockTrace {
 
     /// Hands every request waiting in `TRACE_BLOCK_EVENTS` to `each`; returns how many.
     pub(crate) fn drain(&mut self, each: impl FnMut(&BlockTraceEvent)) -> u64 {
-        drain_ring(&mut self.ring, each)
+        ring::drain(&mut self.ring, each)
     }
 
     /// Hands every `BLOCK_STATS` entry to `each`; an error ends the walk early.
@@ -372,8 +419,7 @@ mod tests {
 
     #[test]
     fn offsets_resolve_on_this_kernel() {
-        let Ok(btf) = Btf::from_kernel() else {
-            eprintln!("SKIPPED offsets_resolve_on_this_kernel: no readable kernel BTF");
+        let Some(btf) = crate::kernel::btf::for_test("offsets_resolve_on_this_kernel") else {
             return;
         };
         let c = resolve_offsets(&btf, true, false).unwrap();

@@ -251,6 +251,7 @@ mod tests {
     use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
     use super::*;
+    use crate::util::test_support::require_root;
 
     fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> libc::c_long {
         // SAFETY: attr is a zero-padded bpf_attr of the size passed.
@@ -261,9 +262,7 @@ mod tests {
     /// in several batches.
     #[test]
     fn reads_every_entry_of_a_percpu_hash_in_batches() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED reads_every_entry_of_a_percpu_hash_in_batches: needs root");
+        if !require_root("reads_every_entry_of_a_percpu_hash_in_batches") {
             return;
         }
         let nr_cpus = aya::util::nr_cpus().unwrap();
@@ -333,9 +332,7 @@ mod tests {
 
     #[test]
     fn reads_a_hash_with_values_smaller_than_8_bytes() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED reads_a_hash_with_values_smaller_than_8_bytes: needs root");
+        if !require_root("reads_a_hash_with_values_smaller_than_8_bytes") {
             return;
         }
         let entries = 2 * CHUNK as u32 + 5;
@@ -354,9 +351,7 @@ mod tests {
 
     #[test]
     fn reads_exactly_the_requested_ranges_of_a_percpu_array() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED reads_exactly_the_requested_ranges_of_a_percpu_array: needs root");
+        if !require_root("reads_exactly_the_requested_ranges_of_a_percpu_array") {
             return;
         }
         let nr_cpus = aya::util::nr_cpus().unwrap();

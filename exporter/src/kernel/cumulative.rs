@@ -34,6 +34,14 @@ pub(crate) trait Counters: Copy {
     fn since(&self, prev: &Self) -> Self;
 
     fn is_zero(&self) -> bool;
+
+    /// Adds `change` (sums of several entries, or of several reads, add up; wrapping, as the
+    /// kernel's counters do).
+    fn add(&mut self, change: &Self);
+
+    /// Whether the value counts any event (a call, a request, an error): what makes a series
+    /// active for its retention.
+    fn has_events(&self) -> bool;
 }
 
 impl Counters for u64 {
@@ -49,6 +57,14 @@ impl Counters for u64 {
 
     fn is_zero(&self) -> bool {
         *self == 0
+    }
+
+    fn add(&mut self, change: &Self) {
+        *self = self.wrapping_add(*change);
+    }
+
+    fn has_events(&self) -> bool {
+        *self > 0
     }
 }
 
@@ -70,6 +86,15 @@ impl Counters for BlockStats {
 
     fn is_zero(&self) -> bool {
         self.bytes == 0 && self.requests == 0
+    }
+
+    fn add(&mut self, change: &Self) {
+        self.bytes = self.bytes.wrapping_add(change.bytes);
+        self.requests = self.requests.wrapping_add(change.requests);
+    }
+
+    fn has_events(&self) -> bool {
+        self.requests > 0
     }
 }
 
@@ -96,6 +121,17 @@ impl Counters for LatencyHistogram {
 
     fn is_zero(&self) -> bool {
         self.sum_ns == 0 && self.buckets.iter().all(|b| *b == 0)
+    }
+
+    fn add(&mut self, change: &Self) {
+        self.sum_ns = self.sum_ns.wrapping_add(change.sum_ns);
+        for (t, b) in self.buckets.iter_mut().zip(change.buckets.iter()) {
+            *t = t.wrapping_add(*b);
+        }
+    }
+
+    fn has_events(&self) -> bool {
+        self.count() > 0
     }
 }
 
@@ -248,6 +284,11 @@ impl<K: Eq + Hash + Copy, V: Counters, S> Tracker<K, V, S> {
         });
         tracked.seen = generation;
         tracked
+    }
+
+    /// The entry of `key`, if it is tracked.
+    pub(crate) fn get(&self, key: &K) -> Option<&Tracked<V, S>> {
+        self.entries.get(key)
     }
 
     /// Forgets keys whose kernel entries are confirmed gone ([`HashReader::remove`]).

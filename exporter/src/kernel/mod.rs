@@ -23,6 +23,8 @@ pub mod features;
 #[cfg(test)]
 mod object_contract;
 pub mod probe_stats;
+mod ring;
+pub(crate) mod slow_events;
 pub mod syscalls;
 pub(crate) mod trace;
 

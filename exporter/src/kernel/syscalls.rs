@@ -120,6 +120,34 @@ impl ExitQueue {
     }
 }
 
+/// `SLOW_THRESHOLDS`: per syscall number, the duration from which `sys_exit` samples a call
+/// to `SLOW_EVENTS` (0: never). Written at start and at each reload.
+pub(crate) struct SlowThresholds(Array<MapData, u64>);
+
+impl SlowThresholds {
+    /// Takes `SLOW_THRESHOLDS` from the loaded object.
+    pub(crate) fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
+        Array::try_from(probes.take_map(maps::SLOW_THRESHOLDS)?)
+            .map(Self)
+            .map_err(threshold_err)
+    }
+
+    /// Writes every syscall's threshold in nanoseconds, by syscall number.
+    pub(crate) fn write(&mut self, thresholds_ns: &[u64]) -> Result<(), ProbeError> {
+        for (nr, ns) in thresholds_ns.iter().enumerate() {
+            self.0.set(nr as u32, ns, 0).map_err(threshold_err)?;
+        }
+        Ok(())
+    }
+}
+
+fn threshold_err(source: MapError) -> ProbeError {
+    ProbeError::Map {
+        map: maps::SLOW_THRESHOLDS.into(),
+        source,
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
     #[error("map `{map}`")]
@@ -132,6 +160,15 @@ pub enum TableError {
     Full,
     #[error("`SYSCALL_STATS` holds {entries} copies, not a whole number per slot of {slots}")]
     Layout { entries: u32, slots: u32 },
+    #[error("reading the maps process {pid} holds ({path})")]
+    Held {
+        pid: u32,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("process {pid} holds no `{map}` map")]
+    NotHeld { pid: u32, map: &'static str },
 }
 
 fn map_err(map: &'static str) -> impl Fn(MapError) -> TableError {
@@ -163,19 +200,63 @@ impl std::fmt::Debug for SyscallStatsTable {
 }
 
 /// The maps a [`SyscallStatsTable`] is made of, as taken from the loaded object.
-pub struct TableMaps {
-    pub slots: Map,
-    pub stats: Map,
-    pub free: Map,
-    pub epoch: Map,
-    pub taken: Map,
-    pub returned: Map,
+pub(crate) struct TableMaps {
+    pub(crate) slots: Map,
+    pub(crate) stats: Map,
+    pub(crate) free: Map,
+    pub(crate) epoch: Map,
+    pub(crate) taken: Map,
+    pub(crate) returned: Map,
+}
+
+impl TableMaps {
+    /// The table's maps that another process (a running exporter) holds open, found by name
+    /// among the maps in its fdinfo and opened by id (needs CAP_SYS_ADMIN).
+    fn held_by(pid: u32) -> Result<Self, TableError> {
+        let path = format!("/proc/{pid}/fdinfo");
+        let held: Vec<(u32, String)> = crate::util::fdinfo::read(&path)
+            .map_err(|source| TableError::Held {
+                pid,
+                path: path.clone(),
+                source,
+            })?
+            .iter()
+            .filter_map(|info| info.field("map_id:"))
+            .filter_map(|id| {
+                let name = aya::maps::MapInfo::from_id(id as u32).ok()?;
+                Some((id as u32, name.name_as_str()?.to_string()))
+            })
+            .collect();
+        let open = |map: &'static str| -> Result<Map, TableError> {
+            let (id, _) = held
+                .iter()
+                .find(|(_, name)| name == map)
+                .ok_or(TableError::NotHeld { pid, map })?;
+            MapData::from_id(*id)
+                .and_then(Map::from_map_data)
+                .map_err(map_err(map))
+        };
+        Ok(Self {
+            slots: open(maps::SYSCALL_SLOTS)?,
+            stats: open(maps::SYSCALL_STATS)?,
+            free: open(maps::FREE_SLOTS)?,
+            epoch: open(maps::SLOT_EPOCH)?,
+            taken: open(maps::CGROUP_TAKEN)?,
+            returned: open(maps::CGROUP_RETURNED)?,
+        })
+    }
 }
 
 impl SyscallStatsTable {
+    /// The table of running exporter `pid`, opened from the maps it holds (the scrape
+    /// benchmark fills it with synthetic entries this way; needs CAP_SYS_ADMIN).
+    pub fn of_process(pid: u32) -> Result<Self, TableError> {
+        Self::new(TableMaps::held_by(pid)?)
+    }
+
     /// The table made of these maps. The copies per slot are read off the maps' sizes, so they
     /// always match what the loader chose.
-    pub fn new(maps: TableMaps) -> Result<Self, TableError> {
+    pub(crate) fn new(maps: TableMaps) -> Result<Self, TableError> {
         let slots: BpfHashMap<MapData, SyscallKey, u32> =
             BpfHashMap::try_from(maps.slots).map_err(map_err(maps::SYSCALL_SLOTS))?;
         let stats: Array<MapData, SlotStats> =
@@ -490,6 +571,7 @@ fn add_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::util::test_support::require_root;
 
     fn key(tgid: u32, nr: u32) -> SyscallKey {
         SyscallKey {
@@ -524,19 +606,6 @@ mod tests {
         // SAFETY: a new descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
         Map::from_map_data(MapData::from_fd(fd).expect("map info")).expect("a known map type")
-    }
-
-    fn root(test: &str) -> bool {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
-            return true;
-        }
-        assert!(
-            std::env::var("CI").map_or(true, |v| v != "true" && v != "1"),
-            "{test} needs root, and CI must run it"
-        );
-        eprintln!("SKIPPED {test}: needs root");
-        false
     }
 
     fn stats(calls: u64) -> SyscallStats {
@@ -574,7 +643,7 @@ mod tests {
     /// must start from zero.
     #[test]
     fn sparse_slots_are_read_exactly_and_freed_clean() {
-        if !root("sparse_slots_are_read_exactly_and_freed_clean") {
+        if !require_root("sparse_slots_are_read_exactly_and_freed_clean") {
             return;
         }
         let stripes = 4;

@@ -12,7 +12,7 @@ use std::{os::fd::AsRawFd, time::Duration};
 use aya::maps::{Array, CgroupArray, HashMap as BpfHashMap, MapData, RingBuf};
 use sysscope_abi::{maps, programs, TraceEvent};
 
-use super::{read_err, ProbeError, Probes};
+use super::{read_err, ring, ProbeError, Probes};
 use crate::syscall_table;
 
 /// Syscalls with a user-space path argument, and its index: what `TRACE_PATH_ARGS` lists.
@@ -154,32 +154,10 @@ impl TraceEvents {
 
     /// Hands every record waiting in the ring buffer to `each`; returns how many.
     pub(crate) fn drain(&mut self, mut each: impl FnMut(&TraceEvent)) -> u64 {
-        let n = drain_ring(&mut self.ring, |e| each(e));
+        let n = ring::drain(&mut self.ring, |e| each(e));
         self.received += n;
         n
     }
-}
-
-/// Reads every record of type `T` waiting in `ring` and hands it to `each` (records shorter
-/// than a `T` are skipped); returns how many were handed over.
-pub(crate) fn drain_ring<T: aya::Pod>(
-    ring: &mut RingBuf<MapData>,
-    mut each: impl FnMut(&T),
-) -> u64 {
-    let mut n = 0;
-    while let Some(item) = ring.next() {
-        if item.len() < std::mem::size_of::<T>() {
-            continue;
-        }
-        // SAFETY: the record holds at least one `T` (checked above), written by the probes
-        // with the ABI's layout of `T`; `T: Pod` makes every bit pattern a valid `T`, and
-        // read_unaligned copes with any alignment.
-        let record = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<T>()) };
-        drop(item);
-        each(&record);
-        n += 1;
-    }
-    n
 }
 
 #[cfg(test)]

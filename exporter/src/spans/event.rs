@@ -158,17 +158,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Decodes one ring-buffer record; `None` when it is too short to be a `SlowCallEvent`.
-pub(crate) fn decode(record: &[u8]) -> Option<SlowCallEvent> {
-    if record.len() < std::mem::size_of::<SlowCallEvent>() {
-        return None;
-    }
-    // SAFETY: the record holds at least size_of::<SlowCallEvent>() bytes, the type is
-    // #[repr(C)] plain integers (every bit pattern is valid), and read_unaligned makes no
-    // alignment assumption about the ring buffer's memory.
-    Some(unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<SlowCallEvent>()) })
-}
-
 /// What can only be read from `/proc` while the process is still there: taken as soon as the
 /// record is read, before anything that may wait (the labeler lock, a blocking thread).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -452,23 +441,6 @@ mod tests {
             args,
             comm,
         }
-    }
-
-    #[test]
-    fn decode_checks_length_and_reads_fields() {
-        let ev = event("read", [3, 0, 64, 0, 0, 0], 1);
-        // SAFETY: a plain #[repr(C)] value viewed as its own bytes, while it lives.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(
-                (&ev as *const SlowCallEvent).cast::<u8>(),
-                std::mem::size_of::<SlowCallEvent>(),
-            )
-        };
-        // Copied to an odd offset: decoding must not assume alignment.
-        let mut buf = vec![0u8; bytes.len() + 1];
-        buf[1..].copy_from_slice(bytes);
-        assert_eq!(decode(&buf[1..]), Some(ev));
-        assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
     }
 
     #[test]

@@ -1,17 +1,19 @@
 //! Slow-call spans: syscalls slower than their threshold, as sampled by the kernel.
 //!
 //! Probe: `sys_exit` (`ebpf/probes/src/syscalls.rs`, `sample_slow_call`) writes a
-//! `SlowCallEvent` to the ring buffer `SLOW_EVENTS` for each call over its `SLOW_THRESHOLDS`
-//! entry, within the per-CPU budget of `SLOW_RATE` (drops counted in `PROBE_COUNTERS`, exported
-//! as `sysscope_spans_dropped_total{reason="rate_limited"|"ring_buffer_full"}` by the self-metrics collector).
+//! `SlowCallEvent` to the ring buffer `SLOW_EVENTS` ([`crate::kernel::slow_events`]) for each
+//! call over its `SLOW_THRESHOLDS` entry, within the per-CPU budget of `SLOW_RATE` (drops
+//! counted in `PROBE_COUNTERS`, exported as
+//! `sysscope_spans_dropped_total{reason="rate_limited"|"ring_buffer_full"}` by the self-metrics
+//! collector).
 //!
-//! Here: [`reader`] drains the ring buffer (tokio `AsyncFd`), [`event`] turns each record into
-//! a [`event::SlowCall`] with its context, and each call goes to up to three places: the OTLP
-//! span exporter when an endpoint is configured (`crate::exposition::otlp::traces`), the
-//! recent-calls store served at [`recent::ROUTE`], and the exemplar store that links latency
-//! buckets to spans ([`exemplars`]).
-//! Metrics: `sysscope_spans_exported_total{destination="otlp"|"local"}` (local only without an
-//! OTLP endpoint; the recent calls are served either way),
+//! Here is the source: [`reader`] drains the ring buffer (tokio `AsyncFd`), [`event`] turns each
+//! record into a [`event::SlowCall`] with its context, and each call is handed, in order, to the
+//! [`SpanSink`]s the composition root gives [`SlowCalls::start`]: the exemplar store that links
+//! latency buckets to spans ([`exemplars`]), the OTLP span exporter when an endpoint is
+//! configured (`crate::exposition::otlp::traces`), and the recent-calls store served at
+//! [`recent::ROUTE`]. Metrics: `sysscope_spans_exported_total{destination="otlp"|"local"}`
+//! (local only without an OTLP endpoint; the recent calls are served either way),
 //! `sysscope_spans_dropped_total{reason="export_queue_full"|"export_failed"|"malformed"}`.
 
 pub(crate) mod args;
@@ -26,133 +28,63 @@ use std::{
     time::Duration,
 };
 
-use aya::maps::{Map, MapData, RingBuf};
-use opentelemetry::InstrumentationScope;
-use opentelemetry_sdk::Resource;
-
 use crate::{
-    config::Config,
-    exposition::{
-        http::Handler,
-        otlp::{
-            config::Settings,
-            traces::{SpanExport, TraceExportError},
-            Stats,
-        },
-        scrape::Annotator,
-    },
-    metadata::SharedLabeler,
-    util::error::Chain,
+    collectors::self_metrics::SpanCounters, config::Config, kernel::slow_events::SlowEvents,
+    metadata::SharedLabeler, util::error::Chain,
 };
 
 /// Series remembered for exemplars at most.
-const EXEMPLAR_SERIES: usize = 4096;
+pub(crate) const EXEMPLAR_SERIES: usize = 4096;
 
-#[derive(Debug, thiserror::Error)]
-pub enum SpanError {
-    #[error("slow-call ring buffer `{map}`")]
-    Map {
-        map: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
-    #[error("watching the slow-call ring buffer")]
-    Watch(#[source] std::io::Error),
-    #[error(transparent)]
-    Export(#[from] TraceExportError),
+/// Where slow calls go: handed to the source by the composition root.
+pub(crate) trait SpanSink: Send + Sync {
+    /// Takes one slow call, with the labels of the latency series it was counted in.
+    fn deliver(&self, call: &Arc<event::SlowCall>, series_labels: &[(&'static str, String)]);
+
+    /// Sends what is queued, for at most `grace`, and stops.
+    fn shutdown(&self, _grace: Duration) {}
 }
 
-/// Where each slow call goes.
-#[derive(Debug)]
-pub struct Sinks {
-    pub(crate) recent: recent::RecentCalls,
-    pub(crate) exemplars: exemplars::ExemplarStore,
-    pub otlp: Option<SpanExport>,
-    pub(crate) stats: Arc<Stats>,
-    scope: InstrumentationScope,
-}
-
-impl Sinks {
-    /// Hands one slow call to every destination.
-    pub(crate) fn deliver(&self, enriched: event::Enriched) {
-        let call = Arc::new(enriched.call);
-        self.exemplars.record(&enriched.series_labels, &call);
-        if let Some(otlp) = &self.otlp {
-            otlp.push(call.to_span_data(&self.scope));
-        }
-        // The recent calls are always kept, but they are the destination (and counted) only
-        // without an OTLP endpoint, so `exported` never counts one span twice.
-        if self.recent.push(call) && self.otlp.is_none() {
-            self.stats.exported("local", 1);
-        }
-    }
-}
-
-/// The running slow-call pipeline.
-#[derive(Debug)]
-pub struct SlowCalls {
-    sinks: Arc<Sinks>,
-    enabled: bool,
+/// The running slow-call source.
+pub(crate) struct SlowCalls {
+    sinks: Arc<[Arc<dyn SpanSink>]>,
     reader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SlowCalls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlowCalls")
+            .field("sinks", &self.sinks.len())
+            .field("running", &self.running())
+            .finish()
+    }
 }
 
 impl SlowCalls {
     /// Starts reading `SLOW_EVENTS` (`ring`, taken from the probes at start-up; `None` when
-    /// slow calls are off or the probes did not load) and exporting as `settings` say.
-    /// Must be called inside the agent's tokio runtime.
-    pub fn start(
+    /// slow calls are off or the probes did not load) and handing each call to `sinks`, in
+    /// order; `counters` count the records that cannot be decoded. A ring buffer that cannot
+    /// be watched costs the spans, not the agent: it is logged and nothing runs. Must be
+    /// called inside the agent's tokio runtime.
+    pub(crate) fn start(
         config: &Config,
-        settings: &Settings,
         labeler: SharedLabeler,
-        ring: Option<Map>,
-        stats: Arc<Stats>,
-    ) -> Result<Self, SpanError> {
+        ring: Option<SlowEvents>,
+        sinks: Vec<Arc<dyn SpanSink>>,
+        counters: SpanCounters,
+    ) -> Self {
+        let sinks: Arc<[Arc<dyn SpanSink>]> = sinks.into();
         let runtime = tokio::runtime::Handle::try_current().ok();
-        let enabled = config.slow_calls.enabled && ring.is_some();
-        let otlp = match (&settings.traces, enabled) {
-            (Some(traces), true) => Some(SpanExport::start(
-                traces.clone(),
-                resource(settings),
-                config.slow_calls.export_queue,
-                settings.max_batch,
-                settings.schedule_delay,
-                stats.clone(),
-                runtime.clone(),
-            )?),
-            _ => None,
-        };
-        if otlp.is_none() && config.slow_calls.recent_capacity > 0 {
-            stats.enable_local();
-        }
-        let sinks = Arc::new(Sinks {
-            recent: recent::RecentCalls::new(config.slow_calls.recent_capacity),
-            exemplars: exemplars::ExemplarStore::new(EXEMPLAR_SERIES),
-            otlp,
-            stats: stats.clone(),
-            scope: InstrumentationScope::builder("sysscope")
-                .with_version(crate::build_info::VERSION)
-                .build(),
-        });
-        // A ring buffer that cannot be watched costs the spans, not the agent: log and go on.
         let reader = match (ring, runtime) {
-            (Some(map), Some(rt)) if enabled => {
+            (Some(ring), Some(rt)) if config.slow_calls.enabled => {
                 let enricher = event::Enricher::new(labeler, config.slow_calls.resolve_file_paths);
-                let started = RingBuf::<MapData>::try_from(map)
-                    .map_err(|source| SpanError::Map {
-                        map: sysscope_abi::maps::SLOW_EVENTS,
-                        source,
-                    })
-                    .and_then(|ring| {
-                        let _guard = rt.enter();
-                        reader::spawn(
-                            ring,
-                            Arc::new(Mutex::new(enricher)),
-                            sinks.clone(),
-                            stats.span_counters(),
-                        )
-                        .map_err(SpanError::Watch)
-                    });
-                match started {
+                let _guard = rt.enter();
+                match reader::spawn(
+                    ring,
+                    Arc::new(Mutex::new(enricher)),
+                    sinks.clone(),
+                    counters,
+                ) {
                     Ok(task) => Some(task),
                     Err(e) => {
                         tracing::error!(error = %Chain(&e), "slow-call spans unavailable");
@@ -162,52 +94,45 @@ impl SlowCalls {
             }
             _ => None,
         };
-        Ok(Self {
-            sinks,
-            enabled: reader.is_some(),
-            reader,
-        })
+        Self { sinks, reader }
     }
 
-    /// Self-metric source for the agent (`sysscope_spans_*`).
-    pub fn sinks(&self) -> &Arc<Sinks> {
-        &self.sinks
+    /// Whether the ring buffer is being read (what the recent-calls route calls `enabled`).
+    pub(crate) fn running(&self) -> bool {
+        self.reader.is_some()
     }
 
-    /// The JSON route of the recent slow calls.
-    pub fn route(&self) -> (String, Handler) {
-        let sinks = self.sinks.clone();
-        let enabled = self.enabled;
-        let handler: Handler =
-            Arc::new(move || ("application/json", sinks.recent.to_json(enabled)));
-        (recent::ROUTE.to_string(), handler)
-    }
-
-    /// Adds exemplars to the OpenMetrics exposition.
-    pub fn annotator(&self) -> Annotator {
-        let sinks = self.sinks.clone();
-        Arc::new(move |om: &mut String| sinks.exemplars.annotate(om))
-    }
-
-    /// Stops reading and sends what is queued, for at most `grace`.
-    pub fn shutdown(self, grace: Duration) {
+    /// Stops reading, and lets every sink send what it queued, for at most `grace` each.
+    pub(crate) fn shutdown(self, grace: Duration) {
         if let Some(r) = &self.reader {
             r.abort();
         }
-        if let Some(otlp) = &self.sinks.otlp {
-            otlp.shutdown(grace);
+        for sink in self.sinks.iter() {
+            sink.shutdown(grace);
         }
     }
 }
 
-/// The OTLP resource of spans: the same attributes as the metrics push.
-pub(crate) fn resource(settings: &Settings) -> Resource {
-    Resource::builder_empty()
-        .with_attributes(
-            settings
-                .resource
-                .iter()
-                .map(|(k, v)| opentelemetry::KeyValue::new(k.clone(), v.clone())),
-        )
-        .build()
+/// The exemplar store as a sink: each call becomes an exemplar of its latency series.
+impl SpanSink for exemplars::ExemplarStore {
+    fn deliver(&self, call: &Arc<event::SlowCall>, series_labels: &[(&'static str, String)]) {
+        self.record(series_labels, call);
+    }
+}
+
+/// What adds the exemplars to an OpenMetrics exposition after it was encoded.
+pub(crate) type Annotator = Arc<dyn Fn(&mut String) + Send + Sync>;
+
+/// The annotator of `store`'s exemplars.
+pub(crate) fn annotator(store: &Arc<exemplars::ExemplarStore>) -> Annotator {
+    let store = store.clone();
+    Arc::new(move |om: &mut String| store.annotate(om))
+}
+
+/// Hands one enriched call to every sink, in order.
+pub(crate) fn deliver(sinks: &[Arc<dyn SpanSink>], enriched: event::Enriched) {
+    let call = Arc::new(enriched.call);
+    for sink in sinks {
+        sink.deliver(&call, &enriched.series_labels);
+    }
 }

@@ -10,28 +10,32 @@
 
 use std::sync::{Arc, Mutex};
 
-use aya::maps::{MapData, RingBuf};
 use tokio::io::{unix::AsyncFd, Interest};
 
-use super::{event, Sinks};
-use crate::{collectors::self_metrics::SpanCounters, util::error::Chain};
+use super::{event, SpanSink};
+use crate::{
+    collectors::self_metrics::SpanCounters,
+    kernel::slow_events::{Malformed, SlowEvents},
+    util::error::Chain,
+};
 
 /// Records handled per wake-up at most, so one burst cannot starve the runtime.
 const MAX_BATCH: usize = 1024;
 
 /// Spawns the reader task on the current tokio runtime.
 pub(crate) fn spawn(
-    ring: RingBuf<MapData>,
+    ring: SlowEvents,
     enricher: Arc<Mutex<event::Enricher>>,
-    sinks: Arc<Sinks>,
+    sinks: Arc<[Arc<dyn SpanSink>]>,
     counters: SpanCounters,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let (resolve_paths, proc_root) = {
         let e = enricher.lock().expect("enricher lock");
         (e.resolve_paths(), e.proc_root().to_path_buf())
     };
-    // SAFETY: the RingBuf owns its map's file descriptor for as long as it lives, and the
-    // AsyncFd owns the RingBuf: the descriptor stays open and the same until both are dropped.
+    // SAFETY: the ring buffer owns its map's file descriptor for as long as it lives, and the
+    // AsyncFd owns the ring buffer: the descriptor stays open and the same until both are
+    // dropped.
     let mut fd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(tokio::spawn(async move {
@@ -76,19 +80,19 @@ type Captured = Vec<(sysscope_abi::SlowCallEvent, event::ProcContext)>;
 /// Reads up to [`MAX_BATCH`] records, each with the `/proc` context taken at once (the process
 /// may be about to exit).
 fn drain(
-    ring: &mut RingBuf<MapData>,
+    ring: &mut SlowEvents,
     resolve_paths: bool,
     proc_root: &std::path::Path,
     counters: &SpanCounters,
 ) -> Captured {
     let mut events = Vec::new();
-    while let Some(item) = ring.next() {
-        match event::decode(&item) {
-            Some(ev) => events.push((
+    while let Some(record) = ring.next() {
+        match record {
+            Ok(ev) => events.push((
                 ev,
                 event::ProcContext::capture(&ev, resolve_paths, proc_root),
             )),
-            None => {
+            Err(Malformed) => {
                 counters.dropped("malformed").inc();
             }
         }
@@ -100,13 +104,17 @@ fn drain(
 }
 
 /// Enriches and hands the records to the sinks on a blocking thread (the labeler lock).
-async fn deliver(enricher: &Arc<Mutex<event::Enricher>>, sinks: &Arc<Sinks>, events: Captured) {
+async fn deliver(
+    enricher: &Arc<Mutex<event::Enricher>>,
+    sinks: &Arc<[Arc<dyn SpanSink>]>,
+    events: Captured,
+) {
     let enricher = enricher.clone();
     let sinks = sinks.clone();
     let done = tokio::task::spawn_blocking(move || {
         let mut enricher = enricher.lock().expect("enricher lock");
         for (ev, ctx) in events {
-            sinks.deliver(enricher.enrich_with(&ev, ctx));
+            super::deliver(&sinks, enricher.enrich_with(&ev, ctx));
         }
     })
     .await;

@@ -8,15 +8,22 @@ use std::{
 
 use bytes::Bytes;
 
-use super::event::SlowCall;
+use super::{event::SlowCall, SpanSink};
+use crate::collectors::self_metrics::SpanCounters;
 
 /// Where the recent slow calls are served.
 pub(crate) const ROUTE: &str = "/api/v1/slow-calls";
+
+/// What the route answers: a content type and a body.
+pub(crate) type Route = Arc<dyn Fn() -> (&'static str, Bytes) + Send + Sync>;
 
 #[derive(Debug)]
 pub(crate) struct RecentCalls {
     capacity: usize,
     calls: Mutex<VecDeque<Arc<SlowCall>>>,
+    /// Counts each call kept as exported to `local`: set when the recent calls are the spans'
+    /// destination (no OTLP endpoint), so `exported` never counts one span twice.
+    local: Option<SpanCounters>,
 }
 
 impl RecentCalls {
@@ -24,7 +31,14 @@ impl RecentCalls {
         Self {
             capacity,
             calls: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
+            local: None,
         }
+    }
+
+    /// Counts every call kept in `counters` as exported to `local`.
+    pub(crate) fn counted_as_local(mut self, counters: SpanCounters) -> Self {
+        self.local = Some(counters);
+        self
     }
 
     /// Keeps `call`, forgetting the oldest when full. Returns whether it was kept.
@@ -55,6 +69,22 @@ impl RecentCalls {
             "slow_calls": calls,
         });
         Bytes::from(serde_json::to_vec_pretty(&doc).unwrap_or_default())
+    }
+
+    /// The JSON route; `enabled` says whether slow calls are sampled at all.
+    pub(crate) fn route(self: &Arc<Self>, enabled: bool) -> Route {
+        let calls = self.clone();
+        Arc::new(move || ("application/json", calls.to_json(enabled)))
+    }
+}
+
+impl SpanSink for RecentCalls {
+    fn deliver(&self, call: &Arc<SlowCall>, _series_labels: &[(&'static str, String)]) {
+        if self.push(call.clone()) {
+            if let Some(local) = &self.local {
+                local.exported("local").inc();
+            }
+        }
     }
 }
 

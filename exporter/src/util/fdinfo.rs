@@ -1,5 +1,6 @@
-//! The fdinfo of this process's own descriptors (`/proc/self/fdinfo`), where the kernel writes
-//! what each BPF map costs and each program has run: readable without any capability.
+//! The fdinfo of a process's descriptors (`/proc/self/fdinfo`, `/proc/<pid>/fdinfo`), where
+//! the kernel writes what each BPF map costs and each program has run: a process's own are
+//! readable without any capability.
 
 /// One descriptor's fdinfo.
 #[derive(Debug)]
@@ -17,11 +18,15 @@ impl FdInfo {
 
 /// The fdinfo of every descriptor this process holds (none if `/proc` cannot be read).
 pub(crate) fn own() -> Vec<FdInfo> {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
-        return Vec::new();
-    };
-    fds.flatten()
+    read("/proc/self/fdinfo").unwrap_or_default()
+}
+
+/// The fdinfo of every descriptor in `dir` (`/proc/<pid>/fdinfo`); a descriptor closed while
+/// it is read is skipped.
+pub(crate) fn read(dir: &str) -> std::io::Result<Vec<FdInfo>> {
+    Ok(std::fs::read_dir(dir)?
+        .flatten()
         .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
         .map(FdInfo)
-        .collect()
+        .collect())
 }

@@ -5,4 +5,7 @@ pub(crate) mod clock;
 pub mod duration;
 pub mod error;
 pub(crate) mod fdinfo;
+pub mod logfmt;
 pub(crate) mod memory;
+#[cfg(test)]
+pub(crate) mod test_support;

@@ -385,11 +385,12 @@ fn a_missing_or_mismatched_tracepoint_downs_block_io_only() {
 #[test]
 fn btf_offsets_match_bpftool() {
     // Reading kernel BTF needs no privileges; bpftool is the independent reference.
-    let Ok(btf) = sysscope::kernel::btf::Btf::from_kernel() else {
-        eprintln!("SKIPPED btf_offsets_match_bpftool: no readable kernel BTF");
+    let btf = sysscope::kernel::btf::Btf::from_kernel();
+    if !require("btf_offsets_match_bpftool", "the kernel's BTF", btf.is_ok()) {
         return;
-    };
-    let Ok(out) = Command::new("bpftool")
+    }
+    let btf = btf.unwrap();
+    let out = Command::new("bpftool")
         .args([
             "btf",
             "dump",
@@ -398,11 +399,12 @@ fn btf_offsets_match_bpftool() {
             "format",
             "raw",
         ])
-        .output()
-    else {
-        eprintln!("SKIPPED btf_offsets_match_bpftool: bpftool not installed");
+        .output();
+    // scripts/setup.sh --test installs it.
+    if !require("btf_offsets_match_bpftool", "bpftool", out.is_ok()) {
         return;
-    };
+    }
+    let out = out.unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     // bpftool: "[12833] STRUCT 'request' size=248 vlen=31" then "\t'cmd_flags' type_id=.. bits_offset=192".
     let bpftool_offset = |strukt: &str, member: &str| -> u32 {

@@ -17,6 +17,7 @@ mod hostile_names;
 mod http_hardening;
 mod kernels;
 mod kubernetes;
+mod metric_catalogue;
 mod nvml_standin;
 mod performance;
 mod prometheus_e2e;

@@ -16,6 +16,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     io::Write,
+    path::Path,
     sync::Arc,
 };
 
@@ -29,6 +30,7 @@ use crate::{
         cgroups::{self, CgroupResolver},
         devices::DeviceResolver,
     },
+    sources::proc_stat::{self, CpuTicks, ProcStat},
     syscall_table,
 };
 
@@ -128,47 +130,36 @@ struct ThreadInfo {
 /// Samples the node's CPU utilisation from /proc/stat.
 #[derive(Debug, Default)]
 pub(crate) struct CpuSampler {
-    /// Per line ("cpu", "cpu0", ...): the jiffies of each mode at the previous sample.
-    last: HashMap<String, Vec<u64>>,
+    /// Per line (the total, then each CPU by number): the ticks of each mode at the previous
+    /// sample.
+    last: HashMap<Option<u32>, CpuTicks>,
 }
-
-/// Modes of a /proc/stat cpu line, in order.
-pub(crate) const CPU_MODES: [&str; 8] = [
-    "user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal",
-];
 
 impl CpuSampler {
     /// Utilisation (%) per mode of every cpu line since the previous call (empty the first
     /// time): `("cpu", [("user", 12.5), ...])`, then one line per CPU.
-    pub(crate) fn sample(&mut self, proc_stat: &str) -> Vec<(String, Vec<(&'static str, f64)>)> {
+    pub(crate) fn sample(&mut self, stat: &ProcStat) -> Vec<(String, Vec<(&'static str, f64)>)> {
         let mut out = Vec::new();
-        for line in proc_stat.lines().filter(|l| l.starts_with("cpu")) {
-            let mut fields = line.split_whitespace();
-            let Some(name) = fields.next() else { continue };
-            let values: Vec<u64> = fields
-                .take(CPU_MODES.len())
-                .filter_map(|v| v.parse().ok())
-                .collect();
-            if values.len() < CPU_MODES.len() {
-                continue;
-            }
-            if let Some(prev) = self.last.get(name) {
-                let deltas: Vec<u64> = values
-                    .iter()
-                    .zip(prev)
-                    .map(|(a, b)| a.saturating_sub(*b))
-                    .collect();
+        let lines = stat
+            .total
+            .iter()
+            .map(|ticks| (None, ticks))
+            .chain(stat.cpus.iter().map(|(cpu, ticks)| (Some(*cpu), ticks)));
+        for (cpu, ticks) in lines {
+            if let Some(prev) = self.last.get(&cpu) {
+                let deltas = ticks.since(prev);
                 let total: u64 = deltas.iter().sum();
                 if total > 0 {
-                    let modes = CPU_MODES
+                    let modes = proc_stat::MODES
                         .iter()
                         .zip(&deltas)
                         .map(|(m, d)| (*m, *d as f64 * 100.0 / total as f64))
                         .collect();
-                    out.push((name.to_string(), modes));
+                    let name = cpu.map_or_else(|| "cpu".to_string(), |n| format!("cpu{n}"));
+                    out.push((name, modes));
                 }
             }
-            self.last.insert(name.to_string(), values);
+            self.last.insert(cpu, *ticks);
         }
         out
     }
@@ -471,8 +462,9 @@ impl TraceWriter {
 
     fn sample_counters(&mut self, now_ns: u64) {
         if let Some(cpu) = self.cpu.as_mut() {
-            let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-            let lines = cpu.sample(&text);
+            let lines = proc_stat::read(Path::new(proc_stat::PATH))
+                .map(|stat| cpu.sample(&stat))
+                .unwrap_or_default();
             for (name, modes) in lines {
                 if name == "cpu" {
                     let values: Vec<(&str, f64)> = modes
@@ -838,10 +830,11 @@ mod tests {
     #[test]
     fn cpu_utilisation_from_proc_stat() {
         let mut s = CpuSampler::default();
-        let a = "cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0 0 0\n";
-        let b = "cpu  150 0 150 900 0 0 0 0 0 0\ncpu0 150 0 150 900 0 0 0 0 0 0\n";
-        assert!(s.sample(a).is_empty());
-        let out = s.sample(b);
+        let stat = |text| proc_stat::parse(text, "stat").unwrap();
+        let a = stat("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 100 0 100 800 0 0 0 0 0 0\n");
+        let b = stat("cpu  150 0 150 900 0 0 0 0 0 0\ncpu0 150 0 150 900 0 0 0 0 0 0\n");
+        assert!(s.sample(&a).is_empty());
+        let out = s.sample(&b);
         assert_eq!(out.len(), 2);
         let (name, modes) = &out[0];
         assert_eq!(name, "cpu");

@@ -69,7 +69,7 @@ pub enum TraceExportError {
 
 /// The running span exporter.
 #[derive(Debug)]
-pub struct SpanExport {
+pub(crate) struct SpanExport {
     processor: BatchSpanProcessor,
     closing: Arc<AtomicBool>,
     /// Spans handed to the processor and not yet exported or dropped.
@@ -199,7 +199,7 @@ fn build_exporter(
 impl SpanExport {
     /// Builds the exporter and starts the export thread. For gRPC, `runtime` must be the
     /// agent's tokio runtime.
-    pub fn start(
+    pub(crate) fn start(
         settings: SignalSettings,
         resource: Resource,
         capacity: usize,
@@ -261,7 +261,7 @@ impl SpanExport {
     }
 
     /// Queues a span; when the queue is full it is dropped and counted.
-    pub fn push(&self, span: SpanData) -> bool {
+    pub(crate) fn push(&self, span: SpanData) -> bool {
         let admitted = self
             .held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -277,10 +277,33 @@ impl SpanExport {
     }
 
     /// Sends what is queued (for at most `grace`) and stops the thread.
-    pub fn shutdown(&self, grace: Duration) {
+    pub(crate) fn shutdown(&self, grace: Duration) {
         self.closing.store(true, Ordering::Relaxed);
         if self.processor.shutdown_with_timeout(grace).is_err() {
             tracing::warn!("span export still busy after {grace:?}; leaving it behind");
         }
+    }
+}
+
+/// The instrumentation scope of every span sysscope exports.
+static SCOPE: std::sync::LazyLock<opentelemetry::InstrumentationScope> =
+    std::sync::LazyLock::new(|| {
+        opentelemetry::InstrumentationScope::builder("sysscope")
+            .with_version(crate::build_info::VERSION)
+            .build()
+    });
+
+/// The OTLP endpoint as a destination of the slow-call source.
+impl crate::spans::SpanSink for SpanExport {
+    fn deliver(
+        &self,
+        call: &Arc<crate::spans::event::SlowCall>,
+        _series_labels: &[(&'static str, String)],
+    ) {
+        self.push(call.to_span_data(&SCOPE));
+    }
+
+    fn shutdown(&self, grace: Duration) {
+        SpanExport::shutdown(self, grace);
     }
 }

@@ -3,8 +3,9 @@
 //! pods ([`watch`], cached in [`pods`]). [`KubernetesLabels`] plugs both into the shared
 //! [`Labeler`](super::Labeler), so every per-cgroup series of every collector carries them.
 //!
-//! Touches no probe or map; the watch reports `sysscope_collector_up{collector="kubernetes"}`
-//! and `sysscope_kubernetes_*` (see docs/metrics.md).
+//! Touches no probe or map; the `kubernetes` collector (`crate::collectors::kubernetes`)
+//! reports the watch: `sysscope_collector_up{collector="kubernetes"}` and
+//! `sysscope_kubernetes_*` (see docs/metrics.md).
 
 pub(crate) mod cgroup_path;
 pub(crate) mod pods;

@@ -1,13 +1,13 @@
 //! The watch of this node's pods (kube-rs `watcher`, field selector `spec.nodeName=<node>`),
-//! feeding the [`PodStore`] that names cgroups, and the `kubernetes` collector that reports it:
-//! `sysscope_collector_up{collector="kubernetes"}`, `sysscope_kubernetes_pods`,
-//! `sysscope_kubernetes_pods_not_cached_total`, `sysscope_kubernetes_api_errors_total`.
+//! feeding the [`PodStore`] that names cgroups, and what it reports about itself
+//! ([`WatchHealth`]), which the `kubernetes` collector (`crate::collectors::kubernetes`)
+//! exports.
 //!
 //! The watch runs on a thread of its own with its own small runtime, so a slow or failing API
 //! server never holds up the exporter or a scrape: scrapes only read the cache. Failed requests
-//! are retried with exponential backoff (0.8 s doubling to 30 s, jittered, as client-go's
-//! reflector does); lists are served from the API server's watch cache (`resourceVersion=0`),
-//! which matters when every node of a large cluster lists at once.
+//! are retried with kube-runtime's default backoff (0.8 s doubling to 30 s, jittered, as
+//! client-go's reflector does); lists are served from the API server's watch cache
+//! (`resourceVersion=0`), which matters when every node of a large cluster lists at once.
 
 use std::{
     future::Future,
@@ -17,7 +17,7 @@ use std::{
         Arc, Mutex,
     },
     task::{Context, Poll},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use futures::StreamExt;
@@ -27,21 +27,14 @@ use kube::{
     client::ClientBuilder,
     runtime::{
         utils::Backoff,
-        watcher::{self, watcher, Event},
+        watcher::{self, watcher, DefaultBackoff, Event},
         WatchStreamExt,
     },
     Api, Client,
 };
-use prometheus_client::{
-    encoding::{DescriptorEncoder, NoLabelSet},
-    metrics::MetricType,
-};
 
 use super::pods::PodStore;
-use crate::{
-    collector::{Collector, CollectorError},
-    config::KubernetesConfig,
-};
+use crate::config::KubernetesConfig;
 
 /// The `collector` label of the pod watch.
 pub(crate) const NAME: &str = "kubernetes";
@@ -102,48 +95,6 @@ pub(crate) enum ClientSource {
     /// A given configuration (the tests' fake API server).
     #[cfg(test)]
     Explicit(Box<kube::Config>),
-}
-
-/// Retry delays after failed API requests: exponential with jitter, reset on success.
-#[derive(Debug, Clone)]
-pub(crate) struct RetryBackoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl RetryBackoff {
-    pub(crate) fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min,
-            max,
-            next: min,
-        }
-    }
-}
-
-impl Default for RetryBackoff {
-    fn default() -> Self {
-        Self::new(Duration::from_millis(800), Duration::from_secs(30))
-    }
-}
-
-impl Iterator for RetryBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let base = self.next;
-        self.next = (self.next * 2).min(self.max);
-        // Up to +50% jitter, so that the nodes of a cluster do not retry in step.
-        let jitter = base.mul_f64(rand::random::<f64>() * 0.5);
-        Some((base + jitter).min(self.max))
-    }
-}
-
-impl Backoff for RetryBackoff {
-    fn reset(&mut self) {
-        self.next = self.min;
-    }
 }
 
 /// What the watch reports about itself, shared with the collector.
@@ -267,7 +218,7 @@ impl PodWatch {
         node: String,
         store: Arc<PodStore>,
         health: Arc<WatchHealth>,
-        backoff: RetryBackoff,
+        backoff: impl Backoff + 'static,
     ) -> Result<Self, WatchError> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), WatchError>>();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -326,7 +277,7 @@ async fn run(
     node: &str,
     store: &PodStore,
     health: &WatchHealth,
-    backoff: RetryBackoff,
+    backoff: impl Backoff,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
     let api: Api<Pod> = Api::all(client);
@@ -381,7 +332,7 @@ fn stream_error(health: &WatchHealth, e: watcher::Error) {
 
 /// Starts the pod watch if the configuration enables it: `Ok(None)` when it is off (or
 /// "auto" outside a cluster).
-pub(crate) fn start(config: &KubernetesConfig) -> Result<Option<PodWatchCollector>, WatchError> {
+pub(crate) fn start(config: &KubernetesConfig) -> Result<Option<Watch>, WatchError> {
     if !enabled(config) {
         tracing::debug!(
             collector = NAME,
@@ -392,27 +343,26 @@ pub(crate) fn start(config: &KubernetesConfig) -> Result<Option<PodWatchCollecto
     }
     let node = node_name(config).ok_or(WatchError::NoNodeName)?;
     let store = Arc::new(PodStore::new(config.max_pods));
-    PodWatchCollector::start(ClientSource::Infer, node, store, RetryBackoff::default()).map(Some)
+    Watch::start(ClientSource::Infer, node, store, DefaultBackoff::default()).map(Some)
 }
 
-/// How long the first list may take before the collector reports itself down for lack of it.
-const FIRST_LIST_GRACE: Duration = Duration::from_secs(10);
-
-/// The `kubernetes` collector: owns the watch and reports its health and cache.
+/// A running pod watch: the cache it fills and what it reports about itself. Dropping it stops
+/// the watch.
 #[derive(Debug)]
-pub(crate) struct PodWatchCollector {
-    store: Arc<PodStore>,
-    health: Arc<WatchHealth>,
-    started: Instant,
+pub(crate) struct Watch {
+    pub(crate) store: Arc<PodStore>,
+    pub(crate) health: Arc<WatchHealth>,
+    /// When the watch started (the first list has a grace period).
+    pub(crate) started: Instant,
     _watch: PodWatch,
 }
 
-impl PodWatchCollector {
+impl Watch {
     pub(crate) fn start(
         source: ClientSource,
         node: String,
         store: Arc<PodStore>,
-        backoff: RetryBackoff,
+        backoff: impl Backoff + 'static,
     ) -> Result<Self, WatchError> {
         let health = Arc::new(WatchHealth::default());
         let watch = PodWatch::spawn(source, node, store.clone(), health.clone(), backoff)?;
@@ -423,69 +373,6 @@ impl PodWatchCollector {
             _watch: watch,
         })
     }
-
-    /// The cache the labeler reads names from.
-    pub(crate) fn store(&self) -> Arc<PodStore> {
-        self.store.clone()
-    }
-}
-
-impl Collector for PodWatchCollector {
-    fn name(&self) -> &'static str {
-        NAME
-    }
-
-    /// Never waits for the API: reads what the watch last reported.
-    fn refresh(&mut self) -> Result<(), CollectorError> {
-        self.store.purge(Instant::now());
-        if !self.health.synced() {
-            // Starting: up until a request fails or the first list takes too long.
-            let why = self.health.last_error();
-            if why.is_empty() && self.started.elapsed() < FIRST_LIST_GRACE {
-                return Ok(());
-            }
-            return Err(CollectorError::Other(if why.is_empty() {
-                format!("this node's pods have not been listed within {FIRST_LIST_GRACE:?}")
-            } else {
-                format!("this node's pods have not been listed yet: {why}")
-            }));
-        }
-        if self.health.failing() {
-            return Err(CollectorError::Other(format!(
-                "Kubernetes API: {} (serving the cached pods meanwhile)",
-                self.health.last_error()
-            )));
-        }
-        Ok(())
-    }
-
-    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
-        encoder
-            .encode_descriptor(
-                "sysscope_kubernetes_pods",
-                "Pods of this node in the pod cache that names cgroups (deleted pods stay for a minute).",
-                None,
-                MetricType::Gauge,
-            )?
-            .encode_gauge(&(self.store.len() as i64))?;
-        encoder
-            .encode_descriptor(
-                "sysscope_kubernetes_pods_not_cached",
-                "Pod updates not cached because kubernetes.max_pods pods were cached already (their cgroups lack namespace/pod/container).",
-                None,
-                MetricType::Counter,
-            )?
-            .encode_counter::<NoLabelSet, _, u64>(&self.store.rejected(), None)?;
-        encoder
-            .encode_descriptor(
-                "sysscope_kubernetes_api_errors",
-                "Kubernetes API requests and watch streams of the pod watch that failed (each is retried with backoff).",
-                None,
-                MetricType::Counter,
-            )?
-            .encode_counter::<NoLabelSet, _, u64>(&self.health.errors(), None)?;
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -493,7 +380,7 @@ mod tests {
     //! The watch against a fake API server on loopback (hyper), which answers each list and
     //! watch request with the reply the test hands it, in order.
 
-    use std::{convert::Infallible, net::SocketAddr};
+    use std::{convert::Infallible, net::SocketAddr, time::Duration};
 
     use bytes::Bytes;
     use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
@@ -501,8 +388,13 @@ mod tests {
     use serde_json::{json, Value};
     use tokio::sync::mpsc;
 
+    use prometheus_client::encoding::DescriptorEncoder;
+
     use super::*;
-    use crate::metadata::kubernetes::pods::tests::pod_json;
+    use crate::{
+        collectors::{kubernetes::PodWatchCollector, Collector},
+        metadata::kubernetes::pods::tests::pod_json,
+    };
 
     enum Reply {
         Status(u16),
@@ -640,16 +532,35 @@ mod tests {
 
     /// A pod watch of node-a against the fake API, retrying fast, into a store of `capacity`
     /// pods that forgets deleted ones at once.
-    fn watch_node_a(api: &FakeApi, capacity: usize) -> (Arc<PodStore>, PodWatchCollector) {
+    fn watch_node_a(
+        api: &FakeApi,
+        capacity: usize,
+    ) -> (Arc<PodStore>, Arc<WatchHealth>, PodWatchCollector) {
         let store = Arc::new(PodStore::with_grace(capacity, Duration::ZERO));
-        let collector = PodWatchCollector::start(
+        let watch = Watch::start(
             ClientSource::Explicit(Box::new(api.config())),
             "node-a".into(),
             store.clone(),
-            RetryBackoff::new(Duration::from_millis(5), Duration::from_millis(20)),
+            QuickRetry,
         )
         .unwrap();
-        (store, collector)
+        let health = watch.health.clone();
+        (store, health, PodWatchCollector::new(watch))
+    }
+
+    /// Retries after 5 ms, so the tests need not wait for the default backoff's 0.8 s.
+    struct QuickRetry;
+
+    impl Iterator for QuickRetry {
+        type Item = Duration;
+
+        fn next(&mut self) -> Option<Duration> {
+            Some(Duration::from_millis(5))
+        }
+    }
+
+    impl Backoff for QuickRetry {
+        fn reset(&mut self) {}
     }
 
     fn eventually(what: &str, mut f: impl FnMut() -> bool) {
@@ -689,8 +600,7 @@ mod tests {
     #[test]
     fn watch_follows_the_api_through_errors_restarts_and_deletions() {
         let api = FakeApi::start();
-        let (store, mut collector) = watch_node_a(&api, 3);
-        let health = collector.health.clone();
+        let (store, health, mut collector) = watch_node_a(&api, 3);
 
         // Starting, the first list not answered yet: not down (yet).
         collector.refresh().unwrap();
@@ -827,8 +737,7 @@ mod tests {
     #[test]
     fn a_broken_stream_is_an_error_and_is_retried() {
         let api = FakeApi::start();
-        let (store, mut collector) = watch_node_a(&api, 8);
-        let health = collector.health.clone();
+        let (store, health, mut collector) = watch_node_a(&api, 8);
         api.lists.send(Reply::List(vec![], "5")).unwrap();
         eventually("synced", || health.synced());
         // Garbage on the watch stream: the watcher reports it; the pod watch retries.
@@ -882,17 +791,5 @@ mod tests {
             .await
             .unwrap();
         });
-    }
-
-    #[test]
-    fn backoff_grows_caps_and_resets() {
-        let mut b = RetryBackoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        let first = b.next().unwrap();
-        assert!((Duration::from_millis(100)..=Duration::from_millis(150)).contains(&first));
-        let later: Vec<_> = (0..8).map(|_| b.next().unwrap()).collect();
-        assert!(later.iter().all(|d| *d <= Duration::from_secs(1)));
-        assert_eq!(*later.last().unwrap(), Duration::from_secs(1));
-        b.reset();
-        assert!(b.next().unwrap() <= Duration::from_millis(150));
     }
 }

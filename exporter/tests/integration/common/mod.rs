@@ -13,19 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// Whether this test can run. Without root it is skipped with a message, except under
-/// `CI=true`, where a skipped test would hide a broken pipeline: it fails instead.
-pub fn require_root(test: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("{test}: needs root (loads eBPF programs), and CI=true forbids skipping");
-    }
-    eprintln!("SKIPPED {test}: needs root to load eBPF programs (run the suite as root)");
-    false
-}
+// One rule for skipping tests, shared with the library's unit tests.
+#[path = "../../../src/util/test_support.rs"]
+mod test_support;
+pub(crate) use test_support::{require, require_root};
 
 /// The cgroup v2 mount of this machine.
 pub fn cgroup_root() -> PathBuf {

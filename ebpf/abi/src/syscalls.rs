@@ -1,0 +1,440 @@
+//! The syscall family (`ebpf/probes/src/syscalls.rs`, `exporter/src/kernel/syscalls.rs`):
+//! per-CPU calls in flight, the table of statistics slots, errors by errno, process exits and
+//! slow-call samples, with the syscall numbers the probes bound or special-case.
+
+use crate::{hist, FdCache, FdClass, LatencyHistogram};
+
+maps! {
+    /// Task-local storage: the calls in flight of tasks switched out mid-call ([`crate::ThreadSpill`];
+    /// the key is the task's pid file descriptor).
+    SYSCALL_THREADS: TaskStorage(i32 => ThreadSpill),
+    /// Per-CPU: the running task's call in flight and cached identity ([`crate::CpuState`]).
+    SYSCALL_CPU: PerCpuArray(u32 => CpuState),
+    /// The statistics slots, a few copies each ([`crate::SlotStats`]).
+    SYSCALL_STATS: Array(u32 => SlotStats),
+    /// (cgroup, process, syscall) -> its slot in `SYSCALL_STATS`.
+    SYSCALL_SLOTS: HashMap(SyscallKey => u32),
+    /// The slots no key owns (a stack: no key).
+    FREE_SLOTS: Stack(() => u32),
+    /// One `u64`, bumped by user space when it frees slots (see [`crate::slot_cache`]).
+    SLOT_EPOCH: Array(u32 => u64),
+    /// Errors by errno: a count per [`crate::ErrnoKey`] (atomic adds).
+    SYSCALL_ERRORS: HashMap(ErrnoKey => u64),
+    /// cgroup id -> slots of `SYSCALL_STATS` the probes have handed to its keys (atomic adds).
+    CGROUP_TAKEN: HashMap(u64 => u64),
+    /// cgroup id -> slots of its keys user space has freed (written by user space only).
+    CGROUP_RETURNED: HashMap(u64 => u64),
+    /// tgid -> what user space needs to reclaim an exited process's entries.
+    PROCESS_EXITS: HashMap(u32 => ProcessExit),
+    /// Slow-call threshold in nanoseconds per syscall number (0: never sampled).
+    SLOW_THRESHOLDS: Array(u32 => u64),
+    /// Per-CPU window of the slow-call rate limiter.
+    SLOW_RATE: PerCpuArray(u32 => RateWindow),
+    /// Ring buffer of [`crate::SlowCallEvent`] records.
+    SLOW_EVENTS: RingBuf(() => SlowCallEvent),
+}
+
+programs! {
+    SYS_ENTER = "sys_enter",
+    SYS_EXIT = "sys_exit",
+    PROCESS_EXIT = "sched_process_exit",
+    /// On `cgroup:cgroup_attach_task`: invalidates the cached cgroup ids.
+    CGROUP_ATTACH = "cgroup_attach_task",
+    /// On `sched:sched_switch`: moves a call in flight of a task switched out mid-call from its
+    /// CPU's `SYSCALL_CPU` to its `SYSCALL_THREADS` value.
+    SCHED_SWITCH = "sched_switch",
+}
+
+globals! {
+    /// `u32`: slow-call events allowed per CPU per second (0 disables slow-call sampling).
+    SLOW_EVENTS_PER_CPU_PER_SEC: u32,
+    /// `u32`: non-zero when the syscall programs count only the target the trace filter
+    /// selects (`TRACE_CGROUP_ID`, `TRACE_FILTER_TGIDS`): set by the command-line tools, so a
+    /// busy node cannot fill their maps; 0 (count everything) for the exporter.
+    SYSCALL_TARGET_ONLY: u32,
+    /// `u32`, a power of two: copies of each `SYSCALL_STATS` slot, chosen by CPU
+    /// ([`crate::SlotStats`]). Set by the loader from the possible CPUs (at most
+    /// [`crate::MAX_STAT_STRIPES`]); 1 in the object.
+    SYSCALL_STAT_STRIPES: u32,
+    /// `u32`: slots one cgroup's keys may hold before its new keys fold into the cgroup's
+    /// shared key ([`crate::FOLDED_TGID`]); 0: no quota.
+    SYSCALL_CGROUP_QUOTA: u32,
+}
+
+/// Upper bound on syscall numbers the probes index arrays with (x86_64 < 470, aarch64 < 470).
+pub const MAX_SYSCALL_NR: u32 = 512;
+
+/// The number every syscall number at or above it is counted as (exported as
+/// `syscall="invalid"`). Any process may call `syscall(n)` with any `n`; the kernel answers
+/// ENOSYS, and counting each `n` apart would let one process fill the maps and the exposition.
+/// No architecture sysscope supports uses it.
+pub const INVALID_NR: u32 = MAX_SYSCALL_NR - 1;
+
+/// The syscall number the probes count a raw tracepoint `id` as: itself when it is below
+/// [`INVALID_NR`], else [`INVALID_NR`] (negative ids included).
+#[inline(always)]
+pub fn bounded_nr(id: u64) -> u32 {
+    if id < INVALID_NR as u64 {
+        id as u32
+    } else {
+        INVALID_NR
+    }
+}
+
+/// The tgid of a cgroup's shared statistics key: calls of that cgroup's processes that could
+/// not have a key of their own (the cgroup held [`globals::SYSCALL_CGROUP_QUOTA`] slots, or
+/// none was free) are counted there, exported as `comm="other"`. No process has tgid 0.
+pub const FOLDED_TGID: u32 = 0;
+
+/// Most copies of a `SYSCALL_STATS` slot (see [`SlotStats`]): memory stays fixed however many
+/// CPUs a node has.
+pub const MAX_STAT_STRIPES: u32 = 8;
+
+/// Syscalls that never return to user space: counted at entry, with no duration.
+pub mod noreturn {
+    #[cfg(any(target_arch = "x86_64", bpf_target_arch = "x86_64"))]
+    pub const EXIT: u32 = 60;
+    #[cfg(any(target_arch = "x86_64", bpf_target_arch = "x86_64"))]
+    pub const EXIT_GROUP: u32 = 231;
+    #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
+    pub const EXIT: u32 = 93;
+    #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
+    pub const EXIT_GROUP: u32 = 94;
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        bpf_target_arch = "x86_64",
+        target_arch = "aarch64",
+        bpf_target_arch = "aarch64"
+    )))]
+    pub const EXIT: u32 = u32::MAX;
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        bpf_target_arch = "x86_64",
+        target_arch = "aarch64",
+        bpf_target_arch = "aarch64"
+    )))]
+    pub const EXIT_GROUP: u32 = u32::MAX;
+}
+
+/// What each CPU keeps between `sys_enter` and `sys_exit` (`SYSCALL_CPU`, a one-entry per-CPU
+/// array): the call in flight of the task running on it, and what is the same for every call
+/// of that task, cached so the common path makes no helper call and no hash or task-storage
+/// lookup for it.
+///
+/// A call in flight stays here only while its task keeps the CPU: `sched_switch` moves it to
+/// the task's [`ThreadSpill`] when the task is switched out mid-call, so an entry here always
+/// belongs to `task`. The identity (`tgid`, `cgroup_id`) is valid while `task` is the current
+/// task and `generation` equals the probes' count of cgroup migrations and task exits (a task
+/// exit may free the `task_struct` for another task to reuse).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuState {
+    /// The task (its `task_struct` address) the identity and the call in flight belong to.
+    pub task: u64,
+    /// The identity count when `tgid` and `cgroup_id` were read ([`CpuState::NO_IDENTITY`]: never).
+    pub generation: u64,
+    /// cgroup v2 id of `task`.
+    pub cgroup_id: u64,
+    /// `bpf_ktime_get_ns()` at entry; 0 when no call is in flight on this CPU.
+    pub start_ns: u64,
+    /// tgid of `task`.
+    pub tgid: u32,
+    /// Syscall number at entry.
+    pub nr: u32,
+    /// The descriptor of the call in flight, classified at entry.
+    pub fd: FdClass,
+    /// The descriptors last classified on this CPU, [`CpuState::FD_CACHE_ENTRIES`] of them,
+    /// the entry chosen by descriptor number and task: two threads that take turns on a CPU
+    /// (a pipe's reader and writer) keep their own.
+    pub fd_cache: [FdCache; CpuState::FD_CACHE_ENTRIES],
+    /// The CPU's slot cache: [`slot_cache::ENTRIES`] entries made by [`slot_cache::entry`].
+    pub slots: [u64; slot_cache::ENTRIES],
+}
+
+impl CpuState {
+    /// `generation` of a CPU whose identity was never read.
+    pub const NO_IDENTITY: u64 = u64::MAX;
+    /// Entries of `fd_cache` (a power of two).
+    pub const FD_CACHE_ENTRIES: usize = 8;
+
+    /// The `fd_cache` entry of descriptor `fd` of the task at `task`.
+    #[inline(always)]
+    pub fn fd_cache_entry(task: u64, fd: u64) -> usize {
+        ((fd ^ (task >> 10)) as usize) & (Self::FD_CACHE_ENTRIES - 1)
+    }
+}
+
+/// A call in flight whose task was switched out mid-call (it blocked, or was preempted), kept
+/// in the thread's `SYSCALL_THREADS` value (task-local storage, freed with the thread) until
+/// its `sys_exit`, which may run on another CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadSpill {
+    /// `bpf_ktime_get_ns()` at entry; 0 when nothing is kept.
+    pub start_ns: u64,
+    /// Syscall number at entry.
+    pub nr: u32,
+    pub _pad: u32,
+    /// The descriptor of the call, classified at entry.
+    pub fd: FdClass,
+}
+
+/// A CPU's cache of (syscall number -> `SYSCALL_STATS` slot), two-way set-associative.
+///
+/// The set of a syscall is its number modulo [`SETS`](slot_cache::SETS); a set holds the two syscalls of that set
+/// used last, so pairs that a direct-mapped cache would thrash (`read` and `ioctl`, `write` and
+/// `openat`, `read` and `getdents64`, ...) both stay cached. An entry is tagged with the syscall number and the low
+/// bits of `SLOT_EPOCH`: when user space frees slots it bumps the epoch, and every entry made
+/// before turns into a miss without the probe clearing anything. A wrong hit (a tag that comes
+/// round again after 65,536 bumps, another task's call on the same CPU, a task that changed
+/// cgroup) is harmless: the probe uses a
+/// slot only if the slot's copy names the caller's key.
+pub mod slot_cache {
+    /// Sets (a power of two).
+    pub const SETS: usize = 16;
+    /// Entries per set.
+    pub const WAYS: usize = 2;
+    pub const ENTRIES: usize = SETS * WAYS;
+
+    /// Index of the first entry of the set of syscall `nr`.
+    #[inline(always)]
+    pub fn set_of(nr: u32) -> usize {
+        (nr as usize & (SETS - 1)) * WAYS
+    }
+
+    /// The tag of syscall `nr` of process `tgid` on a descriptor of class `fd` cached under
+    /// `epoch`. Bit 15 is always set, so a zeroed entry is empty. The syscall number takes the
+    /// low 9 bits, the descriptor's kind and filesystem a few more, and a hash of the process
+    /// is mixed in, so two processes taking turns on a CPU with the same syscall hold one way
+    /// each: keys that share a tag only miss.
+    #[inline(always)]
+    pub fn tag(epoch: u64, tgid: u32, nr: u32, fd: &super::FdClass) -> u32 {
+        // Six bits of a multiplicative hash of the class: the kinds and the usual filesystems
+        // (ext4, xfs, btrfs, tmpfs, NFS, FUSE, overlay, Ceph, Lustre, GPFS) all differ.
+        let class = ((fd.kind as u32).wrapping_mul(0x27D4_EB2F)
+            ^ fd.fs_magic.wrapping_mul(0x1656_67B1))
+            >> 26;
+        let process = tgid.wrapping_mul(0x9E37_79B1) >> 17;
+        ((epoch as u32) << 16) | 0x8000 | ((nr ^ (class << 9) ^ process) & 0x7fff)
+    }
+
+    /// An entry: the tag in the high half, the slot in the low half.
+    #[inline(always)]
+    pub fn entry(tag: u32, slot: u32) -> u64 {
+        ((tag as u64) << 32) | slot as u64
+    }
+
+    /// The slot of `entry` if it carries `tag`.
+    #[inline(always)]
+    pub fn hit(entry: u64, tag: u32) -> Option<u32> {
+        ((entry >> 32) as u32 == tag).then_some(entry as u32)
+    }
+}
+
+/// One (cgroup, process, syscall): key of `SYSCALL_SLOTS` (whose value is the entry's slot in
+/// `SYSCALL_STATS`) and of `SYSCALL_ERRORS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SyscallKey {
+    /// cgroup v2 id (`bpf_get_current_cgroup_id()`, the inode of the cgroup's directory).
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub nr: u32,
+    /// What the call read or wrote ([`FdClass::NONE`] for calls not classified).
+    pub fd: FdClass,
+}
+
+/// Statistics of one (cgroup, process, syscall): durations of its calls.
+pub type SyscallStats = LatencyHistogram;
+
+/// One copy of a slot of `SYSCALL_STATS`, an array (shared by all CPUs) of
+/// [`globals::SYSCALL_STAT_STRIPES`] copies per slot: the copy of slot `s` that CPU `c` adds to
+/// is at index `s * stripes + (c % stripes)`, with atomic adds. So the map's size does not grow
+/// with the CPU count (at most [`MAX_STAT_STRIPES`] copies), and CPUs that count the same key at
+/// once mostly write different cache lines (a copy is 256 bytes, four lines).
+///
+/// A slot is handed out (from `FREE_SLOTS`) to one key at a time, recorded in `SYSCALL_SLOTS`.
+/// The probe that takes a slot writes the key into every copy before it publishes the slot, and
+/// adds to a copy only if the copy names its key; readers count a copy only for the key it
+/// names. So a slot freed by user space and handed to another key never mixes the two keys'
+/// counts.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotStats {
+    /// Owner of this copy (all zero: none yet).
+    pub key: SyscallKey,
+    pub stats: SyscallStats,
+    /// Pads a copy to four cache lines, so neighbouring copies share none.
+    pub _pad: [u64; 2],
+}
+
+/// Key of `SYSCALL_ERRORS` (value: `u64` count, shared by all CPUs, atomic adds). `nr` is a
+/// [`bounded_nr`], so it always fits.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ErrnoKey {
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub nr: u16,
+    /// Positive errno (e.g. 2 for ENOENT).
+    pub errno: u16,
+    pub fd: FdClass,
+}
+
+/// Value of `PROCESS_EXITS` (key: tgid): what user space needs to label and reclaim the
+/// entries of a process that has exited, since `/proc/<tgid>` is gone by then.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessExit {
+    pub comm: [u8; 16],
+    pub cgroup_id: u64,
+    pub exit_ns: u64,
+}
+
+/// Per-CPU state of the slow-call rate limiter (`SLOW_RATE`, one slot).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateWindow {
+    pub window_start_ns: u64,
+    pub events: u64,
+}
+
+/// A syscall slower than its threshold, as written to `SLOW_EVENTS` at `sys_exit`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlowCallEvent {
+    /// `bpf_ktime_get_ns()` at entry and exit (CLOCK_MONOTONIC).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub nr: u32,
+    pub _pad: u32,
+    /// The descriptor's class at entry ([`FdClass::NONE`] for calls not classified).
+    pub fd: FdClass,
+    /// Return value (negative errno on failure).
+    pub ret: i64,
+    /// The six syscall arguments as passed in registers.
+    pub args: [u64; 6],
+    pub comm: [u8; 16],
+}
+
+pod!(
+    ThreadSpill,
+    CpuState,
+    SyscallKey,
+    SlotStats,
+    ErrnoKey,
+    ProcessExit,
+    RateWindow,
+    SlowCallEvent
+);
+
+// The layouts both sides compile: a change here is a change of the kernel/user contract.
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<SyscallKey>() == 24);
+    assert!(size_of::<SyscallStats>() == 8 + 8 * hist::HIST_BUCKETS);
+    assert!(size_of::<SlotStats>() == 256);
+    assert!(size_of::<ErrnoKey>() == 24);
+    assert!(size_of::<ProcessExit>() == 32);
+    assert!(size_of::<RateWindow>() == 16);
+    assert!(size_of::<SlowCallEvent>() == 120);
+    assert!(size_of::<ThreadSpill>() == 24);
+    assert!(
+        size_of::<CpuState>()
+            == 48 + size_of::<FdCache>() * CpuState::FD_CACHE_ENTRIES + 8 * slot_cache::ENTRIES
+    );
+    assert!(MAX_STAT_STRIPES.is_power_of_two());
+    assert!(INVALID_NR < MAX_SYSCALL_NR);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::slot_cache::*;
+
+    #[test]
+    fn out_of_range_syscall_numbers_fold_into_one() {
+        use super::{bounded_nr, INVALID_NR};
+        assert_eq!(bounded_nr(0), 0);
+        assert_eq!(bounded_nr(39), 39);
+        assert_eq!(bounded_nr(INVALID_NR as u64 - 1), INVALID_NR - 1);
+        for id in [
+            INVALID_NR as u64,
+            512,
+            20_000,
+            65_536,
+            65_595,
+            0x4000_0000,
+            u64::MAX,
+        ] {
+            assert_eq!(bounded_nr(id), INVALID_NR, "{id}");
+        }
+    }
+
+    #[test]
+    fn entries_hit_only_their_syscall_class_and_epoch() {
+        use crate::{fd_class, FdClass};
+        const TGID: u32 = 4321;
+        let none = FdClass::NONE;
+        let e = entry(tag(7, TGID, 0, &none), 1234);
+        assert_eq!(hit(e, tag(7, TGID, 0, &none)), Some(1234));
+        // Another syscall, or any later epoch, misses.
+        assert_eq!(hit(e, tag(7, TGID, 8, &none)), None);
+        assert_eq!(hit(e, tag(8, TGID, 0, &none)), None);
+        // The same syscall on another kind of descriptor or another filesystem misses.
+        let ext4 = FdClass::of(fd_class::FILE, 0xEF53);
+        let tmpfs = FdClass::of(fd_class::FILE, 0x0102_1994);
+        let pipe = FdClass::of(fd_class::PIPE, 0);
+        let f = entry(tag(7, TGID, 0, &ext4), 99);
+        assert_eq!(hit(f, tag(7, TGID, 0, &ext4)), Some(99));
+        for other in [none, tmpfs, pipe] {
+            assert_eq!(hit(f, tag(7, TGID, 0, &other)), None, "{other:?}");
+        }
+        // A zeroed entry never hits, whatever the epoch, process, number and class (bit 15 of
+        // every tag is set).
+        for epoch in [0, 1, u64::from(u16::MAX)] {
+            for nr in [0, 1, 0x7fff, 0x8000, u32::MAX] {
+                for class in [none, ext4, pipe] {
+                    for tgid in [0, 1, TGID, u32::MAX] {
+                        assert_eq!(
+                            hit(0, tag(epoch, tgid, nr, &class)),
+                            None,
+                            "epoch {epoch}, tgid {tgid}, nr {nr}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn processes_taking_turns_on_a_cpu_mostly_differ() {
+        // Consecutive and scattered pids: the same syscall of two processes should almost
+        // never share a tag (a shared tag only costs a miss, but the two would then evict
+        // each other from a set).
+        let none = super::FdClass::NONE;
+        let pids = || (1000..1100u32).chain((1..100u32).map(|i| i * 7919));
+        let mut same = 0;
+        for a in pids() {
+            for b in pids() {
+                if a != b && tag(3, a, 0, &none) == tag(3, b, 0, &none) {
+                    same += 1;
+                }
+            }
+        }
+        let n = pids().count();
+        let pairs = n * (n - 1);
+        assert!(same * 100 < pairs, "{same} of {pairs} pairs share a tag");
+    }
+
+    #[test]
+    fn sets_keep_the_usual_pairs_apart_or_together() {
+        // read (0) and lseek (8), the pattern of HDF5 readers, fall in different sets; read and
+        // ioctl (16) share one, and a set holds two.
+        assert_ne!(set_of(0), set_of(8));
+        assert_eq!(set_of(0), set_of(16));
+        assert!(set_of(u32::MAX) + WAYS <= ENTRIES);
+    }
+}

@@ -1,0 +1,332 @@
+//! The exporter's composition root: what `sysscope` runs when it is given no subcommand. It
+//! binds the listen address, starts the agent ([`crate::startup`]), wires the slow-call source
+//! to its sinks (exemplars, the OTLP span exporter, the recent-calls route), drops the
+//! capabilities running does not need ([`crate::privileges`]), and serves until asked to stop:
+//! scrapes and the OTLP metrics push share one [`Scraper`], a background tick refreshes the
+//! collectors when nobody scrapes, and SIGHUP (like `POST /-/reload`) reloads the
+//! configuration. On the way out it sends what is queued (bounded) and detaches every probe.
+//! `main.rs` parses the flags, installs the stop signals and calls [`run_exporter`].
+
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    path::PathBuf,
+    sync::{atomic::Ordering, Arc, Mutex},
+    time::Duration,
+};
+
+use opentelemetry_sdk::Resource;
+
+use crate::{
+    config::Config,
+    exposition::{
+        http::{self, AppState, HttpError},
+        otlp::{
+            self,
+            config::{Settings, SettingsError},
+            metrics::MetricPushError,
+            traces::{SpanExport, TraceExportError},
+        },
+        scrape::Scraper,
+        web_config::WebConfigFile,
+    },
+    privileges::{self, PrivilegeError},
+    reload,
+    spans::{self, exemplars::ExemplarStore, recent::RecentCalls, SlowCalls, SpanSink},
+    startup::{self, StartError},
+    util::error::Chain,
+};
+
+/// What the exporter is told on its command line.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// `--web.listen-address`.
+    pub listen_address: String,
+    /// `--web.telemetry-path`.
+    pub telemetry_path: String,
+    /// `--config.file`, read again on reload.
+    pub config_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--web.telemetry-path `{0}` must start with /")]
+    TelemetryPath(String),
+    #[error("starting the async runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error(transparent)]
+    Otlp(#[from] SettingsError),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error(transparent)]
+    SpanExport(#[from] TraceExportError),
+    #[error(transparent)]
+    MetricPush(#[from] MetricPushError),
+    // Running on with capabilities it promised to give up would be worse than not running:
+    // the operator learns why and the supervisor restarts it.
+    #[error("could not drop the capabilities sysscope does not need after start-up")]
+    Privileges(#[source] PrivilegeError),
+    #[error("installing the SIGHUP handler")]
+    Hangup(#[source] std::io::Error),
+}
+
+/// Runs the exporter until `shutdown` (called once everything runs, so its signal handlers are
+/// installed before the exporter reports ready) resolves. Fails before loading anything on a
+/// bad telemetry path or a busy port.
+pub fn run_exporter<F, S>(
+    options: &ServeOptions,
+    config: Config,
+    web: Option<Arc<WebConfigFile>>,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: FnOnce() -> S,
+    S: Future<Output = ()>,
+{
+    if !options.telemetry_path.starts_with('/') {
+        return Err(ServeError::TelemetryPath(options.telemetry_path.clone()));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(8)
+        .enable_all()
+        .thread_name("sysscope")
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let outcome = runtime.block_on(async move {
+        // Bind first: a busy port is the cheapest failure to report.
+        let listener = http::bind(&options.listen_address).await?;
+        let otlp_settings =
+            Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
+        let (mut agent, labeler, mut report) = startup::start(&config)?;
+        // Slow-call spans (and their self-metrics), before the agent is shared.
+        let otlp_stats = Arc::new(otlp::Stats::new(agent.self_metrics()));
+        let ring = report.slow_events.take();
+        let sampled = config.slow_calls.enabled && ring.is_some();
+        let otlp_spans = match (&otlp_settings.traces, sampled) {
+            (Some(traces), true) => Some(Arc::new(SpanExport::start(
+                traces.clone(),
+                resource(&otlp_settings),
+                config.slow_calls.export_queue,
+                otlp_settings.max_batch,
+                otlp_settings.schedule_delay,
+                otlp_stats.clone(),
+                Some(tokio::runtime::Handle::current()),
+            )?)),
+            _ => None,
+        };
+        // The recent calls are always kept, but they are the destination (and counted) only
+        // without an OTLP endpoint, so `exported` never counts one span twice.
+        let mut recent = RecentCalls::new(config.slow_calls.recent_capacity);
+        if otlp_spans.is_none() && config.slow_calls.recent_capacity > 0 {
+            otlp_stats.enable_local();
+            recent = recent.counted_as_local(otlp_stats.span_counters());
+        }
+        let recent = Arc::new(recent);
+        let exemplars = Arc::new(ExemplarStore::new(spans::EXEMPLAR_SERIES));
+        let mut sinks: Vec<Arc<dyn SpanSink>> = vec![exemplars.clone()];
+        if let Some(otlp) = &otlp_spans {
+            sinks.push(otlp.clone());
+        }
+        sinks.push(recent.clone());
+        let slow_calls =
+            SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.span_counters());
+        otlp_stats.register(
+            agent.self_metrics(),
+            otlp_spans.is_some(),
+            otlp_settings.metrics.is_some(),
+        );
+        // Everything is attached and the span reader runs: give up what running does not need
+        // (see privileges.rs); threads started later inherit the reduced set.
+        let dropped = privileges::drop_after_start(&config).map_err(ServeError::Privileges)?;
+        tracing::info!(
+            kept = ?privileges::cap_names(dropped.kept),
+            bounding_set_reduced = dropped.bounding_set_reduced,
+            threads = dropped.threads,
+            "dropped capabilities"
+        );
+        let reload_stats = Arc::new(reload::ReloadStats::new());
+        reload_stats.register(agent.self_metrics());
+        let agent = Arc::new(Mutex::new(agent));
+        let reloader = Arc::new(reload::Reloader::new(
+            options.config_file.clone(),
+            config.clone(),
+            agent.clone(),
+            reload_stats,
+        ));
+        let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
+        scraper.set_openmetrics_annotator(spans::annotator(&exemplars));
+        let mut routes = BTreeMap::new();
+        routes.insert(
+            spans::recent::ROUTE.to_string(),
+            http::cached(recent.route(slow_calls.running()), Duration::from_secs(1)),
+        );
+        let state = Arc::new(AppState {
+            scraper: scraper.clone(),
+            telemetry_path: options.telemetry_path.clone(),
+            ready: false.into(),
+            routes,
+            reload: Some({
+                let reloader = reloader.clone();
+                Arc::new(move || {
+                    reloader
+                        .reload()
+                        .map(|changed| {
+                            if changed.is_empty() {
+                                "reloaded; nothing changed".to_string()
+                            } else {
+                                format!("reloaded; changed: {}", changed.join(", "))
+                            }
+                        })
+                        .map_err(|e| Chain(&e).to_string())
+                })
+            }),
+        });
+        let metric_push = match &otlp_settings.metrics {
+            Some(settings) => Some(otlp::metrics::MetricPush::start(
+                otlp::metrics::PushOptions {
+                    settings: settings.clone(),
+                    resource: otlp_settings.resource.clone(),
+                    interval: otlp_settings.metric_interval,
+                    export_timeout: otlp_settings.metric_export_timeout,
+                    started: std::time::SystemTime::now(),
+                },
+                scraper.clone(),
+                otlp_stats.clone(),
+                Some(tokio::runtime::Handle::current()),
+            )?),
+            None => None,
+        };
+
+        let background = {
+            let scraper = scraper.clone();
+            let every = config.collection.background_interval;
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let s = scraper.clone();
+                    let _ = tokio::task::spawn_blocking(move || s.refresh()).await;
+                }
+            })
+        };
+
+        // SIGHUP reloads the configuration, as it does for Prometheus.
+        let hangups = {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Hangup)?;
+            let reloader = reloader.clone();
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP received, reloading the configuration");
+                    let r = reloader.clone();
+                    let _ = tokio::task::spawn_blocking(move || r.reload()).await;
+                }
+            })
+        };
+        // Handlers first: a SIGTERM right after the first ready answer must not kill the process
+        // with the default action before the server loop polls its shutdown future.
+        let shutdown = shutdown();
+        state.ready.store(true, Ordering::Relaxed);
+        tracing::info!(
+            address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            path = %options.telemetry_path,
+            tls = web.as_ref().is_some_and(|w| w.tls().is_some()),
+            basic_auth = web
+                .as_ref()
+                .is_some_and(|w| w.current().is_ok_and(|c| c.basic_auth.is_some())),
+            "serving metrics"
+        );
+        http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
+        background.abort();
+        hangups.abort();
+        // Send what is queued (bounded). The exporters block: on this worker, made a blocking
+        // thread for the time, not in the blocking pool, where it would queue behind scrapes still
+        // waiting for the agent.
+        tokio::task::block_in_place(move || {
+            if let Some(push) = metric_push {
+                push.shutdown(Duration::from_secs(1));
+            }
+            slow_calls.shutdown(Duration::from_secs(2));
+        });
+        // Dropping the agent detaches every program and closes every map.
+        drop(scraper);
+        if let Ok(agent) = Arc::try_unwrap(agent) {
+            drop(agent);
+        }
+        tracing::info!("stopped; all probes detached");
+        Ok(())
+    });
+    // Scrapes still queued for the agent when the server stopped are not waited for: their
+    // clients are gone, and a stop must not take as long as the queue.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    outcome
+}
+
+/// The OTLP resource of spans: the same attributes as the metrics push.
+fn resource(settings: &Settings) -> Resource {
+    Resource::builder_empty()
+        .with_attributes(
+            settings
+                .resource
+                .iter()
+                .map(|(k, v)| opentelemetry::KeyValue::new(k.clone(), v.clone())),
+        )
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(listen_address: &str, telemetry_path: &str) -> ServeOptions {
+        ServeOptions {
+            listen_address: listen_address.into(),
+            telemetry_path: telemetry_path.into(),
+            config_file: None,
+        }
+    }
+
+    fn never() -> impl Future<Output = ()> {
+        std::future::pending()
+    }
+
+    #[test]
+    fn a_telemetry_path_without_a_slash_is_refused_before_anything_runs() {
+        let err = run_exporter(
+            &options("127.0.0.1:0", "metrics"),
+            Config::default(),
+            None,
+            never,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--web.telemetry-path `metrics` must start with /"
+        );
+    }
+
+    #[test]
+    fn a_busy_port_is_refused_before_the_probes_load() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = taken.local_addr().unwrap().to_string();
+        // Without the check running first, this would load the probes (and fail without
+        // root, or take the node's tracepoints with it).
+        let err = run_exporter(
+            &options(&address, "/metrics"),
+            Config::default(),
+            None,
+            never,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, ServeError::Http(HttpError::Bind { .. })),
+            "{}",
+            Chain(&err)
+        );
+        assert!(err.to_string().contains(&address), "{err}");
+    }
+}
