@@ -11,6 +11,17 @@
 //!                             read has blocked (so each read lasts at least MS ms)
 //!   slow-pipe-read-timed N MS the same, then prints "read_ns=<n>" per read (its duration as
 //!                             measured here) and leaves the pipe open until the process exits
+//!   pipe-reads-then-exit N MS N reads of a pipe, each filled by a forked child MS ms after
+//!                             the read has blocked; prints "pipe_ino=<inode> pipe_dev=<maj>:<min>"
+//!                             (fstat) before the reads and exits right after the last one
+//!   fifo-read PATH            opens the FIFO PATH (read-write, so no writer is waited for),
+//!                             prints "fifo_fd=<fd>", makes one one-byte read (whoever writes
+//!                             the FIFO ends it) and exits at once
+//!   reused-fd-reads FIFO MS   a slow read of a pipe, then the same descriptor number reopened
+//!                             on the FIFO and a slow read of it, each filled by a thread
+//!                             MS ms after the read has blocked; prints "fd=<n>",
+//!                             "first_ino=<inode>" and "second_ino=<inode>" before the reads
+//!                             they describe, and exits right after the second
 //!   slow-pipe-burst N MS      N threads each block in a read of its own pipe; at least MS ms
 //!                             after all have blocked, early in a second of CLOCK_MONOTONIC
 //!                             (100-400 ms past it), all pipes are filled at once: N slow reads
@@ -70,7 +81,7 @@ use std::{
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | read-file PATH BYTES BS |\n         fd-kinds PATH NFILE NPIPE NSOCKET |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K | set-name NAME"
+        "usage: sysscope-workload STEP [STEP ...]\n  steps: join-cgroup DIR | getppid N | openat-missing N | sleep N MS | slow-pipe-read N MS |\n         slow-pipe-read-timed N MS | slow-pipe-burst N MS | pipe-reads-then-exit N MS |\n         fifo-read PATH | reused-fd-reads FIFO MS | read-file PATH BYTES BS |\n         fd-kinds PATH NFILE NPIPE NSOCKET |\n         read-loop PATH SECS BS | write-fsync PATH N BS | loop-getppid SECS THREADS |\n         loop-dd SECS THREADS BS | loop-read-file PATH SECS THREADS BS | rate-getppid RATE SECS |\n         stat PATH N | open-close PATH N | mmap N KB | epoll-wait N MS |\n         futex-contention THREADS N | small-writes PATH N BS | getppid-threads T N |\n         pin-cpu N | spin MS | fork-children N K PREFIX | wait-stdin |\n         invalid-syscalls FIRST COUNT | hold-children N K | set-name NAME"
     );
     std::process::exit(2)
 }
@@ -194,6 +205,20 @@ fn main() {
                 let ms = num(args.get(i + 2));
                 slow_pipe_read(n, ms, true);
                 i += 3;
+            }
+            "pipe-reads-then-exit" => {
+                let n = num(args.get(i + 1));
+                let ms = num(args.get(i + 2));
+                pipe_reads_then_exit(n, ms);
+            }
+            "fifo-read" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage());
+                fifo_read(path);
+            }
+            "reused-fd-reads" => {
+                let path = args.get(i + 1).unwrap_or_else(|| usage());
+                let ms = num(args.get(i + 2));
+                reused_fd_reads(path, ms);
             }
             "slow-pipe-burst" => {
                 let n = num(args.get(i + 1));
@@ -522,6 +547,116 @@ fn slow_pipe_read(n: u64, ms: u64, timed: bool) {
     }
 }
 
+/// Device and inode of descriptor `fd`'s file (fstat), the device as `MAJ:MIN`.
+fn fd_identity(fd: i32) -> (String, u64) {
+    // SAFETY: a zeroed stat buffer for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid buffer and a descriptor the caller holds.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    assert_eq!(r, 0, "fstat: {}", std::io::Error::last_os_error());
+    let dev = format!("{}:{}", libc::major(st.st_dev), libc::minor(st.st_dev));
+    (dev, st.st_ino)
+}
+
+/// One one-byte `read` of `fd` (a raw syscall: the call the tests sample).
+fn read_byte(fd: i32) {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte read into a local.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_read,
+            fd,
+            (&mut byte as *mut u8).cast::<u8>(),
+            1usize,
+        )
+    };
+    assert_eq!(r, 1, "read: {}", std::io::Error::last_os_error());
+}
+
+/// The slow call of a short-lived process: `n` reads of a pipe, each filled by a child `ms` ms
+/// after the read has blocked, and the exit right after the last read, before anyone could
+/// look the descriptor up in `/proc`.
+fn pipe_reads_then_exit(n: u64, ms: u64) -> ! {
+    let (rd, wr) = pipe_pair();
+    let (dev, ino) = fd_identity(rd);
+    println!("pipe_ino={ino} pipe_dev={dev}");
+    let _ = std::io::stdout().flush();
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: this process has one thread here, so the child may use the allocator; it makes
+    // no read calls of its own (it polls /proc with pread) and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: the child's copy of the read end, not used by it.
+        unsafe { libc::close(rd) };
+        let blocked = format!("/proc/{parent}/task/{parent}/syscall");
+        for _ in 0..n {
+            wait_until_blocked_at(&blocked, &format!("{} {:#x} ", libc::SYS_read, rd));
+            std::thread::sleep(Duration::from_millis(ms));
+            // SAFETY: one byte from a valid buffer to our pipe; _exit cannot fail.
+            unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
+        }
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) };
+    }
+    for _ in 0..n {
+        read_byte(rd);
+    }
+    // At once: no descriptor is closed, no child waited for.
+    std::process::exit(0);
+}
+
+/// One slow read of a FIFO another process fills, then the exit at once.
+fn fifo_read(path: &str) -> ! {
+    let fd = open_or_exit(path, libc::O_RDWR);
+    println!("fifo_fd={fd}");
+    let _ = std::io::stdout().flush();
+    read_byte(fd);
+    std::process::exit(0);
+}
+
+/// A descriptor number that names two files in turn, each read slowly: a pipe, then the FIFO
+/// at `path` opened on the same number.
+fn reused_fd_reads(path: &str, ms: u64) -> ! {
+    let (rd, wr) = pipe_pair();
+    println!("fd={rd}");
+    println!("first_ino={}", fd_identity(rd).1);
+    let _ = std::io::stdout().flush();
+    slow_read_filled_by(rd, wr, ms);
+    // SAFETY: our own descriptors; dup2 makes `rd` name the FIFO.
+    unsafe {
+        libc::close(wr);
+        libc::close(rd);
+    }
+    // The lowest free number is `rd` again, unless another thread took it meanwhile.
+    let fifo = open_or_exit(path, libc::O_RDWR);
+    if fifo != rd {
+        // SAFETY: as above.
+        let r = unsafe { libc::dup2(fifo, rd) };
+        assert_eq!(r, rd, "dup2: {}", std::io::Error::last_os_error());
+        // SAFETY: as above.
+        unsafe { libc::close(fifo) };
+    }
+    println!("second_ino={}", fd_identity(rd).1);
+    let _ = std::io::stdout().flush();
+    // The FIFO is open read-write: a write to the same descriptor fills it.
+    slow_read_filled_by(rd, rd, ms);
+    std::process::exit(0);
+}
+
+/// One read of `rd` that a thread fills through `wr`, `ms` ms after the read has blocked.
+fn slow_read_filled_by(rd: i32, wr: i32, ms: u64) {
+    let reader = gettid();
+    let writer = std::thread::spawn(move || {
+        wait_until_blocked_in_read(reader, rd);
+        std::thread::sleep(Duration::from_millis(ms));
+        // SAFETY: one byte from a valid buffer to a descriptor the reader holds open.
+        unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
+    });
+    read_byte(rd);
+    writer.join().unwrap();
+}
+
 /// This thread's id (the main thread's is the process id).
 fn gettid() -> libc::pid_t {
     // SAFETY: gettid has no preconditions.
@@ -540,12 +675,16 @@ fn wait_until_blocked_in_read(tid: libc::pid_t, fd: i32) {
 /// with pread, so the waiting adds no `read` calls (the calls the tests sample). Without the
 /// file (a kernel built without it), returns at once.
 fn wait_until_blocked_in(tid: libc::pid_t, prefix: &str) {
+    wait_until_blocked_at(&format!("/proc/self/task/{tid}/syscall"), prefix);
+}
+
+/// [`wait_until_blocked_in`] for the thread whose `syscall` file is `path` (of any process).
+fn wait_until_blocked_at(path: &str, prefix: &str) {
     use std::os::unix::fs::FileExt;
-    let path = format!("/proc/self/task/{tid}/syscall");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut buf = [0u8; 128];
     while Instant::now() < deadline {
-        let Ok(file) = std::fs::File::open(&path) else {
+        let Ok(file) = std::fs::File::open(path) else {
             return;
         };
         let Ok(len) = file.read_at(&mut buf, 0) else {
