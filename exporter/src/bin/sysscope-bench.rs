@@ -1,12 +1,18 @@
 //! Helpers of the benchmarks in `bench/` (not installed with sysscope, not used by the exporter).
 //!
 //! ```text
-//! sysscope-bench attach [--object PATH] [--stats off|sampled|always] PROGRAM[=TRACEPOINT] ...
+//! sysscope-bench attach [--object PATH] [--stats off|sampled|always] [--slow SYSCALL]...
+//!                       [--no-paths] PROGRAM[=TRACEPOINT] ...
 //!     Loads the probes object (the embedded one, or another build of it) and attaches just the
 //!     named raw-tracepoint programs, e.g. `empty_sys_enter empty_sys_exit`, the calibration
 //!     floor of the overhead benchmark. Prints `attached` when done, then holds the programs
 //!     until stdin is closed, SIGINT or SIGTERM. BPF run-time statistics are left off unless
-//!     `--stats` asks for them (as `collection.probe_stats` does for sysscope).
+//!     `--stats` asks for them (as `collection.probe_stats` does for sysscope). `--slow read`
+//!     makes every `read` a slow call (threshold 1 ns, no rate limit), whose records (the event
+//!     and its file's identity and path, read in the kernel) a thread drains from the ring
+//!     buffer as the exporter's reader does, without enriching them: what a slow call costs the
+//!     probes. `--no-paths` reads the file's identity but no path
+//!     (`slow_calls.resolve_file_paths = false`).
 //!
 //! sysscope-bench fill --pid PID --entries N
 //!     Fills the syscall statistics table of the running exporter PID with N synthetic entries
@@ -20,12 +26,13 @@
 
 use std::{
     io::{BufRead, Write},
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     time::Instant,
 };
 
 use anyhow::{bail, Context};
-use aya::maps::{Map, MapData, MapInfo};
+use aya::maps::{Array, Map, MapData, MapInfo, RingBuf};
 use sysscope::{
     config::{Config, ProbeStatsMode},
     kernel::syscalls::{SyscallStatsTable, TableMaps},
@@ -37,7 +44,7 @@ use sysscope_abi::{hist, maps, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-bench attach [--object PATH] [--stats off|sampled|always] PROGRAM[=TRACEPOINT] ...\n       \
+        "usage: sysscope-bench attach [--object PATH] [--stats off|sampled|always] [--slow SYSCALL]... [--no-paths] PROGRAM[=TRACEPOINT] ...\n       \
          sysscope-bench fill --pid PID --entries N"
     );
     std::process::exit(2)
@@ -75,15 +82,20 @@ fn default_tracepoint(program: &str) -> Option<&'static str> {
 fn attach(args: &[String]) -> anyhow::Result<()> {
     let mut object: Option<PathBuf> = None;
     let options = LoadOptions::default();
-    let mut config = Config::default();
-    config.collection.probe_stats = ProbeStatsMode::Off;
+    let mut stats = ProbeStatsMode::Off;
+    let mut slow: Vec<String> = Vec::new();
+    let mut paths = true;
     let mut programs = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        if arg == "--object" {
+        if arg == "--slow" {
+            slow.push(it.next().unwrap_or_else(|| usage()).clone());
+        } else if arg == "--no-paths" {
+            paths = false;
+        } else if arg == "--object" {
             object = Some(it.next().unwrap_or_else(|| usage()).into());
         } else if arg == "--stats" {
-            config.collection.probe_stats = match it.next().map(String::as_str) {
+            stats = match it.next().map(String::as_str) {
                 Some("off") => ProbeStatsMode::Off,
                 Some("sampled") => ProbeStatsMode::Sampled,
                 Some("always") => ProbeStatsMode::Always,
@@ -104,6 +116,13 @@ fn attach(args: &[String]) -> anyhow::Result<()> {
     if programs.is_empty() {
         usage();
     }
+    // Parsed without the exporter's validation, which caps the rate at what a node should
+    // see: here every call of the syscalls named is to be sampled.
+    let mut config: Config = toml::from_str(&format!(
+        "[slow_calls]\nmax_events_per_second = {}\nresolve_file_paths = {paths}\n",
+        u32::MAX
+    ))?;
+    config.collection.probe_stats = stats;
     let mut probes = match &object {
         Some(path) => {
             let bytes =
@@ -122,11 +141,52 @@ fn attach(args: &[String]) -> anyhow::Result<()> {
     for (program, tracepoint) in &programs {
         probes.attach_raw_tracepoint("bench", program, tracepoint)?;
     }
+    // After the programs are loaded (they hold the maps' descriptors from then on); the
+    // thresholds are held until the end.
+    let _thresholds = if slow.is_empty() {
+        None
+    } else {
+        Some(sample_every_call(&mut probes, &slow)?)
+    };
     println!("attached");
     std::io::stdout().flush()?;
     wait_for_end();
     drop(probes);
     Ok(())
+}
+
+/// Makes every call of the syscalls `names` a slow call (threshold 1 ns), and drains their
+/// records on a thread of its own: woken by the ring buffer's descriptor, as the exporter's
+/// reader is, each record copied out and dropped.
+fn sample_every_call(probes: &mut Probes, names: &[String]) -> anyhow::Result<Array<MapData, u64>> {
+    let mut thresholds: Array<MapData, u64> =
+        Array::try_from(probes.take_map(maps::SLOW_THRESHOLDS)?)?;
+    for name in names {
+        let nr = (0..MAX_SYSCALL_NR)
+            .find(|nr| syscall_table::name(*nr) == Some(name.as_str()))
+            .with_context(|| format!("--slow {name}: no such syscall"))?;
+        thresholds.set(nr, 1, 0)?;
+    }
+    let mut ring = RingBuf::try_from(probes.take_map(maps::SLOW_EVENTS)?)?;
+    std::thread::spawn(move || {
+        let mut record = Vec::with_capacity(1024);
+        loop {
+            let mut poll = libc::pollfd {
+                fd: ring.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, ours, for the call's duration.
+            if unsafe { libc::poll(&mut poll, 1, -1) } < 0 {
+                return;
+            }
+            while let Some(item) = ring.next() {
+                record.clear();
+                record.extend_from_slice(&item);
+            }
+        }
+    });
+    Ok(thresholds)
 }
 
 /// Blocks until stdin reaches its end or SIGINT/SIGTERM arrives.
