@@ -34,6 +34,9 @@ from typing import Callable, Optional
 
 SCHEMA = "sysscope-bench-overhead/1"
 
+# sysscope's syscall programs, as the `probes` configurations attach them.
+PROBE_PROGRAMS = ["sched_process_exit", "cgroup_attach_task", "sys_exit", "sys_enter"]
+
 # Programs that run once per syscall (raw_syscalls sys_enter / sys_exit) when attached.
 SYSCALL_PROGRAMS = {"sys_enter", "sys_exit", "empty_sys_enter", "empty_sys_exit"}
 
@@ -288,6 +291,12 @@ class Bench:
         with open(self.read_file, "rb") as f:  # into the page cache
             while f.read(1 << 20):
                 pass
+        # The same file 8 directories deeper (a hard link): what a slow call's path walk
+        # meets on a dataset's shard more than on a file at the top of /tmp.
+        deep = self.tmp.joinpath("data", "team", "datasets", "imagenet", "train", "shards", "n01440764", "part")
+        deep.mkdir(parents=True)
+        self.deep_file = deep / "read-heavy.dat"
+        os.link(self.read_file, self.deep_file)
         self.own_pids: set[int] = {os.getpid()}
 
     # -- configurations ------------------------------------------------------------------------
@@ -307,7 +316,13 @@ class Bench:
             spec, _, obj = name.split(":", 1)[1].removesuffix("+stats").partition("@")
             return self.start_attach(name, spec.split("+"), obj or None)
         if name in ("probes", "probes+stats"):
-            return self.start_attach(name, ["sched_process_exit", "cgroup_attach_task", "sys_exit", "sys_enter"])
+            return self.start_attach(name, PROBE_PROGRAMS)
+        if name.removesuffix("+stats") in ("slow-reads", "slow-reads-nopath"):
+            # The same programs with every read a slow call (no rate limit), its record drained
+            # by a thread: what a slow call costs the probes, the file's path walked in the
+            # kernel or (nopath) its identity read without the walk.
+            extra = ["--slow", "read"] + (["--no-paths"] if "nopath" in name else [])
+            return self.start_attach(name, PROBE_PROGRAMS, extra=extra)
         if name == "sysscope-syscalls":
             return self.start_exporter(name, SYSSCOPE_SYSCALLS_ONLY)
         if name == "sysscope":
@@ -352,8 +367,9 @@ class Bench:
 
         return stop
 
-    def start_attach(self, name: str, programs: list[str], obj: Optional[str] = None) -> Running:
-        cmd = [str(self.bin / "sysscope-bench"), "attach"]
+    def start_attach(self, name: str, programs: list[str], obj: Optional[str] = None,
+                     extra: Optional[list[str]] = None) -> Running:
+        cmd = [str(self.bin / "sysscope-bench"), "attach"] + (extra or [])
         if name.endswith("+stats"):
             cmd += ["--stats", "always"]
         if obj or self.args.object:
@@ -431,6 +447,8 @@ class Bench:
             step = ["loop-pingpong", s, str(threads)]
         elif workload == "read":
             step = ["loop-read-file", str(self.read_file), s, str(threads), "4096"]
+        elif workload == "read-deep":
+            step = ["loop-read-file", str(self.deep_file), s, str(threads), "4096"]
         else:
             raise SystemExit(f"unknown workload {workload!r}")
         # wait-stdin: the tracer's own start-up stays outside the measured window.
@@ -631,6 +649,22 @@ def targets(rows: list[dict]) -> list[dict]:
         ratio(rows, "perf-trace", "sysscope", "getppid", 1), ">= 30", lambda v: v >= 30)
     add("strace -c added / sysscope added (getppid, 1 thread)", ratio(rows, "strace", "sysscope", "getppid", 1),
         ">= 200", lambda v: v >= 200)
+    # A slow call's cost: every read sampled, beside the same programs without (CPU of the
+    # workload and of the thread draining the records), and the path walk alone (the
+    # programs' run time per call, with or without the walk, when statistics were on).
+    get = {(r["config"], r["workload"], r["threads"]): r for r in rows}
+    for wl in ("read", "read-deep"):
+        for stats in ("", "+stats"):
+            for cfg, base, what, col in (
+                ("slow-reads", "probes", "slow call with its path", "cpu_ns_added"),
+                ("slow-reads-nopath", "probes", "slow call, identity only", "cpu_ns_added"),
+                ("slow-reads", "slow-reads-nopath", "path walk alone", "cpu_ns_added"),
+                ("slow-reads", "slow-reads-nopath", "path walk alone, bpf run time", "bpf_ns_per_syscall"),
+            ):
+                a, b = get.get((cfg + stats, wl, 1)), get.get((base + stats, wl, 1))
+                if a and b and a.get(col) is not None and b.get(col) is not None:
+                    out.append({"target": f"  ns per {what} ({wl}{stats}, 1 thread)",
+                                "value": round(a[col] - b[col], 1), "goal": "(no goal)", "met": None})
     for wl in ("getppid", "dd", "read"):
         add(f"sysscope 2-thread loss / 1-thread loss ({wl})", scaling(rows, "sysscope", wl),
             "<= 1 (within 10% noise)", lambda v: v <= 1.10)
@@ -694,11 +728,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--seconds", type=float, help="length of one measured cell")
     ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, clock, "
-                    "empty+stats, probes, probes+stats, sysscope-syscalls, sysscope, sysscope-nofd, sysscope+stats, "
-                    "bpftrace, "
+                    "empty+stats, probes, probes+stats, slow-reads, slow-reads-nopath (+stats: every read a "
+                    "slow call), sysscope-syscalls, sysscope, sysscope-nofd, sysscope+stats, bpftrace, "
                     "perf-trace, strace, or attach:PROG+PROG...[@OBJECT][+stats] for chosen programs of the "
                     "object (or of another build of it)")
-    ap.add_argument("--workloads", default="getppid,dd,read")
+    ap.add_argument("--workloads", default="getppid,dd,read",
+                    help="comma-separated: getppid, dd, read, read-deep (the read file 8 directories deeper), "
+                    "pingpong")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--object", help="another build of the probes object (compares probe variants)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

@@ -3,9 +3,9 @@
 //! Everything the kernel side writes and user space reads is declared here once, one module
 //! per probe family, mirroring `ebpf/probes/src` and `exporter/src/kernel`: `syscalls`
 //! (statistics, errors, exits, slow-call samples), `block_io`, `trace` (the on-demand trace),
-//! `fd_class` (the descriptor classification), `counters` (the probes' own drop counters),
-//! `empty` (the benchmark's calibration programs), and `hist`, the latency bucket layout the
-//! families share. Each family declares its maps, programs and globals with the macros of
+//! `fd_class` (descriptor classes, and the file behind a slow call's descriptor), `counters`
+//! (the probes' own drop counters), `empty` (the benchmark's calibration programs), and
+//! `hist`, the latency bucket layout the families share. Each family declares its maps, programs and globals with the macros of
 //! `contract.rs`: a name constant each and, with the `user` feature, a spec table
 //! (`FAMILIES`) the exporter checks against the embedded object.
 //!
@@ -32,17 +32,17 @@ pub use block_io::{
     block_op, charged_cgroup, dev, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
     BlockProbeConfig, BlockStats, BlockTraceEvent,
 };
-pub use fd_class::{FdCache, FdClass, FdProbeConfig};
+pub use fd_class::{FdCache, FdClass, FdProbeConfig, FileIdentity, FileProbeConfig};
 pub use hist::LatencyHistogram;
 pub use syscalls::{
     bounded_nr, noreturn, slot_cache, CpuState, ErrnoKey, ProcessExit, RateWindow, SlotStats,
-    SlowCallEvent, SyscallKey, SyscallStats, ThreadSpill, FOLDED_TGID, INVALID_NR,
+    SlowCallEvent, SlowCallScratch, SyscallKey, SyscallStats, ThreadSpill, FOLDED_TGID, INVALID_NR,
     MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 pub use trace::{trace_flags, TraceEvent, TraceThread, TRACE_PATH_LEN};
 
 /// Marks a struct member that does not exist on the running kernel in the offsets the loader
-/// looks up in the kernel's BTF ([`BlockProbeConfig`], [`FdProbeConfig`]).
+/// looks up in the kernel's BTF ([`BlockProbeConfig`], [`FdProbeConfig`], [`FileProbeConfig`]).
 pub const NO_FIELD: u32 = u32::MAX;
 
 /// Names of every family's maps, as user space looks them up in the loaded object.

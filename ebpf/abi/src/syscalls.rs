@@ -2,7 +2,7 @@
 //! per-CPU calls in flight, the table of statistics slots, errors by errno, process exits and
 //! slow-call samples, with the syscall numbers the probes bound or special-case.
 
-use crate::{hist, FdCache, FdClass, LatencyHistogram};
+use crate::{fd_class::file, hist, FdCache, FdClass, FileIdentity, LatencyHistogram};
 
 maps! {
     /// Task-local storage: the calls in flight of tasks switched out mid-call ([`crate::ThreadSpill`];
@@ -30,8 +30,10 @@ maps! {
     SLOW_THRESHOLDS: Array(u32 => u64),
     /// Per-CPU window of the slow-call rate limiter.
     SLOW_RATE: PerCpuArray(u32 => RateWindow),
-    /// Ring buffer of [`crate::SlowCallEvent`] records.
+    /// Ring buffer of slow-call records: a [`crate::SlowCallEvent`], then its file's name.
     SLOW_EVENTS: RingBuf(() => SlowCallEvent),
+    /// Per-CPU: where a slow-call record is built ([`crate::SlowCallScratch`]).
+    SLOW_SCRATCH: PerCpuArray(u32 => SlowCallScratch),
 }
 
 programs! {
@@ -318,6 +320,25 @@ pub struct SlowCallEvent {
     /// The six syscall arguments as passed in registers.
     pub args: [u64; 6],
     pub comm: [u8; 16],
+    /// The file of the descriptor the call names, read at its exit (its name, when the
+    /// kernel read one, follows the event in the record).
+    pub file: FileIdentity,
+}
+
+/// A slow-call record as the probe builds it, in its CPU's `SLOW_SCRATCH` value, before it
+/// copies the event and the first bytes of `name` (as many as the name has) to `SLOW_EVENTS`:
+/// a record is a [`SlowCallEvent`] followed by its file's name, so a call without one costs
+/// the ring buffer no more than the event. The path is walked from the file up, so it is
+/// written backwards in `work`, then copied to `name`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SlowCallScratch {
+    pub event: SlowCallEvent,
+    pub name: [u8; file::NAME_BYTES],
+    pub work: [u8; file::NAME_BYTES + file::COMPONENT_BYTES],
+    /// Where the walk has got to in `work` (kept in memory: see the probe's `walk_path`).
+    pub walk_pos: u32,
+    pub _pad: u32,
 }
 
 pod!(
@@ -340,7 +361,11 @@ const _: () = {
     assert!(size_of::<ErrnoKey>() == 24);
     assert!(size_of::<ProcessExit>() == 32);
     assert!(size_of::<RateWindow>() == 16);
-    assert!(size_of::<SlowCallEvent>() == 120);
+    assert!(size_of::<SlowCallEvent>() == 144);
+    assert!(
+        size_of::<SlowCallScratch>()
+            == size_of::<SlowCallEvent>() + 2 * file::NAME_BYTES + file::COMPONENT_BYTES + 8
+    );
     assert!(size_of::<ThreadSpill>() == 24);
     assert!(
         size_of::<CpuState>()

@@ -10,7 +10,8 @@
 //! the per-cgroup quota; user space's side is `exporter/src/kernel/syscalls.rs`),
 //! `SYSCALL_ERRORS` ((cgroup, tgid, nr, errno) -> count, atomic adds), `PROCESS_EXITS` (tgid ->
 //! comm at exit, for reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate
-//! window), `SLOW_EVENTS` (ring buffer).
+//! window), `SLOW_SCRATCH` (per CPU: a slow-call record being built), `SLOW_EVENTS` (ring
+//! buffer: the record, with the file of the call's descriptor read by `fd_class.rs`).
 //!
 //! The hot path (docs/performance.md) per syscall: two clock reads (unavoidable for a
 //! duration); the call in flight kept in the CPU's own `SYSCALL_CPU` value (an inlined array
@@ -58,9 +59,11 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    bounded_nr, counters, fd_class, hist, noreturn, slot_cache, CpuState, ErrnoKey, FdClass,
-    ProcessExit, RateWindow, SlotStats, SlowCallEvent, SyscallKey, ThreadSpill, FOLDED_TGID,
-    INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    bounded_nr, counters,
+    fd_class::{self, file},
+    hist, noreturn, slot_cache, CpuState, ErrnoKey, FdClass, FileIdentity, ProcessExit, RateWindow,
+    SlotStats, SlowCallEvent, SlowCallScratch, SyscallKey, ThreadSpill, FOLDED_TGID, INVALID_NR,
+    MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
@@ -172,6 +175,10 @@ static SLOW_RATE: PerCpuArray<RateWindow> = PerCpuArray::with_max_entries(1, 0);
 
 #[map(name = "SLOW_EVENTS")]
 static SLOW_EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Where a slow-call record is built before it goes to `SLOW_EVENTS` (see `SlowCallScratch`).
+#[map(name = "SLOW_SCRATCH")]
+static SLOW_SCRATCH: PerCpuArray<SlowCallScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Slow-call events each CPU may emit per second; set by the loader (0: sampling off).
 #[unsafe(no_mangle)]
@@ -354,8 +361,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     if let Some(threshold) = SLOW_THRESHOLDS.get(key.nr) {
         let threshold = *threshold;
         if threshold != 0 && duration >= threshold {
-            let tid = bpf_get_current_pid_tgid() as u32;
-            sample_slow_call(&ctx, &key, tid, start_ns, now, ret);
+            sample_slow_call(ctx.arg::<*const u8>(0), &key, start_ns, now, ret);
         }
     }
     0
@@ -702,17 +708,11 @@ fn insert_error(key: &ErrnoKey) -> bool {
     }
 }
 
-/// Writes one slow call to the ring buffer, within the per-CPU events-per-second budget.
-/// (Inlined: BPF functions take at most five arguments.)
-#[inline(always)]
-fn sample_slow_call(
-    ctx: &RawTracePointContext,
-    key: &SyscallKey,
-    tid: u32,
-    start_ns: u64,
-    end_ns: u64,
-    ret: i64,
-) {
+/// Writes one slow call to the ring buffer, within the per-CPU events-per-second budget; `regs`
+/// is the tracepoint's `pt_regs`. A BPF subprogram: its work runs for slow calls only, and
+/// inlined it would take registers from `sys_exit`'s common path.
+#[inline(never)]
+fn sample_slow_call(regs: *const u8, key: &SyscallKey, start_ns: u64, end_ns: u64, ret: i64) {
     // SAFETY: a global the loader sets before the load, read as a whole.
     let limit = unsafe { core::ptr::read_volatile(&SLOW_EVENTS_PER_CPU_PER_SEC) } as u64;
     if limit == 0 {
@@ -734,27 +734,59 @@ fn sample_slow_call(
         return;
     }
     window.events += 1;
-    let Some(mut entry) = SLOW_EVENTS.reserve::<SlowCallEvent>(0) else {
-        count_drop(counters::SLOW_RINGBUF_FULL);
+    let Some(record) = SLOW_SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: a ring-buffer record reserved for this program, of this type, until it is submitted.
-    let event = unsafe { &mut *entry.as_mut_ptr() };
+    // SAFETY: this CPU's value of a per-CPU array, valid while the program runs (programs do
+    // not nest on a CPU). Every field of the event is written below: the value is reused.
+    let record = unsafe { &mut *record };
+    let event = &mut record.event;
     event.start_ns = start_ns;
     event.end_ns = end_ns;
     event.cgroup_id = key.cgroup_id;
     event.tgid = key.tgid;
-    event.tid = tid;
+    event.tid = bpf_get_current_pid_tgid() as u32;
     event.nr = key.nr;
     event._pad = 0;
     event.fd = key.fd;
     event.ret = ret;
-    let regs = ctx.arg::<*const u8>(0);
     read_syscall_args(regs, &mut event.args);
     event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    let name_len = name_file(key.nr, ret, record);
+    // The event and as many bytes of the name as it has. (A name is never longer than
+    // NAME_BYTES: the mask and the check only prove it to the verifier.)
+    let len = size_of::<SlowCallEvent>() + (name_len as usize & (file::NAME_BYTES * 2 - 1));
+    if len > size_of::<SlowCallEvent>() + file::NAME_BYTES {
+        return;
+    }
+    // SAFETY: `len` bytes of this CPU's scratch value, which holds the event and NAME_BYTES
+    // of name after it.
+    let bytes = unsafe {
+        core::slice::from_raw_parts((record as *const SlowCallScratch).cast::<u8>(), len)
+    };
     // Wake the reader for every record. By default the kernel wakes it only when it has read
     // everything before this record, so one missed wake-up leaves records waiting for an
-    // unrelated one: spans arrived seconds late, and the process whose descriptor path is read
-    // from /proc had exited by then. Records are rate-limited, so the wake-ups are too.
-    entry.submit(BPF_RB_FORCE_WAKEUP as u64);
+    // unrelated one: spans arrived seconds late. Records are rate-limited, so the wake-ups are
+    // too.
+    if SLOW_EVENTS
+        .output::<[u8]>(bytes, BPF_RB_FORCE_WAKEUP as u64)
+        .is_err()
+    {
+        count_drop(counters::SLOW_RINGBUF_FULL);
+    }
+}
+
+/// Reads the file of the descriptor slow call `nr` names into `record` (identity, and the
+/// name that follows the event), while the descriptor is still open; returns the name's
+/// length. The process may exit or close the descriptor right after the call, so user space
+/// could not read it from `/proc` reliably, nor tell a reused descriptor number apart.
+#[inline(always)]
+fn name_file(nr: u32, ret: i64, record: &mut SlowCallScratch) -> u32 {
+    match crate::fd_class::slow_call_fd(nr, &record.event.args, ret) {
+        Some(fd) => crate::fd_class::describe_file(fd, record),
+        None => {
+            record.event.file = FileIdentity::NONE;
+            0
+        }
+    }
 }

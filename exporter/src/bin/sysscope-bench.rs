@@ -1,12 +1,18 @@
 //! Helpers of the benchmarks in `bench/` (not installed with sysscope, not used by the exporter).
 //!
 //! ```text
-//! sysscope-bench attach [--object PATH] [--stats off|sampled|always] PROGRAM[=TRACEPOINT] ...
+//! sysscope-bench attach [--object PATH] [--stats off|sampled|always] [--slow SYSCALL]...
+//!                       [--no-paths] PROGRAM[=TRACEPOINT] ...
 //!     Loads the probes object (the embedded one, or another build of it) and attaches just the
 //!     named raw-tracepoint programs, e.g. `empty_sys_enter empty_sys_exit`, the calibration
 //!     floor of the overhead benchmark. Prints `attached` when done, then holds the programs
 //!     until stdin is closed, SIGINT or SIGTERM. BPF run-time statistics are left off unless
-//!     `--stats` asks for them (as `collection.probe_stats` does for sysscope).
+//!     `--stats` asks for them (as `collection.probe_stats` does for sysscope). `--slow read`
+//!     makes every `read` a slow call (threshold 1 ns, no rate limit), whose records (the event
+//!     and its file's identity and path, read in the kernel) a thread drains from the ring
+//!     buffer as the exporter's reader does, without enriching them: what a slow call costs the
+//!     probes. `--no-paths` reads the file's identity but no path
+//!     (`slow_calls.resolve_file_paths = false`).
 //!
 //! sysscope-bench fill --pid PID --entries N
 //!     Fills the syscall statistics table of the running exporter PID with N synthetic entries
@@ -20,6 +26,7 @@
 
 use std::{
     io::{BufRead, Write},
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     time::Instant,
 };
@@ -27,7 +34,8 @@ use std::{
 use anyhow::{bail, Context};
 use sysscope::{
     config::{Config, ProbeStatsMode},
-    kernel::syscalls::SyscallStatsTable,
+    kernel::slow_events::SlowEvents,
+    kernel::syscalls::{SlowThresholds, SyscallStatsTable},
     kernel::{LoadOptions, Probes},
     metadata::cgroups,
     syscall_table,
@@ -36,7 +44,7 @@ use sysscope_abi::{hist, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-bench attach [--object PATH] [--stats off|sampled|always] PROGRAM[=TRACEPOINT] ...\n       \
+        "usage: sysscope-bench attach [--object PATH] [--stats off|sampled|always] [--slow SYSCALL]... [--no-paths] PROGRAM[=TRACEPOINT] ...\n       \
          sysscope-bench fill --pid PID --entries N"
     );
     std::process::exit(2)
@@ -74,15 +82,20 @@ fn default_tracepoint(program: &str) -> Option<&'static str> {
 fn attach(args: &[String]) -> anyhow::Result<()> {
     let mut object: Option<PathBuf> = None;
     let options = LoadOptions::default();
-    let mut config = Config::default();
-    config.collection.probe_stats = ProbeStatsMode::Off;
+    let mut stats = ProbeStatsMode::Off;
+    let mut slow: Vec<String> = Vec::new();
+    let mut paths = true;
     let mut programs = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        if arg == "--object" {
+        if arg == "--slow" {
+            slow.push(it.next().unwrap_or_else(|| usage()).clone());
+        } else if arg == "--no-paths" {
+            paths = false;
+        } else if arg == "--object" {
             object = Some(it.next().unwrap_or_else(|| usage()).into());
         } else if arg == "--stats" {
-            config.collection.probe_stats = match it.next().map(String::as_str) {
+            stats = match it.next().map(String::as_str) {
                 Some("off") => ProbeStatsMode::Off,
                 Some("sampled") => ProbeStatsMode::Sampled,
                 Some("always") => ProbeStatsMode::Always,
@@ -103,6 +116,13 @@ fn attach(args: &[String]) -> anyhow::Result<()> {
     if programs.is_empty() {
         usage();
     }
+    // Parsed without the exporter's validation, which caps the rate at what a node should
+    // see: here every call of the syscalls named is to be sampled.
+    let mut config: Config = toml::from_str(&format!(
+        "[slow_calls]\nmax_events_per_second = {}\nresolve_file_paths = {paths}\n",
+        u32::MAX
+    ))?;
+    config.collection.probe_stats = stats;
     let mut probes = match &object {
         Some(path) => {
             let bytes =
@@ -121,11 +141,48 @@ fn attach(args: &[String]) -> anyhow::Result<()> {
     for (program, tracepoint) in &programs {
         probes.attach_raw_tracepoint("bench", program, tracepoint)?;
     }
+    // After the programs are loaded (they hold the maps' descriptors from then on); the
+    // thresholds are held until the end.
+    let _thresholds = if slow.is_empty() {
+        None
+    } else {
+        Some(sample_every_call(&mut probes, &slow)?)
+    };
     println!("attached");
     std::io::stdout().flush()?;
     wait_for_end();
     drop(probes);
     Ok(())
+}
+
+/// Makes every call of the syscalls `names` a slow call (threshold 1 ns), and drains their
+/// records on a thread of its own: woken by the ring buffer's descriptor, as the exporter's
+/// reader is, each record copied out and dropped.
+fn sample_every_call(probes: &mut Probes, names: &[String]) -> anyhow::Result<SlowThresholds> {
+    let mut thresholds = SlowThresholds::take(probes)?;
+    let mut every = vec![0u64; MAX_SYSCALL_NR as usize];
+    for name in names {
+        let nr = (0..MAX_SYSCALL_NR)
+            .find(|nr| syscall_table::name(*nr) == Some(name.as_str()))
+            .with_context(|| format!("--slow {name}: no such syscall"))?;
+        every[nr as usize] = 1;
+    }
+    thresholds.write(&every)?;
+    let mut ring = SlowEvents::take(probes)?;
+    std::thread::spawn(move || loop {
+        let mut poll = libc::pollfd {
+            fd: ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, ours, for the call's duration.
+        if unsafe { libc::poll(&mut poll, 1, -1) } < 0 {
+            return;
+        }
+        // Each record copied out and dropped, as the exporter's reader first does.
+        ring.by_ref().for_each(drop);
+    });
+    Ok(thresholds)
 }
 
 /// Blocks until stdin reaches its end or SIGINT/SIGTERM arrives.

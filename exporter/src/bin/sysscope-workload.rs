@@ -121,6 +121,31 @@ const STEPS: &[Step] = &[
         run: |a| slow_pipe_read(a.num(0), a.num(1), true),
     },
     Step {
+        name: "pipe-reads-then-exit",
+        args: "N MS",
+        help: "N reads of a pipe, each filled by a forked child MS ms after the read has blocked; \
+               prints \"pipe_ino=<inode> pipe_dev=<maj>:<min>\" (fstat) before the reads and \
+               exits right after the last one",
+        run: |a| pipe_reads_then_exit(a.num(0), a.num(1)),
+    },
+    Step {
+        name: "fifo-read",
+        args: "PATH",
+        help: "opens the FIFO PATH (read-write, so no writer is waited for), prints \
+               \"fifo_fd=<fd>\", makes one one-byte read (whoever writes the FIFO ends it) and \
+               exits at once",
+        run: |a| fifo_read(a.str(0)),
+    },
+    Step {
+        name: "reused-fd-reads",
+        args: "FIFO MS",
+        help: "a slow read of a pipe, then the same descriptor number reopened on the FIFO and a \
+               slow read of it, each filled by a thread MS ms after the read has blocked; prints \
+               \"fd=<n>\", \"first_ino=<inode>\" and \"second_ino=<inode>\" before the reads they \
+               describe, and exits right after the second",
+        run: |a| reused_fd_reads(a.str(0), a.num(1)),
+    },
+    Step {
         name: "slow-pipe-burst",
         args: "N MS",
         help: "N threads each block in a read of its own pipe; at least MS ms after all have \
@@ -1178,4 +1203,133 @@ fn hold_children(n: u64, k: u64) {
         // SAFETY: waiting for our own child.
         unsafe { libc::waitpid(pid, &mut status, 0) };
     }
+}
+
+/// The slow call of a short-lived process: `n` reads of a pipe, each filled by a child `ms` ms
+/// after the read has blocked, and the exit right after the last read, before anyone could
+/// look the descriptor up in `/proc`.
+fn pipe_reads_then_exit(n: u64, ms: u64) -> ! {
+    let (rd, wr) = pipe_pair();
+    let (dev, ino) = fd_identity(rd);
+    println!("pipe_ino={ino} pipe_dev={dev}");
+    let _ = std::io::stdout().flush();
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: this process has one thread here, so the child may use the allocator; it makes
+    // no read calls of its own (it polls /proc with pread) and _exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: the child's copy of the read end, not used by it.
+        unsafe { libc::close(rd) };
+        let blocked = format!("/proc/{parent}/task/{parent}/syscall");
+        for _ in 0..n {
+            wait_until_blocked_at(&blocked, &format!("{} {:#x} ", libc::SYS_read, rd));
+            std::thread::sleep(Duration::from_millis(ms));
+            // SAFETY: one byte from a valid buffer to our pipe; _exit cannot fail.
+            unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
+        }
+        // SAFETY: as above.
+        unsafe { libc::_exit(0) };
+    }
+    for _ in 0..n {
+        read_byte(rd);
+    }
+    // At once: no descriptor is closed, no child waited for.
+    std::process::exit(0);
+}
+
+/// One slow read of a FIFO another process fills, then the exit at once.
+fn fifo_read(path: &str) -> ! {
+    let fd = open_or_exit(path, libc::O_RDWR);
+    println!("fifo_fd={fd}");
+    let _ = std::io::stdout().flush();
+    read_byte(fd);
+    std::process::exit(0);
+}
+
+/// A descriptor number that names two files in turn, each read slowly: a pipe, then the FIFO
+/// at `path` opened on the same number.
+fn reused_fd_reads(path: &str, ms: u64) -> ! {
+    let (rd, wr) = pipe_pair();
+    println!("fd={rd}");
+    println!("first_ino={}", fd_identity(rd).1);
+    let _ = std::io::stdout().flush();
+    slow_read_filled_by(rd, wr, ms);
+    // SAFETY: our own descriptors; dup2 makes `rd` name the FIFO.
+    unsafe {
+        libc::close(wr);
+        libc::close(rd);
+    }
+    // The lowest free number is `rd` again, unless another thread took it meanwhile.
+    let fifo = open_or_exit(path, libc::O_RDWR);
+    if fifo != rd {
+        // SAFETY: as above.
+        let r = unsafe { libc::dup2(fifo, rd) };
+        assert_eq!(r, rd, "dup2: {}", std::io::Error::last_os_error());
+        // SAFETY: as above.
+        unsafe { libc::close(fifo) };
+    }
+    println!("second_ino={}", fd_identity(rd).1);
+    let _ = std::io::stdout().flush();
+    // The FIFO is open read-write: a write to the same descriptor fills it.
+    slow_read_filled_by(rd, rd, ms);
+    std::process::exit(0);
+}
+
+/// One read of `rd` that a thread fills through `wr`, `ms` ms after the read has blocked.
+fn slow_read_filled_by(rd: i32, wr: i32, ms: u64) {
+    let reader = gettid();
+    let writer = std::thread::spawn(move || {
+        wait_until_blocked_in_read(reader, rd);
+        std::thread::sleep(Duration::from_millis(ms));
+        // SAFETY: one byte from a valid buffer to a descriptor the reader holds open.
+        unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
+    });
+    read_byte(rd);
+    writer.join().unwrap();
+}
+
+/// Device and inode of descriptor `fd`'s file (fstat), the device as `MAJ:MIN`.
+fn fd_identity(fd: i32) -> (String, u64) {
+    // SAFETY: a zeroed stat buffer for fstat to fill.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid buffer and a descriptor the caller holds.
+    let r = unsafe { libc::fstat(fd, &mut st) };
+    assert_eq!(r, 0, "fstat: {}", std::io::Error::last_os_error());
+    let dev = format!("{}:{}", libc::major(st.st_dev), libc::minor(st.st_dev));
+    (dev, st.st_ino)
+}
+
+/// [`wait_until_blocked_in`] for the thread whose `syscall` file is `path` (of any process).
+fn wait_until_blocked_at(path: &str, prefix: &str) {
+    use std::os::unix::fs::FileExt;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut buf = [0u8; 128];
+    while Instant::now() < deadline {
+        let Ok(file) = std::fs::File::open(path) else {
+            return;
+        };
+        let Ok(len) = file.read_at(&mut buf, 0) else {
+            return;
+        };
+        if buf[..len].starts_with(prefix.as_bytes()) {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// One one-byte `read` of `fd` (a raw syscall: the call the tests sample).
+fn read_byte(fd: i32) {
+    let mut byte = 0u8;
+    // SAFETY: a one-byte read into a local.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_read,
+            fd,
+            (&mut byte as *mut u8).cast::<u8>(),
+            1usize,
+        )
+    };
+    assert_eq!(r, 1, "read: {}", std::io::Error::last_os_error());
 }

@@ -421,6 +421,20 @@ impl Btf {
         Ok(f.offset)
     }
 
+    /// The offset of `strukt.member`, a struct or union (`file.f_path`, `dentry.d_name`).
+    pub(crate) fn struct_field(&self, strukt: &str, member: &str) -> Result<u32, BtfError> {
+        let f = self.field(strukt, member)?;
+        match f.kind {
+            MemberKind::Composite(_) => Ok(f.offset),
+            found => Err(BtfError::UnexpectedType {
+                strukt: strukt.to_string(),
+                member: member.to_string(),
+                found: found.to_string(),
+                expected: "a struct or union".to_string(),
+            }),
+        }
+    }
+
     fn find_member(&self, id: u32, member: &str, base_bits: u32, depth: u32) -> Option<Field> {
         if depth > 8 {
             return None;

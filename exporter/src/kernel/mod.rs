@@ -24,18 +24,20 @@ pub mod features;
 mod object_contract;
 pub mod probe_stats;
 mod ring;
-pub(crate) mod slow_events;
+pub mod slow_events;
 pub mod syscalls;
 pub(crate) mod trace;
 
-use std::time::Duration;
+use std::{cell::OnceCell, time::Duration};
 
 use aya::{
     maps::Map,
     programs::{ProgramError, RawTracePoint},
     Ebpf, EbpfLoader,
 };
-use sysscope_abi::{globals, maps, BlockProbeConfig, FdProbeConfig, MAX_STAT_STRIPES};
+use sysscope_abi::{
+    globals, maps, BlockProbeConfig, FdProbeConfig, FileProbeConfig, MAX_STAT_STRIPES,
+};
 
 use self::{
     btf::Btf,
@@ -253,6 +255,18 @@ fn fill_free_slots(ebpf: &mut Ebpf, capacity: u32) -> Result<(), ProbeError> {
     Ok(())
 }
 
+/// The offsets `resolve` finds in the kernel's BTF, parsed at most once per load (`btf`), or
+/// why there are none, as a log line.
+fn btf_offsets<T>(
+    btf: &OnceCell<Result<Btf, btf::BtfError>>,
+    resolve: impl FnOnce(&Btf) -> Result<T, btf::BtfError>,
+) -> Result<T, String> {
+    match btf.get_or_init(Btf::from_kernel) {
+        Ok(btf) => resolve(btf).map_err(|e| Chain(&e).to_string()),
+        Err(e) => Err(Chain(e).to_string()),
+    }
+}
+
 /// The loaded object and what was attached from it.
 pub struct Probes {
     ebpf: Ebpf,
@@ -353,19 +367,36 @@ impl Probes {
                 options.block_trace_ring_buffer_bytes,
             );
         }
+        // The kernel's BTF is parsed once, when a family needs offsets from it.
+        let kernel_btf = OnceCell::new();
         // Reads and writes are split by what their descriptor is, with offsets from the
         // kernel's BTF; without them every call is counted unsplit.
         let fd_config = if config.syscalls.descriptor_kinds {
-            Btf::from_kernel()
-                .and_then(|btf| fd_class::resolve_offsets(&btf))
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %Chain(&e), "reads and writes are not split by descriptor kind");
-                    FdProbeConfig::UNSET
-                })
+            btf_offsets(&kernel_btf, fd_class::resolve_offsets).unwrap_or_else(|error| {
+                tracing::warn!(%error, "reads and writes are not split by descriptor kind");
+                FdProbeConfig::UNSET
+            })
         } else {
             FdProbeConfig::UNSET
         };
         loader.override_global(globals::FD_CONFIG, &fd_config, false);
+        // Slow calls name their descriptor's file from the kernel, read at the call's exit;
+        // without the offsets, spans fall back to /proc for the path.
+        let file_config = if slow.enabled {
+            btf_offsets(&kernel_btf, |btf| {
+                fd_class::resolve_file_offsets(btf, slow.resolve_file_paths)
+            })
+            .unwrap_or_else(|error| {
+                tracing::warn!(%error, "slow-call spans name files from /proc only");
+                FileProbeConfig::UNSET
+            })
+        } else {
+            FileProbeConfig::UNSET
+        };
+        let slow_call_fds = fd_class::slow_call_fds();
+        loader
+            .override_global(globals::FILE_CONFIG, &file_config, false)
+            .override_global(globals::SLOW_CALL_FDS, &slow_call_fds, false);
         let mut ebpf = loader.load(object).map_err(|e| {
             // A map type this kernel does not have is named with the kernel that brought it.
             if let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, .. }) = &e {

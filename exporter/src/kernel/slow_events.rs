@@ -13,10 +13,30 @@ use super::{ring, ProbeError, Probes};
 
 /// A record too short to be a `SlowCallEvent` (counted by the reader as malformed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Malformed;
+pub struct Malformed;
+
+/// One slow-call record: the event, and the name of its file that the kernel wrote after it
+/// (empty when it read none; see `sysscope_abi::FileIdentity`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlowRecord {
+    pub event: SlowCallEvent,
+    pub file_name: Vec<u8>,
+}
+
+impl SlowRecord {
+    /// The record the probes wrote in `bytes`; `None` when it is too short to hold an event.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Self> {
+        let event = ring::record::<SlowCallEvent>(bytes)?;
+        let file_name = bytes
+            .get(std::mem::size_of::<SlowCallEvent>()..)
+            .unwrap_or_default()
+            .to_vec();
+        Some(Self { event, file_name })
+    }
+}
 
 /// `SLOW_EVENTS`, taken from the probes.
-pub(crate) struct SlowEvents(RingBuf<MapData>);
+pub struct SlowEvents(RingBuf<MapData>);
 
 impl std::fmt::Debug for SlowEvents {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -26,7 +46,7 @@ impl std::fmt::Debug for SlowEvents {
 
 impl SlowEvents {
     /// Takes `SLOW_EVENTS` from the loaded object.
-    pub(crate) fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
+    pub fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
         RingBuf::try_from(probes.take_map(maps::SLOW_EVENTS)?)
             .map(Self)
             .map_err(|source| ProbeError::Map {
@@ -34,11 +54,16 @@ impl SlowEvents {
                 source,
             })
     }
+}
 
-    /// The next record waiting, if any.
-    pub(crate) fn next(&mut self) -> Option<Result<SlowCallEvent, Malformed>> {
+/// The records waiting, oldest first; `None` when none is committed (the ring buffer's
+/// descriptor tells when more come).
+impl Iterator for SlowEvents {
+    type Item = Result<SlowRecord, Malformed>;
+
+    fn next(&mut self) -> Option<Self::Item> {
         let item = self.0.next()?;
-        Some(ring::record(&item).ok_or(Malformed))
+        Some(SlowRecord::decode(&item).ok_or(Malformed))
     }
 }
 
@@ -46,5 +71,39 @@ impl SlowEvents {
 impl AsRawFd for SlowEvents {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_carry_the_name_after_the_event() {
+        let event = SlowCallEvent {
+            start_ns: 10,
+            end_ns: 30,
+            tgid: 42,
+            nr: 0,
+            args: [3, 0, 64, 0, 0, 0],
+            ..SlowCallEvent::default()
+        };
+        // SAFETY: a plain #[repr(C)] value viewed as its own bytes, while it lives.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                (&event as *const SlowCallEvent).cast::<u8>(),
+                std::mem::size_of::<SlowCallEvent>(),
+            )
+        };
+        let mut record = bytes.to_vec();
+        let bare = SlowRecord::decode(&record).unwrap();
+        assert_eq!((bare.event, bare.file_name.as_slice()), (event, &b""[..]));
+        record.extend_from_slice(b"/a/b");
+        let named = SlowRecord::decode(&record).unwrap();
+        assert_eq!(
+            (named.event, named.file_name.as_slice()),
+            (event, &b"/a/b"[..])
+        );
+        assert_eq!(SlowRecord::decode(&record[..bytes.len() - 1]), None);
     }
 }

@@ -122,18 +122,18 @@ impl ExitQueue {
 
 /// `SLOW_THRESHOLDS`: per syscall number, the duration from which `sys_exit` samples a call
 /// to `SLOW_EVENTS` (0: never). Written at start and at each reload.
-pub(crate) struct SlowThresholds(Array<MapData, u64>);
+pub struct SlowThresholds(Array<MapData, u64>);
 
 impl SlowThresholds {
     /// Takes `SLOW_THRESHOLDS` from the loaded object.
-    pub(crate) fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
+    pub fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
         Array::try_from(probes.take_map(maps::SLOW_THRESHOLDS)?)
             .map(Self)
             .map_err(threshold_err)
     }
 
     /// Writes every syscall's threshold in nanoseconds, by syscall number.
-    pub(crate) fn write(&mut self, thresholds_ns: &[u64]) -> Result<(), ProbeError> {
+    pub fn write(&mut self, thresholds_ns: &[u64]) -> Result<(), ProbeError> {
         for (nr, ns) in thresholds_ns.iter().enumerate() {
             self.0.set(nr as u32, ns, 0).map_err(threshold_err)?;
         }

@@ -1,6 +1,9 @@
 //! What the arguments of a syscall mean, for the span attributes: which argument is a file
-//! descriptor, which a byte count or flags, and whether the return value counts bytes or is a
-//! new descriptor. Keyed by syscall name, so one table serves every architecture.
+//! descriptor (from the kernel layer's table, `kernel::fd_class::descriptor_of`), which a byte
+//! count or flags, and whether the return value counts bytes or is a new descriptor. Keyed by
+//! syscall name, so one table serves every architecture.
+
+use crate::kernel::fd_class::{descriptor_of, Descriptor};
 
 /// Argument roles of one syscall (indices into the six raw arguments).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -19,14 +22,9 @@ pub(crate) struct ArgSpec {
     pub(crate) consumes_fd: bool,
 }
 
-const fn spec(
-    fd: Option<usize>,
-    size: Option<usize>,
-    flags: Option<usize>,
-    ret_bytes: bool,
-) -> ArgSpec {
+const fn spec(size: Option<usize>, flags: Option<usize>, ret_bytes: bool) -> ArgSpec {
     ArgSpec {
-        fd,
+        fd: None,
         size,
         flags,
         ret_bytes,
@@ -35,63 +33,49 @@ const fn spec(
     }
 }
 
-/// The argument roles of syscall `name`; unknown syscalls have none.
+/// The argument roles of syscall `name`; unknown syscalls have none. Which descriptor a call
+/// names is the kernel layer's table (the probe reads that descriptor's file at the call's
+/// exit): both sides name the same one.
 pub(crate) fn spec_of(name: &str) -> ArgSpec {
-    match name {
+    let mut spec = match name {
         "read" | "write" | "pread64" | "pwrite64" | "getdents" | "getdents64" => {
-            spec(Some(0), Some(2), None, true)
+            spec(Some(2), None, true)
         }
-        "readv" | "writev" | "preadv" | "pwritev" => spec(Some(0), None, None, true),
+        "readv" | "writev" | "preadv" | "pwritev" => spec(None, None, true),
         // preadv2(fd, iov, iovcnt, pos_l, pos_h, flags)
-        "preadv2" | "pwritev2" => spec(Some(0), None, Some(5), true),
-        "recvfrom" | "sendto" => spec(Some(0), Some(2), Some(3), true),
-        "recvmsg" | "sendmsg" => spec(Some(0), None, Some(2), true),
-        "recvmmsg" | "sendmmsg" => spec(Some(0), None, Some(3), false),
-        "sendfile" => spec(Some(0), Some(3), None, true),
-        "splice" | "copy_file_range" => spec(Some(0), Some(4), Some(5), true),
-        "tee" | "vmsplice" => spec(Some(0), Some(2), Some(3), true),
-        "fsync" | "fdatasync" | "syncfs" | "lseek" | "ioctl" | "fcntl" | "fstat" | "fstatfs"
-        | "connect" | "bind" | "listen" | "shutdown" | "getsockopt" | "setsockopt" => {
-            spec(Some(0), None, None, false)
-        }
-        "sync_file_range" => spec(Some(0), Some(2), Some(3), false),
-        "fallocate" => spec(Some(0), Some(3), Some(1), false),
-        "ftruncate" => spec(Some(0), Some(1), None, false),
-        "readahead" => spec(Some(0), Some(2), None, false),
-        "fadvise64" => spec(Some(0), Some(2), None, false),
-        "flock" => spec(Some(0), None, Some(1), false),
-        "fgetxattr" | "fsetxattr" => spec(Some(0), Some(3), None, false),
-        "mmap" => spec(Some(4), Some(1), Some(3), false),
-        "msync" => spec(None, Some(1), Some(2), false),
-        "munmap" => spec(None, Some(1), None, false),
-        "close" => ArgSpec {
-            consumes_fd: true,
-            ..spec(Some(0), None, None, false)
-        },
-        "accept" => ArgSpec {
-            ret_fd: true,
-            ..spec(Some(0), None, None, false)
-        },
-        "accept4" => ArgSpec {
-            ret_fd: true,
-            ..spec(Some(0), None, Some(3), false)
-        },
-        "open" => ArgSpec {
-            ret_fd: true,
-            ..spec(None, None, Some(1), false)
-        },
-        "openat" => ArgSpec {
-            ret_fd: true,
-            ..spec(None, None, Some(2), false)
-        },
-        "creat" | "openat2" | "open_by_handle_at" => ArgSpec {
-            ret_fd: true,
-            ..ArgSpec::default()
-        },
-        "renameat2" => spec(None, None, Some(4), false),
-        "unlinkat" => spec(None, None, Some(2), false),
+        "preadv2" | "pwritev2" => spec(None, Some(5), true),
+        "recvfrom" | "sendto" => spec(Some(2), Some(3), true),
+        "recvmsg" | "sendmsg" => spec(None, Some(2), true),
+        "recvmmsg" | "sendmmsg" => spec(None, Some(3), false),
+        "sendfile" => spec(Some(3), None, true),
+        "splice" | "copy_file_range" => spec(Some(4), Some(5), true),
+        "tee" | "vmsplice" => spec(Some(2), Some(3), true),
+        "sync_file_range" => spec(Some(2), Some(3), false),
+        "fallocate" => spec(Some(3), Some(1), false),
+        "ftruncate" => spec(Some(1), None, false),
+        "readahead" | "fadvise64" => spec(Some(2), None, false),
+        "flock" => spec(None, Some(1), false),
+        "fgetxattr" | "fsetxattr" => spec(Some(3), None, false),
+        "mmap" => spec(Some(1), Some(3), false),
+        "msync" => spec(Some(1), Some(2), false),
+        "munmap" => spec(Some(1), None, false),
+        "accept4" => spec(None, Some(3), false),
+        "open" => spec(None, Some(1), false),
+        "openat" => spec(None, Some(2), false),
+        "renameat2" => spec(None, Some(4), false),
+        "unlinkat" => spec(None, Some(2), false),
         _ => ArgSpec::default(),
+    };
+    match descriptor_of(name) {
+        Some(Descriptor::Arg(i)) => spec.fd = Some(usize::from(i)),
+        Some(Descriptor::Returned) => spec.ret_fd = true,
+        Some(Descriptor::Closed(i)) => {
+            spec.fd = Some(usize::from(i));
+            spec.consumes_fd = true;
+        }
+        None => {}
     }
+    spec
 }
 
 /// A raw argument as a file descriptor (C `int`), if it is one.

@@ -5,6 +5,7 @@
 
 use std::{
     borrow::Cow,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, UNIX_EPOCH},
@@ -16,10 +17,11 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use rand::Rng;
-use sysscope_abi::SlowCallEvent;
+use sysscope_abi::{fd_class::file, FileIdentity, SlowCallEvent};
 
 use super::{args, clock::WallClock};
 use crate::{
+    kernel::fd_class,
     metadata::{
         cgroups::UNRESOLVED,
         kubernetes,
@@ -158,26 +160,33 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What can only be read from `/proc` while the process is still there: taken as soon as the
-/// record is read, before anything that may wait (the labeler lock, a blocking thread).
+/// What user space adds to the record, taken as soon as it is read, before anything that may
+/// wait (the labeler lock, a blocking thread): the executable, and the name of the call's file
+/// when the kernel could not give it (from `/proc`, which is gone once the process exits).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ProcContext {
     /// Base name of `/proc/<pid>/exe`.
     pub(crate) exe: Option<String>,
     /// The descriptor the call used (or returned), if it is one.
     pub(crate) fd: Option<i32>,
-    /// Where that descriptor points (`/proc/<pid>/task/<tid>/fd/<fd>`, or the process's table
-    /// once the thread is gone), when resolved.
+    /// What that descriptor named: its path, or the kernel's name of a pseudo-file
+    /// (`pipe:[<inode>]`, ...), when known.
     pub(crate) fd_path: Option<String>,
-    /// Why a descriptor's path could not be read (paths on, the call had a descriptor).
+    /// Why it is not known (paths on, the call had a descriptor).
     pub(crate) fd_path_error: Option<&'static str>,
 }
 
 impl ProcContext {
-    /// Reads the context of `ev` under `proc_root` (`/proc`). Paths only when `resolve_paths`.
-    pub(crate) fn capture(ev: &SlowCallEvent, resolve_paths: bool, proc_root: &Path) -> Self {
-        let name = syscall_table::label(ev.nr);
-        let spec = args::spec_of(&name);
+    /// Reads the context of `ev`, whose record carried `name`, under `proc_root` (`/proc`).
+    /// Paths only when `resolve_paths`.
+    pub(crate) fn capture(
+        ev: &SlowCallEvent,
+        name: &[u8],
+        resolve_paths: bool,
+        proc_root: &Path,
+    ) -> Self {
+        let syscall = syscall_table::label(ev.nr);
+        let spec = args::spec_of(&syscall);
         let failed = ev.ret < 0 && ev.ret >= -MAX_ERRNO;
         let fd = if spec.ret_fd {
             (!failed && (0..=i32::MAX as i64).contains(&ev.ret)).then_some(ev.ret as i32)
@@ -186,17 +195,11 @@ impl ProcContext {
                 .and_then(|i| ev.args.get(i).copied())
                 .and_then(args::as_fd)
         };
-        // The calling thread's table first (it may have unshared it); the process's when the
-        // thread is gone already (threads normally share one table).
         let (fd_path, fd_path_error) = match fd {
             Some(fd) if resolve_paths && !spec.consumes_fd => {
-                match std::fs::read_link(
-                    proc_root.join(format!("{}/task/{}/fd/{fd}", ev.tgid, ev.tid)),
-                )
-                .or_else(|_| std::fs::read_link(proc_root.join(format!("{}/fd/{fd}", ev.tgid))))
-                {
-                    Ok(p) => (Some(p.to_string_lossy().into_owned()), None),
-                    Err(e) => (None, Some(path_error(&e))),
+                match name_file(ev, name, fd, proc_root) {
+                    Ok(path) => (Some(path), None),
+                    Err(why) => (None, Some(why)),
                 }
             }
             _ => (None, None),
@@ -211,6 +214,83 @@ impl ProcContext {
             fd_path_error,
         }
     }
+}
+
+/// The name of the file behind descriptor `fd` of `ev`'s call, or why there is none.
+///
+/// The kernel read the file at the call's exit, while the descriptor was open: pipes, sockets
+/// and anonymous inodes are named from that alone, files by the path it walked. `/proc` is
+/// asked only when the kernel could not name the file (a path longer than the record holds, a
+/// namespace file, a kernel without the offsets), and its answer is taken only while
+/// `/proc/<pid>/fd/<fd>` still opens the file the kernel saw (same device and inode): a
+/// descriptor number closed and reused for another file since the call never lends that
+/// file's name. A truncated path whose full form `/proc` cannot give is marked with a leading
+/// `...`.
+fn name_file(
+    ev: &SlowCallEvent,
+    name: &[u8],
+    fd: i32,
+    proc_root: &Path,
+) -> Result<String, &'static str> {
+    let id = &ev.file;
+    match id.status {
+        file::OPEN => {}
+        file::NOT_OPEN => return Err("not_open"),
+        // Not read by the kernel (no offsets for this kernel), or unreadable there: what
+        // /proc says now, unchecked.
+        _ => return proc_link(ev, fd, proc_root, None),
+    }
+    if let Some(named) = fd_class::inode_name(id, name) {
+        return Ok(named);
+    }
+    let walked = (id.name == file::NAME_PATH && !name.is_empty()).then(|| {
+        let mut path = String::from_utf8_lossy(name).into_owned();
+        if id.flags & file::DELETED != 0 {
+            path.push_str(" (deleted)");
+        }
+        path
+    });
+    match walked {
+        Some(path) if id.flags & file::TRUNCATED == 0 => Ok(path),
+        partial => proc_link(ev, fd, proc_root, Some(id))
+            .or_else(|why| partial.map(|tail| format!("...{tail}")).ok_or(why)),
+    }
+}
+
+/// Where `/proc/<pid>/task/<tid>/fd/<fd>` points (the calling thread's table first: it may have
+/// unshared it; then the process's, once the thread is gone), when it still opens the file
+/// `expect` names (any file when `None`).
+fn proc_link(
+    ev: &SlowCallEvent,
+    fd: i32,
+    proc_root: &Path,
+    expect: Option<&FileIdentity>,
+) -> Result<String, &'static str> {
+    let thread = proc_root.join(format!("{}/task/{}/fd/{fd}", ev.tgid, ev.tid));
+    let process = proc_root.join(format!("{}/fd/{fd}", ev.tgid));
+    read_link_of(&thread, expect).or_else(|_| read_link_of(&process, expect))
+}
+
+/// Reads descriptor link `link`, checking before and after that it opens the file `expect`
+/// names: a link that opens that file on both sides of the read named it in between, unless
+/// the number was reused twice within those microseconds (closed, reopened on another file,
+/// closed and reopened on this one).
+fn read_link_of(link: &Path, expect: Option<&FileIdentity>) -> Result<String, &'static str> {
+    let opens_expected = || -> Result<(), &'static str> {
+        let Some(id) = expect else {
+            return Ok(());
+        };
+        let meta = std::fs::metadata(link).map_err(|e| path_error(&e))?;
+        if meta.ino() == id.ino && fd_class::kernel_device(meta.dev()) == id.dev {
+            Ok(())
+        } else {
+            Err("reused")
+        }
+    };
+    opens_expected()?;
+    let path = std::fs::read_link(link).map_err(|e| path_error(&e))?;
+    opens_expected()?;
+    Ok(path.to_string_lossy().into_owned())
 }
 
 /// A slow call and the label set of the latency series it was counted in (for exemplars).
@@ -261,7 +341,7 @@ impl Enricher {
     /// Captures the `/proc` context now and enriches (for callers with nothing to wait on).
     #[cfg(test)]
     pub(crate) fn enrich(&mut self, ev: &SlowCallEvent) -> Enriched {
-        let ctx = ProcContext::capture(ev, self.resolve_paths, &self.proc_root);
+        let ctx = ProcContext::capture(ev, &[], self.resolve_paths, &self.proc_root);
         self.enrich_with(ev, ctx)
     }
 
@@ -327,6 +407,13 @@ impl Enricher {
         }
         if let Some(why) = ctx.fd_path_error {
             attrs.push(("sysscope.file.path_unavailable", AttrValue::from(why)));
+        }
+        if ev.file.status == file::OPEN {
+            // What the descriptor was at the call's exit, as the kernel read it: two spans on
+            // one file share these, whatever its name.
+            attrs.push(("sysscope.file.inode", (ev.file.ino as i64).into()));
+            let device = fd_class::device_name(ev.file.dev);
+            attrs.push(("sysscope.file.device", AttrValue::from(device.as_str())));
         }
         // What the descriptor was at entry, as the kernel classified it (the series' labels).
         let mut fd_labels = Vec::with_capacity(2);
@@ -440,6 +527,7 @@ mod tests {
             ret,
             args,
             comm,
+            file: FileIdentity::NONE,
         }
     }
 
@@ -519,6 +607,117 @@ mod tests {
             c.attribute("sysscope.syscall.flags"),
             Some(&AttrValue::Int(2))
         );
+    }
+
+    /// A read of descriptor 7 by a process that no longer exists (pid `u32::MAX - 1`), with
+    /// the file the kernel read.
+    fn read_of_a_gone_process(file: FileIdentity) -> SlowCallEvent {
+        SlowCallEvent {
+            tgid: u32::MAX - 1,
+            tid: u32::MAX - 1,
+            file,
+            ..event("read", [7, 0, 1, 0, 0, 0], 1)
+        }
+    }
+
+    fn identity(magic: u32, kind: u8, ino: u64) -> FileIdentity {
+        FileIdentity {
+            ino,
+            dev: (8 << 20) | 3,
+            magic,
+            fd: 7,
+            status: file::OPEN,
+            kind,
+            ..FileIdentity::NONE
+        }
+    }
+
+    fn named(ev: &SlowCallEvent, name: &[u8]) -> ProcContext {
+        ProcContext::capture(ev, name, true, Path::new("/proc"))
+    }
+
+    #[test]
+    fn the_kernel_names_pipes_sockets_and_anonymous_inodes_without_proc() {
+        use sysscope_abi::fd_class::*;
+        let pipe = read_of_a_gone_process(identity(PIPEFS_MAGIC, PIPE, 4242));
+        assert_eq!(named(&pipe, &[]).fd_path.as_deref(), Some("pipe:[4242]"));
+        let socket = read_of_a_gone_process(identity(SOCKFS_MAGIC, SOCKET, 77));
+        assert_eq!(named(&socket, &[]).fd_path.as_deref(), Some("socket:[77]"));
+        let mut anon = read_of_a_gone_process(identity(ANON_INODE_FS_MAGIC, ANON, 9));
+        anon.file.name = file::NAME_DENTRY;
+        assert_eq!(
+            named(&anon, b"[eventfd]").fd_path.as_deref(),
+            Some("anon_inode:[eventfd]")
+        );
+        // The identity goes into the span, whatever the name.
+        let c = enricher(true).enrich_with(&pipe, named(&pipe, &[])).call;
+        assert_eq!(
+            c.attribute("file.path"),
+            Some(&AttrValue::from("pipe:[4242]"))
+        );
+        assert_eq!(
+            c.attribute("sysscope.file.inode"),
+            Some(&AttrValue::Int(4242))
+        );
+        assert_eq!(
+            c.attribute("sysscope.file.device"),
+            Some(&AttrValue::from("8:3"))
+        );
+        assert!(c.attribute("sysscope.file.path_unavailable").is_none());
+    }
+
+    #[test]
+    fn walked_paths_are_marked_deleted_or_truncated() {
+        let mut ev = read_of_a_gone_process(identity(0xEF53, sysscope_abi::fd_class::FILE, 12));
+        ev.file.name = file::NAME_PATH;
+        assert_eq!(
+            named(&ev, b"/data/train/part-7.parquet").fd_path.as_deref(),
+            Some("/data/train/part-7.parquet")
+        );
+        ev.file.flags = file::DELETED;
+        assert_eq!(
+            named(&ev, b"/tmp/scratch").fd_path.as_deref(),
+            Some("/tmp/scratch (deleted)")
+        );
+        // Truncated, and /proc cannot give the whole path (the process is gone): the
+        // components nearest the file, marked.
+        ev.file.flags = file::TRUNCATED;
+        assert_eq!(
+            named(&ev, b"/shard-0007/input.fifo").fd_path.as_deref(),
+            Some(".../shard-0007/input.fifo")
+        );
+        // Named from /proc only: gone with the process, and said so.
+        ev.file.name = file::NAME_NONE;
+        ev.file.flags = 0;
+        let ctx = named(&ev, &[]);
+        assert_eq!((ctx.fd_path, ctx.fd_path_error), (None, Some("gone")));
+        ev.file.status = file::NOT_OPEN;
+        let ctx = named(&ev, &[]);
+        assert_eq!((ctx.fd_path, ctx.fd_path_error), (None, Some("not_open")));
+    }
+
+    #[test]
+    fn proc_names_a_descriptor_only_while_it_opens_the_file_the_kernel_saw() {
+        use std::os::{fd::AsRawFd, unix::fs::MetadataExt};
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let fd = f.as_file().as_raw_fd();
+        let meta = f.as_file().metadata().unwrap();
+        // What the kernel would have read: this file, but no name (a namespace file, say).
+        let mut ev = event("read", [fd as u64, 0, 1, 0, 0, 0], 1);
+        ev.file = FileIdentity {
+            ino: meta.ino(),
+            dev: fd_class::kernel_device(meta.dev()),
+            magic: 0xEF53,
+            fd,
+            status: file::OPEN,
+            ..FileIdentity::NONE
+        };
+        let path = f.path().canonicalize().unwrap();
+        assert_eq!(named(&ev, &[]).fd_path.as_deref(), path.to_str());
+        // The same number now opens another file: its path is not lent to the call.
+        ev.file.ino += 1;
+        let ctx = named(&ev, &[]);
+        assert_eq!((ctx.fd_path, ctx.fd_path_error), (None, Some("reused")));
     }
 
     #[test]

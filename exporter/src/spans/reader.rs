@@ -2,9 +2,9 @@
 //!
 //! The ring buffer's file descriptor becomes readable when records are committed; a tokio
 //! `AsyncFd` waits for that without a polling interval. Records are copied out (they are
-//! small and the kernel's rate limit bounds them) and what only `/proc` can tell (executable,
-//! descriptor path) is read at once, since it is gone when the process exits or closes the
-//! descriptor; two readlinks per record, bounded by the rate limit. The rest of the enrichment
+//! small and the kernel's rate limit bounds them) and what only `/proc` can tell (the
+//! executable; a file's path when the kernel could not read it) is read at once, since it is
+//! gone when the process exits; a readlink or so per record, bounded by the rate limit. The rest of the enrichment
 //! takes the labeler lock the collectors share, so it runs on a blocking thread and the
 //! runtime's workers keep serving HTTP.
 
@@ -86,11 +86,16 @@ fn drain(
     counters: &SpanCounters,
 ) -> Captured {
     let mut events = Vec::new();
-    while let Some(record) = ring.next() {
+    for record in ring.by_ref() {
         match record {
-            Ok(ev) => events.push((
-                ev,
-                event::ProcContext::capture(&ev, resolve_paths, proc_root),
+            Ok(record) => events.push((
+                record.event,
+                event::ProcContext::capture(
+                    &record.event,
+                    &record.file_name,
+                    resolve_paths,
+                    proc_root,
+                ),
             )),
             Err(Malformed) => {
                 counters.dropped("malformed").inc();

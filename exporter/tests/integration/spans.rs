@@ -1896,3 +1896,255 @@ fn spans_reach_the_collector_within_the_batch_delay() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The file a slow call waited on, named from what the kernel read at the call's exit.
+
+/// An exporter whose spans go to a fresh gRPC receiver within 100 ms of their calls.
+fn exporter_to(receiver: &Receiver) -> Exporter {
+    let url = receiver.url();
+    Exporter::start_with_env(
+        SLOW_READS,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+}
+
+/// Waits until `count` spans of `ran` have arrived, then requires exactly that many.
+fn exactly_spans_of(receiver: &Receiver, ran: &Ran, count: usize) -> Vec<Span> {
+    let got = eventually(Duration::from_secs(20), || {
+        (receiver.data.spans_of(ran).len() >= count).then_some(())
+    });
+    assert!(got.is_some(), "spans: {:?}", receiver.data.spans_of(ran));
+    let spans = receiver.data.spans_of(ran);
+    assert_eq!(spans.len(), count, "{spans:?}");
+    spans
+}
+
+/// `key=value` from the workload's output.
+fn printed<'a>(ran: &'a Ran, key: &str) -> &'a str {
+    let prefix = format!("{key}=");
+    ran.stdout
+        .iter()
+        .flat_map(|l| l.split_whitespace())
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {key}= in {:?}", ran.stdout))
+}
+
+/// Device (`MAJ:MIN`) and inode of `path`, as stat(2) sees them.
+fn stat_identity(path: &std::path::Path) -> (String, i64) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap();
+    let dev = meta.dev();
+    (
+        format!("{}:{}", libc::major(dev), libc::minor(dev)),
+        meta.ino() as i64,
+    )
+}
+
+/// Makes a FIFO at `path`.
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    let r = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(
+        r,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A tmpfs mounted for the test, unmounted (lazily: a reader may still hold it) on drop.
+struct TmpfsMount(std::path::PathBuf);
+
+impl TmpfsMount {
+    fn at(dir: std::path::PathBuf) -> Self {
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        // SAFETY: NUL-terminated strings; no data argument.
+        let r = unsafe {
+            libc::mount(
+                c"sysscope-test".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "mount tmpfs on {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+        Self(dir)
+    }
+}
+
+impl Drop for TmpfsMount {
+    fn drop(&mut self) {
+        let target = std::ffi::CString::new(self.0.to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path this test mounted.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// The case of a short-lived process: 10 slow reads of a pipe, each filled by its child 40 ms
+/// later, and the exit right after the last. Every span names the pipe by the inode the
+/// process saw (fstat), the last one too, although /proc no longer has the process when its
+/// record is read.
+#[test]
+fn every_slow_read_of_a_process_that_exits_at_once_names_its_pipe() {
+    if !require_root("every_slow_read_of_a_process_that_exits_at_once_names_its_pipe") {
+        return;
+    }
+    let _serial = serial();
+    let receiver = Receiver::grpc(0);
+    let _exporter = exporter_to(&receiver);
+    let cg = TestCgroup::new("sysscope-test-spans-exit");
+    let ran = run(Some(&cg), &["pipe-reads-then-exit", "10", "40"]);
+    let ino: i64 = printed(&ran, "pipe_ino").parse().unwrap();
+    let dev = printed(&ran, "pipe_dev");
+    let spans = exactly_spans_of(&receiver, &ran, 10);
+    let want = format!("pipe:[{ino}]");
+    for (i, span) in spans.iter().enumerate() {
+        assert_eq!(span.name, "read");
+        assert_eq!(
+            span.str("process.linux.cgroup"),
+            Some(format!("0::{}", cg.rel).as_str())
+        );
+        assert_eq!(
+            span.str("file.path"),
+            Some(want.as_str()),
+            "read {i}: {span:?}"
+        );
+        assert_eq!(
+            span.int("sysscope.file.inode"),
+            Some(ino),
+            "read {i}: {span:?}"
+        );
+        assert_eq!(
+            span.str("sysscope.file.device"),
+            Some(dev),
+            "read {i}: {span:?}"
+        );
+        assert!(
+            !span.attrs.contains_key("sysscope.file.path_unavailable"),
+            "read {i}: {span:?}"
+        );
+        assert_eq!(span.str("sysscope.fd.kind"), Some("pipe"));
+        assert!(
+            span.duration_ns() >= 36_000_000,
+            "read {i} lasted {} ns, less than its writer's 40 ms delay",
+            span.duration_ns()
+        );
+    }
+}
+
+/// A process opens a FIFO in a nested directory of a tmpfs mounted for the test, makes one
+/// slow read of it (the test writes 50 ms after it blocked) and exits at once: the span names
+/// the FIFO by its full path, walked in the kernel across the mount.
+#[test]
+fn a_slow_read_names_its_fifo_by_its_full_path_across_a_mount() {
+    if !require_root("a_slow_read_names_its_fifo_by_its_full_path_across_a_mount") {
+        return;
+    }
+    let _serial = serial();
+    let receiver = Receiver::grpc(0);
+    let _exporter = exporter_to(&receiver);
+    let dir = tempfile::tempdir().unwrap();
+    let mount = TmpfsMount::at(dir.path().canonicalize().unwrap().join("mnt"));
+    let nested = mount.0.join("datasets").join("shard-0007");
+    std::fs::create_dir_all(&nested).unwrap();
+    let fifo = nested.join("input.fifo");
+    mkfifo(&fifo);
+    let (dev, ino) = stat_identity(&fifo);
+
+    let spawned_ns = now_unix_ns();
+    let mut child = Command::new(workload_bin())
+        .arg("fifo-read")
+        .arg(&fifo)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn workload");
+    let pid = child.id();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let fd = first.strip_prefix("fifo_fd=").expect("fifo_fd= line");
+    // Blocked in read(fd, ...) now: /proc/<pid>/syscall shows the call and its descriptor.
+    let blocked = format!("{} {:#x} ", libc::SYS_read, fd.parse::<u32>().unwrap());
+    eventually(Duration::from_secs(10), || {
+        let now = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+        now.starts_with(&blocked).then_some(())
+    })
+    .expect("the workload never blocked in its read");
+    std::thread::sleep(Duration::from_millis(50));
+    {
+        use std::{io::Write, os::unix::fs::OpenOptionsExt};
+        let mut writer = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        writer.write_all(b"x").unwrap();
+    }
+    assert!(child.wait().unwrap().success());
+    let ran = Ran {
+        pid,
+        stdout: vec![first],
+        spawned_ns,
+    };
+    let spans = exactly_spans_of(&receiver, &ran, 1);
+    let span = &spans[0];
+    assert_eq!(span.name, "read");
+    assert_eq!(span.str("file.path"), fifo.to_str(), "{span:?}");
+    assert_eq!(span.int("sysscope.file.inode"), Some(ino), "{span:?}");
+    assert_eq!(
+        span.str("sysscope.file.device"),
+        Some(dev.as_str()),
+        "{span:?}"
+    );
+    assert_eq!(span.str("sysscope.fd.kind"), Some("pipe"), "{span:?}");
+    assert!(span.duration_ns() >= 45_000_000, "{span:?}");
+}
+
+/// One descriptor number names a pipe, then a FIFO moved onto it (dup2), each read slowly, and
+/// the process exits right after: each span names its own file.
+#[test]
+fn a_reused_descriptor_number_names_each_file_in_its_own_span() {
+    if !require_root("a_reused_descriptor_number_names_each_file_in_its_own_span") {
+        return;
+    }
+    let _serial = serial();
+    let receiver = Receiver::grpc(0);
+    let _exporter = exporter_to(&receiver);
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().canonicalize().unwrap().join("second.fifo");
+    mkfifo(&fifo);
+    let ran = run(None, &["reused-fd-reads", fifo.to_str().unwrap(), "40"]);
+    let fd: i64 = printed(&ran, "fd").parse().unwrap();
+    let first: i64 = printed(&ran, "first_ino").parse().unwrap();
+    let second: i64 = printed(&ran, "second_ino").parse().unwrap();
+    assert_eq!(stat_identity(&fifo).1, second);
+    let spans = exactly_spans_of(&receiver, &ran, 2);
+    for span in &spans {
+        assert_eq!(span.int("sysscope.syscall.fd"), Some(fd), "{span:?}");
+    }
+    let pipe = format!("pipe:[{first}]");
+    assert_eq!(
+        spans[0].str("file.path"),
+        Some(pipe.as_str()),
+        "{:?}",
+        spans[0]
+    );
+    assert_eq!(spans[0].int("sysscope.file.inode"), Some(first));
+    assert_eq!(spans[1].str("file.path"), fifo.to_str(), "{:?}", spans[1]);
+    assert_eq!(spans[1].int("sysscope.file.inode"), Some(second));
+}
