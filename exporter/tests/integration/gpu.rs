@@ -724,3 +724,131 @@ fn without_the_nvml_library_the_agent_runs_and_reports_gpu_down() {
         gpu_lines[0]
     );
 }
+
+/// The shipped DaemonSets run sysscope in a cgroup namespace of its own (an unprivileged pod
+/// on cgroup v2), where `/proc/<pid>/cgroup` of another pod's process reads
+/// `/../../../burstable/pod.../...`. A GPU process's series must carry the same `cgroup` and
+/// pod labels as its syscall series all the same: with the cgroup2 mount a container runtime
+/// gives the container (rooted at the namespace's root), and with `unshare -C` alone (no such
+/// mount). The agent sits in a Kubernetes-like container cgroup, the GPU process in a sibling
+/// pod's.
+#[test]
+fn from_a_cgroup_namespace_gpu_series_carry_the_cgroup_of_the_syscall_series() {
+    if !require_root("from_a_cgroup_namespace_gpu_series_carry_the_cgroup_of_the_syscall_series") {
+        return;
+    }
+    let top = TestCgroup::new("sysscope-test-cgns");
+    let (uid_a, cid_a) = fresh_ids();
+    let (uid_b, cid_b) = fresh_ids();
+    let agent = TestCgroup::at(&format!(
+        "{}/kubepods/besteffort/pod{uid_a}/{cid_a}",
+        top.rel
+    ));
+    let pod = TestCgroup::at(&format!(
+        "{}/kubepods/burstable/pod{uid_b}/{cid_b}",
+        top.rel
+    ));
+    // The GPU process makes syscalls while it runs, so that it has syscall series too.
+    let mut child = pod
+        .command(workload_bin())
+        .args(["rate-getppid", "200", "60"])
+        .spawn()
+        .expect("spawn workload");
+    let pid = child.id();
+    let pid_s = pid.to_string();
+    let mut gpu = Gpu::full("GPU-aaaa");
+    gpu.processes = vec![Proc {
+        pid,
+        used: Some(GIB),
+        sm: 40,
+        mem: 10,
+        ..Proc::default()
+    }];
+    let standin = StandIn::new(&State {
+        devices: vec![gpu],
+        ..State::default()
+    });
+    let mnt = tempfile::tempdir().unwrap();
+    let procs = agent.dir.join("cgroup.procs");
+    let cases = [
+        (
+            "a runtime's cgroup2 mount",
+            format!(
+                "echo $$ > {procs} && exec unshare --cgroup --mount -- sh -c 'mount -t cgroup2 none {mnt} && exec \"$0\" \"$@\"' \"$0\" \"$@\"",
+                procs = procs.display(),
+                mnt = mnt.path().display()
+            ),
+        ),
+        (
+            "unshare -C alone",
+            format!(
+                "echo $$ > {} && exec unshare --cgroup -- \"$0\" \"$@\"",
+                procs.display()
+            ),
+        ),
+    ];
+    for (case, script) in cases {
+        let config = format!("{TEST_CONFIG}{}", standin.config());
+        let mut exporter = Exporter::spawn_wrapped(
+            free_port(),
+            &config,
+            &[],
+            &[standin.env()],
+            &["sh", "-c", script.as_str()],
+        );
+        exporter.wait_ready(Duration::from_secs(30));
+        // The set-up holds: sysscope runs in a namespace rooted at the agent's cgroup, from
+        // where the GPU process's cgroup leads up and out.
+        let sysscope = exporter.child.id();
+        let own = std::fs::read_to_string(format!("/proc/{sysscope}/cgroup")).unwrap();
+        assert!(
+            own.lines().any(|l| l == format!("0::{}", agent.rel)),
+            "{case}: {own}"
+        );
+        let seen = Command::new("nsenter")
+            .arg(format!("--cgroup=/proc/{sysscope}/ns/cgroup"))
+            .args(["cat", &format!("/proc/{pid}/cgroup")])
+            .output()
+            .expect("nsenter (util-linux)");
+        let seen = String::from_utf8_lossy(&seen.stdout);
+        assert!(seen.contains("0::/../../../"), "{case}: {seen}");
+
+        let (gpu_labels, syscall_labels) = eventually(Duration::from_secs(20), || {
+            let s = parse_samples(&exporter.scrape());
+            let g = select(
+                &s,
+                "sysscope_gpu_process_memory_used_bytes",
+                &[("pid", pid_s.as_str())],
+            );
+            let calls = select(
+                &s,
+                "sysscope_syscalls_total",
+                &[("cgroup", pod.rel.as_str()), ("syscall", "getppid")],
+            );
+            match (g.as_slice(), calls.first()) {
+                ([g], Some(c)) => Some((g.labels.clone(), c.labels.clone())),
+                _ => None,
+            }
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{case}: no GPU series of pid {pid} and syscall series of {}:\n{}",
+                pod.rel,
+                exporter.scrape()
+            )
+        });
+        for key in ["cgroup", "pod_uid", "container_id"] {
+            assert_eq!(
+                gpu_labels.get(key),
+                syscall_labels.get(key),
+                "{case}: {key}: GPU {gpu_labels:?}, syscalls {syscall_labels:?}"
+            );
+        }
+        assert_eq!(gpu_labels["cgroup"], pod.rel, "{case}");
+        assert_eq!(gpu_labels["pod_uid"], uid_b, "{case}");
+        assert_eq!(gpu_labels["container_id"], cid_b, "{case}");
+        exporter.stop();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

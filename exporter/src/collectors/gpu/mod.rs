@@ -15,7 +15,9 @@
 //!
 //! Per-process series join each pid to its process name and cgroup (the `0::` line of
 //! `/proc/<pid>/cgroup`, then the shared labeler), so they carry the same `cgroup` and
-//! Kubernetes labels as the syscall series.
+//! Kubernetes labels as the syscall series. That line is relative to sysscope's own cgroup
+//! namespace (a container's, in the shipped DaemonSets): it is joined to where that namespace's
+//! root is in the host hierarchy ([`cgroups::namespace_root`]), found once.
 
 pub(crate) mod pci;
 
@@ -37,7 +39,10 @@ use super::{Collector, CollectorError};
 pub(crate) use crate::sources::nvml::GpuError;
 use crate::{
     config::Config,
-    metadata::{cgroups::UNRESOLVED, SharedLabeler},
+    metadata::{
+        cgroups::{self, UNRESOLVED},
+        Labeler, SharedLabeler,
+    },
     series::{CgroupLabels, Workload},
     sources::nvml::{
         Connect, DeviceInfo, DeviceReading, DriverInfo, MigInstance, Nvml, NvmlLibrary,
@@ -141,6 +146,10 @@ pub(crate) struct GpuCollector {
     pci_devices: u64,
     pci_counted: Instant,
     dropped_processes: u64,
+    /// Where this process's cgroup namespace is rooted in the host hierarchy, once found.
+    cgroup_namespace: Option<Arc<str>>,
+    /// When finding it last failed (tried again after [`RETRY_INTERVAL`], logged once).
+    cgroup_namespace_failed: Option<Instant>,
 }
 
 impl std::fmt::Debug for GpuCollector {
@@ -191,6 +200,8 @@ impl GpuCollector {
             pci_counted: Instant::now(),
             paths,
             dropped_processes: 0,
+            cgroup_namespace: None,
+            cgroup_namespace_failed: None,
         }
     }
 
@@ -310,6 +321,36 @@ impl GpuCollector {
         Ok(uuid)
     }
 
+    /// Where this process's cgroup namespace is rooted in the host hierarchy: found once, and
+    /// while it cannot be, tried again every [`RETRY_INTERVAL`] (the first failure logged).
+    fn cgroup_namespace(&mut self, labeler: &mut Labeler) -> Option<Arc<str>> {
+        if self.cgroup_namespace.is_some() {
+            return self.cgroup_namespace.clone();
+        }
+        if self
+            .cgroup_namespace_failed
+            .is_some_and(|at| at.elapsed() < RETRY_INTERVAL)
+        {
+            return None;
+        }
+        let proc_self = self.paths.proc_root.join("self");
+        match cgroups::namespace_root(&mut labeler.cgroups, &proc_self) {
+            Ok(root) => {
+                if &*root != "/" {
+                    tracing::info!(collector = NAME, root = %root, "in a cgroup namespace: GPU processes' cgroups are read relative to its root");
+                }
+                self.cgroup_namespace = Some(root);
+            }
+            Err(e) => {
+                if self.cgroup_namespace_failed.is_none() {
+                    tracing::warn!(collector = NAME, error = %Chain(&e), "cannot place this process's cgroup namespace in the host hierarchy: GPU processes outside it are labelled cgroup=\"(unresolved)\"");
+                }
+                self.cgroup_namespace_failed = Some(Instant::now());
+            }
+        }
+        self.cgroup_namespace.clone()
+    }
+
     /// One series per process: the newest sample of each (0 without one: NVML lists only
     /// processes that used the device; absent when the device cannot sample processes) and
     /// the memory it holds. A process whose `/proc` entry is gone keeps its cgroup and name
@@ -346,18 +387,35 @@ impl GpuCollector {
             self.dropped_processes += (by_pid.len() - MAX_PROCESSES_PER_DEVICE) as u64;
         }
         let sampled = procs.samples.is_some();
-        let mut labeler = self.labeler.lock().expect("labeler lock");
+        let shared = self.labeler.clone();
+        let mut labeler = shared.lock().expect("labeler lock");
+        let namespace = if by_pid.is_empty() {
+            None
+        } else {
+            self.cgroup_namespace(&mut labeler)
+        };
         by_pid
             .into_iter()
             .take(MAX_PROCESSES_PER_DEVICE)
             .map(|(pid, seen)| {
                 let workload = match read_proc_cgroup(&self.paths.proc_root, pid) {
                     Some(path) => {
-                        let dir = self.paths.cgroup_root.join(path.trim_start_matches('/'));
-                        let cgroup = match std::fs::metadata(&dir) {
-                            Ok(meta) => labeler.cgroup_at(meta.ino(), &path),
-                            // Outside our view of the hierarchy (another cgroup namespace).
-                            Err(_) => Arc::new(CgroupLabels::plain(path)),
+                        let host = match &namespace {
+                            Some(root) => cgroups::join_namespace_path(root, &path),
+                            // Where is unknown: right unless the path leads out of the
+                            // namespace (without one, it never does).
+                            None => (!path.split('/').any(|c| c == "..")).then_some(path),
+                        };
+                        let cgroup = match host {
+                            Some(host) => {
+                                let dir = self.paths.cgroup_root.join(host.trim_start_matches('/'));
+                                match std::fs::metadata(&dir) {
+                                    Ok(meta) => labeler.cgroup_at(meta.ino(), &host),
+                                    // Removed since the process was read.
+                                    Err(_) => Arc::new(CgroupLabels::plain(host)),
+                                }
+                            }
+                            None => Arc::new(CgroupLabels::plain(UNRESOLVED)),
                         };
                         Workload {
                             cgroup,
@@ -387,18 +445,11 @@ impl GpuCollector {
     }
 }
 
-/// The cgroup v2 path of `pid` (the `0::` line of `/proc/<pid>/cgroup`), if it still runs.
+/// The cgroup v2 path of `pid` (the `0::` line of `/proc/<pid>/cgroup`, relative to this
+/// process's cgroup namespace), if it still runs.
 pub(crate) fn read_proc_cgroup(proc_root: &std::path::Path, pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
-    parse_proc_cgroup(&text)
-}
-
-/// The path of the `0::` (cgroup v2) line of `/proc/<pid>/cgroup` text.
-pub(crate) fn parse_proc_cgroup(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim_end().to_string())
-        .filter(|p| p.starts_with('/'))
+    cgroups::parse_proc_cgroup(&text)
 }
 
 impl Collector for GpuCollector {
@@ -1245,15 +1296,68 @@ mod tests {
         );
     }
 
+    /// Inside a cgroup namespace (the agent's container), `/proc/<pid>/cgroup` of another
+    /// pod's process goes up from the namespace's root: the series carry the cgroup's host
+    /// path, as the syscall series do, not `/../..`.
+    #[test]
+    fn processes_seen_from_a_cgroup_namespace_get_their_host_cgroup() {
+        let node = Node::new();
+        let root = |d: &str| node.dir.path().join(d);
+        // The agent (pid 7) in a namespace rooted at its container's cgroup, whose runtime
+        // mounted the namespace's view of cgroup2 (mountinfo root "/"); the host's hierarchy
+        // is the one the labeler walks.
+        let agent = "/kubepods/besteffort/poda/ca";
+        node.process(7, "sysscope", agent);
+        std::fs::write(root("proc/7/cgroup"), "0::/\n").unwrap();
+        let own_mount = root("cgroup").join(agent.trim_start_matches('/'));
+        std::fs::write(
+            root("proc/7/mountinfo"),
+            format!(
+                "1290 1280 0:30 / {} ro - cgroup2 cgroup rw\n1300 1280 0:30 /../../../.. /host rw - cgroup2 cgroup2 rw\n",
+                own_mount.display()
+            ),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("7", root("proc/self")).unwrap();
+        node.process(41, "python", "/kubepods/burstable/podb/cb");
+        std::fs::write(root("proc/41/cgroup"), "0::/../../../burstable/podb/cb\n").unwrap();
+        // Leads above the hierarchy: nothing to name it by.
+        node.process(42, "python", "/elsewhere");
+        std::fs::write(root("proc/42/cgroup"), "0::/../../../../../x\n").unwrap();
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            s.devices.push(FakeDevice {
+                reading: reading("GPU-a"),
+                samples: Some(Vec::new()),
+                memory: vec![memory(41, 1 << 30), memory(42, 1 << 20)],
+                ..FakeDevice::default()
+            })
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let t = text(&c);
+        assert_eq!(
+            value(&t, "sysscope_gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"/kubepods/burstable/podb/cb\",comm=\"python\",pid=\"41\"}"),
+            Some((1u64 << 30) as f64),
+            "{t}"
+        );
+        assert_eq!(
+            value(&t, "sysscope_gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"(unresolved)\",comm=\"python\",pid=\"42\"}"),
+            Some((1u64 << 20) as f64),
+            "{t}"
+        );
+        assert!(!t.contains("cgroup=\"/.."), "{t}");
+    }
+
     #[test]
     fn parses_the_v2_line_of_proc_cgroup() {
         let hybrid = "12:cpu,cpuacct:/user.slice\n1:name=systemd:/user.slice/session-1.scope\n0::/kubepods/burstable/pod1/abc\n";
         assert_eq!(
-            parse_proc_cgroup(hybrid).as_deref(),
+            cgroups::parse_proc_cgroup(hybrid).as_deref(),
             Some("/kubepods/burstable/pod1/abc")
         );
-        assert_eq!(parse_proc_cgroup("0::/\n").as_deref(), Some("/"));
-        assert_eq!(parse_proc_cgroup("3:memory:/a\n"), None);
+        assert_eq!(cgroups::parse_proc_cgroup("0::/\n").as_deref(), Some("/"));
+        assert_eq!(cgroups::parse_proc_cgroup("3:memory:/a\n"), None);
     }
 
     #[test]
