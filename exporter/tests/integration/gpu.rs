@@ -170,7 +170,7 @@ fn node_state(pid: u32, gone: u32) -> State {
         driver_version: Some("550.54.15".into()),
         cuda_version: Some(12040),
         devices: vec![a, mig, small],
-        fails: Vec::new(),
+        ..State::default()
     }
 }
 
@@ -552,16 +552,40 @@ fn nvml_errors_and_devices_that_leave_and_return_degrade_only_the_gpu_collector(
     assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
     assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
 
-    // One call failing on one device takes that device down, and only it.
+    // Any call on one device answering GPU_IS_LOST takes that device down, and only it.
+    let mut lost_midway = state.clone();
+    lost_midway.devices[0]
+        .fails
+        .push(("nvmlDeviceGetPowerUsage".into(), 15));
+    standin.set(&lost_midway);
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 0.0);
+    assert_eq!(util(&samples, "0", "GPU-aaaa"), 0);
+    assert_eq!(device_up(&samples, "GPU-aaaa"), 0.0);
+    assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
+    // A call failing otherwise loses its own readings: the device and collector stay up, and
+    // the failure is counted.
     let mut failing = state.clone();
     failing.devices[0]
         .fails
         .push(("nvmlDeviceGetComputeRunningProcesses_v3".into(), 999));
     standin.set(&failing);
     let samples = exporter.scrape();
-    assert_eq!(up(&samples, "gpu"), 0.0);
-    assert_eq!(util(&samples, "0", "GPU-aaaa"), 0);
-    assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
+    assert_eq!(up(&samples, "gpu"), 1.0);
+    assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
+    assert_eq!(device_up(&samples, "GPU-aaaa"), 1.0);
+    assert_eq!(
+        exact_one(
+            &samples,
+            "sysscope_gpu_nvml_errors_total",
+            &[
+                ("uuid", "GPU-aaaa"),
+                ("call", "nvmlDeviceGetComputeRunningProcesses_v3"),
+                ("error", "unknown"),
+            ]
+        ),
+        1.0
+    );
     // A reading the device stops supporting loses its series, not the device.
     let mut unsupported = state.clone();
     unsupported.devices[0]
@@ -592,6 +616,172 @@ fn nvml_errors_and_devices_that_leave_and_return_degrade_only_the_gpu_collector(
     assert!(!select(&samples, "sysscope_syscalls_total", &[]).is_empty());
     // The device count, then the shutdown of the old NVML and its event thread.
     standin.wait_for_call("nvmlShutdown");
+}
+
+/// Readings that fail on a device that answers lose their own series, never the device's:
+/// NVML refusing an unprivileged caller the process lists of a GPU in MIG mode
+/// (NO_PERMISSION), and the per-process samples of a GPU where processes start between
+/// NVML's count and the call that fills the buffer (a transient INSUFFICIENT_SIZE, which
+/// sysscope retries with a larger buffer, and when it keeps failing leaves out that refresh).
+#[test]
+fn failed_readings_lose_their_series_not_the_device() {
+    if !require_root("failed_readings_lose_their_series_not_the_device") {
+        return;
+    }
+    let _node = share_node();
+    let mut child = Command::new(workload_bin())
+        .arg("wait-stdin")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn workload");
+    let pid = child.id();
+    let pid_s = pid.to_string();
+    let mut mig = Gpu::full("GPU-aaaa");
+    mig.util = None;
+    mig.mig = Some((1, 1));
+    mig.migs = vec![Mig {
+        uuid: "MIG-1111".into(),
+        name: "NVIDIA A100-SXM4-80GB MIG 7g.80gb".into(),
+        used: 2 * GIB,
+        total: 80 * GIB,
+        gi: 0,
+        ci: 0,
+    }];
+    mig.processes = vec![Proc {
+        pid,
+        used: Some(2 * GIB),
+        mig: Some((0, 0)),
+        ..Proc::default()
+    }];
+    let mut busy = Gpu::full("GPU-bbbb");
+    busy.processes = vec![Proc {
+        pid,
+        used: Some(GIB),
+        sm: 70,
+        mem: 20,
+        ..Proc::default()
+    }];
+    // One process started between NVML's count and the call that fills the buffer.
+    busy.insufficient_size = vec![("nvmlDeviceGetProcessUtilization".into(), 1)];
+    let mut state = State {
+        devices: vec![mig, busy],
+        unprivileged: true,
+        ..State::default()
+    };
+    let standin = StandIn::new(&state);
+    let exporter = Logged::start(
+        &format!("{TEST_CONFIG}{}", standin.config()),
+        &[standin.env()],
+    );
+    let errors = |s: &[Sample], uuid: &str, call: &str, error: &str| {
+        select(
+            s,
+            "sysscope_gpu_nvml_errors_total",
+            &[("uuid", uuid), ("call", call), ("error", error)],
+        )
+        .first()
+        .map(|s| s.value)
+    };
+    let sm = |s: &[Sample]| {
+        select(
+            s,
+            "sysscope_gpu_process_sm_utilization_ratio",
+            &[("uuid", "GPU-bbbb"), ("pid", pid_s.as_str())],
+        )
+        .first()
+        .map(|s| s.value)
+    };
+    std::thread::sleep(Duration::from_millis(250));
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0, "{}", exporter.logs());
+    for uuid in ["GPU-aaaa", "GPU-bbbb"] {
+        assert_eq!(
+            exact_one(&samples, "sysscope_gpu_device_up", &[("uuid", uuid)]),
+            1.0
+        );
+    }
+    // The GPU in MIG mode: its instances, no processes (NVML refused the list), the refusal
+    // counted and logged once however often it happens.
+    assert_eq!(
+        exact_one(
+            &samples,
+            "sysscope_gpu_mig_memory_used_bytes",
+            &[("mig_uuid", "MIG-1111")]
+        ),
+        (2 * GIB) as f64
+    );
+    assert!(select(
+        &samples,
+        "sysscope_gpu_process_memory_used_bytes",
+        &[("uuid", "GPU-aaaa")]
+    )
+    .is_empty());
+    assert!(
+        errors(
+            &samples,
+            "GPU-aaaa",
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "no_permission"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{:?}",
+        select(&samples, "sysscope_gpu_nvml_errors_total", &[])
+    );
+    // The other GPU: its samples read at the second try, nothing counted.
+    assert_eq!(sm(&samples), Some(0.7));
+    assert_eq!(
+        errors(
+            &samples,
+            "GPU-bbbb",
+            "nvmlDeviceGetProcessUtilization",
+            "insufficient_size"
+        ),
+        None
+    );
+    assert!(standin.calls().lines().any(|l| l
+        .starts_with("nvmlDeviceGetProcessUtilization GPU-bbbb")
+        && l.contains(" count=")));
+
+    // Processes keep starting: three tries in a row find the buffer too small. That refresh
+    // has no per-process utilisation, the memory series and the device stay, and the next
+    // refresh reads the samples again.
+    state.devices[1].insufficient_size = vec![("nvmlDeviceGetProcessUtilization".into(), 3)];
+    standin.set(&state);
+    std::thread::sleep(Duration::from_millis(250));
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0);
+    assert_eq!(sm(&samples), None);
+    assert_eq!(
+        exact_one(
+            &samples,
+            "sysscope_gpu_process_memory_used_bytes",
+            &[("uuid", "GPU-bbbb"), ("pid", pid_s.as_str())]
+        ),
+        GIB as f64
+    );
+    assert_eq!(
+        errors(
+            &samples,
+            "GPU-bbbb",
+            "nvmlDeviceGetProcessUtilization",
+            "insufficient_size"
+        ),
+        Some(1.0)
+    );
+    std::thread::sleep(Duration::from_millis(250));
+    assert_eq!(sm(&exporter.scrape()), Some(0.7));
+    let logs = exporter.logs();
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| {
+            l.contains("GPU reading failed")
+                && l.contains("GPU-aaaa")
+                && l.contains("nvmlDeviceGetComputeRunningProcesses_v3")
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "{logs}");
+    drop(child.stdin.take());
+    let _ = child.wait();
 }
 
 fn exact_one(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {

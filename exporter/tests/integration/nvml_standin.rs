@@ -102,6 +102,8 @@ pub struct Gpu {
     pub xids: Vec<(u64, u64)>,
     /// (NVML function, error code) for this device.
     pub fails: Vec<(String, u32)>,
+    /// (NVML function, calls): that many calls with a buffer find it too small.
+    pub insufficient_size: Vec<(String, u32)>,
 }
 
 impl Gpu {
@@ -196,6 +198,9 @@ impl Gpu {
         for (f, code) in &self.fails {
             w(out, format!("fail {f} {code}"));
         }
+        for (f, n) in &self.insufficient_size {
+            w(out, format!("insufficient_size {f} {n}"));
+        }
     }
 }
 
@@ -207,6 +212,8 @@ pub struct State {
     pub devices: Vec<Gpu>,
     /// (NVML function, error code), e.g. ("nvmlInit_v2", 9).
     pub fails: Vec<(String, u32)>,
+    /// The caller lacks NVML's admin privileges (process lists of GPUs in MIG mode refused).
+    pub unprivileged: bool,
 }
 
 impl State {
@@ -221,6 +228,9 @@ impl State {
         }
         for (f, code) in &self.fails {
             writeln!(out, "fail {f} {code}").unwrap();
+        }
+        if self.unprivileged {
+            writeln!(out, "unprivileged").unwrap();
         }
         for d in &self.devices {
             d.render(&mut out);

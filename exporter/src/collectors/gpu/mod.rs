@@ -10,8 +10,13 @@
 //!   without GPUs from a GPU node whose driver is missing ([`pci`]).
 //! - NVML loads but does not initialise, or stops answering: the collector is down and
 //!   initialises again every [`RETRY_INTERVAL`].
-//! - One device errors or disappears: its series go, `sysscope_gpu_device_up` of it is 0 and
-//!   the collector reports down (the other devices' series stay) until it answers again.
+//! - One device is lost (GPU_IS_LOST), has no handle or UUID, or disappears: its series go,
+//!   `sysscope_gpu_device_up` of it is 0 and the collector reports down (the other devices'
+//!   series stay) until it answers again.
+//! - One reading of a device that answers fails otherwise (NoPermission for the process lists
+//!   of a GPU in MIG mode, a transient InsufficientSize, Unknown, ...): that reading's series
+//!   are absent meanwhile, the failure is logged once and counted
+//!   (`sysscope_gpu_nvml_errors_total`), and the device and collector stay up.
 //!
 //! Per-process series join each pid to its process name and cgroup (the `0::` line of
 //! `/proc/<pid>/cgroup`, then the shared labeler), so they carry the same `cgroup` and
@@ -45,8 +50,8 @@ use crate::{
     },
     series::{CgroupLabels, Workload},
     sources::nvml::{
-        Connect, DeviceInfo, DeviceReading, DriverInfo, MigInstance, Nvml, NvmlLibrary,
-        ProcessReading, ProcessSample, XidKey,
+        Connect, DeviceInfo, DeviceReading, DriverInfo, FailedReading, MigInstance, Nvml,
+        NvmlLibrary, ProcessReading, ProcessSample, XidKey,
     },
     util::error::Chain,
 };
@@ -141,6 +146,8 @@ pub(crate) struct GpuCollector {
     failing_indices: BTreeSet<u32>,
     /// XID errors counted since start, by device and code (across NVML initialisations).
     xids: BTreeMap<XidKey, u64>,
+    /// Readings that failed on devices that answered, by (device UUID, NVML call, error).
+    failed_readings: BTreeMap<(String, &'static str, &'static str), u64>,
     labeler: SharedLabeler,
     paths: GpuPaths,
     pci_devices: u64,
@@ -195,6 +202,7 @@ impl GpuCollector {
             devices: BTreeMap::new(),
             failing_indices: BTreeSet::new(),
             xids: BTreeMap::new(),
+            failed_readings: BTreeMap::new(),
             labeler,
             pci_devices: pci::count_nvidia_gpus(&paths.pci_devices),
             pci_counted: Instant::now(),
@@ -286,6 +294,7 @@ impl GpuCollector {
                 return Err(e);
             }
         };
+        self.count_failed(index, &uuid, reading.failed.iter().chain(&procs.failed));
         // A process that exited while NVML still lists it keeps the labels it had.
         let previous: BTreeMap<u32, Workload> = self
             .devices
@@ -319,6 +328,25 @@ impl GpuCollector {
         device.processes = processes;
         self.failing_indices.remove(&index);
         Ok(uuid)
+    }
+
+    /// Counts readings that failed on a device that answered; each kind is logged once.
+    fn count_failed<'a>(
+        &mut self,
+        index: u32,
+        uuid: &str,
+        failed: impl Iterator<Item = &'a FailedReading>,
+    ) {
+        for f in failed {
+            let n = self
+                .failed_readings
+                .entry((uuid.to_string(), f.call, f.error))
+                .or_insert(0);
+            if *n == 0 {
+                tracing::warn!(collector = NAME, gpu = index, uuid, call = f.call, error = %f.detail, "GPU reading failed; its series are left out while it fails (sysscope_gpu_nvml_errors_total counts it)");
+            }
+            *n += 1;
+        }
     }
 
     /// Where this process's cgroup namespace is rooted in the host hierarchy: found once, and
@@ -775,6 +803,25 @@ impl Collector for GpuCollector {
                     .encode_counter::<NoLabelSet, u64, u64>(n, None)?;
             }
         }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_gpu_nvml_errors",
+                "NVML calls that failed on a GPU that otherwise answered, by call and NVML error (no_permission, insufficient_size, unknown, ...): the readings behind them are absent meanwhile. A GPU that is lost shows in sysscope_gpu_device_up instead.",
+                None,
+                MetricType::Counter,
+            )?;
+            for ((uuid, call, error), n) in &self.failed_readings {
+                let gpu = self.devices.get(uuid).map(|d| d.index.to_string());
+                let mut labels: Vec<(&str, &str)> = Vec::with_capacity(4);
+                if let Some(gpu) = &gpu {
+                    labels.push(("gpu", gpu));
+                }
+                labels.extend([("uuid", uuid.as_str()), ("call", call), ("error", error)]);
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, u64, u64>(n, None)?;
+            }
+        }
         type PickMig = fn(&MigInstance) -> Option<u64>;
         let mig_gauges: [(&str, &str, PickMig); 2] = [
             (
@@ -872,7 +919,7 @@ mod tests {
         metadata::{processes::CommResolver, Labeler},
         sources::nvml::{
             fake::{FakeDevice, FakeFailure, FakeNvml},
-            EccCounts, MigReading, ProcessMemory,
+            EccCounts, FailedReading, MigReading, ProcessMemory,
         },
     };
 
@@ -1149,9 +1196,10 @@ mod tests {
         // Still down while it fails, and without a new error: the reason names it.
         let e = c.refresh().unwrap_err().to_string();
         assert!(e.contains("gpu 1"), "{e}");
+        // Lost while its processes are read.
         fake.with(|s| {
             s.devices[1].failure = None;
-            s.devices[0].process_failure = Some(FakeFailure::Unknown);
+            s.devices[0].process_failure = Some(FakeFailure::GpuLost);
         });
         assert!(c.refresh().is_err());
         let t = text(&c);
@@ -1164,6 +1212,86 @@ mod tests {
         assert_eq!(
             value(&t, "sysscope_gpu_device_up{gpu=\"1\",uuid=\"GPU-b\"}"),
             Some(1.0)
+        );
+    }
+
+    /// A reading that fails on a device that answers (NVML refusing an unprivileged caller the
+    /// process lists of a GPU in MIG mode, a MIG instance that cannot be read) loses its own
+    /// series only: the device, its other series and the collector stay up, and the failure
+    /// is counted by call and error, and logged once.
+    #[test]
+    fn a_failed_reading_drops_its_series_not_the_device() {
+        let node = Node::new();
+        node.process(41, "python", "/train");
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            let mut r = reading("GPU-a");
+            r.power_milliwatts = Some(250_000);
+            s.devices.push(FakeDevice {
+                reading: r,
+                samples: Some(vec![sample(41, 1_000, 30)]),
+                memory: vec![memory(41, 1 << 30)],
+                ..FakeDevice::default()
+            })
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let mem = "sysscope_gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"/train\",comm=\"python\",pid=\"41\"}";
+        assert_eq!(value(&text(&c), mem), Some((1u64 << 30) as f64));
+        let errors = |t: &str, call: &str, error: &str| {
+            value(
+                t,
+                &format!("sysscope_gpu_nvml_errors_total{{gpu=\"0\",uuid=\"GPU-a\",call=\"{call}\",error=\"{error}\"}}"),
+            )
+        };
+        fake.with(|s| {
+            s.devices[0].process_failure = Some(FakeFailure::NoPermission);
+            s.devices[0].reading.failed = vec![FailedReading {
+                call: "nvmlDeviceGetMigDeviceHandleByIndex",
+                error: "unknown",
+                detail: "an unknown error occurred".into(),
+            }];
+        });
+        for refresh in 1..=2 {
+            c.refresh().unwrap();
+            let t = text(&c);
+            assert_eq!(value(&t, mem), None, "{t}");
+            assert_eq!(
+                value(&t, "sysscope_gpu_device_up{gpu=\"0\",uuid=\"GPU-a\"}"),
+                Some(1.0)
+            );
+            assert_eq!(
+                value(&t, "sysscope_gpu_power_watts{gpu=\"0\",uuid=\"GPU-a\"}"),
+                Some(250.0)
+            );
+            assert_eq!(
+                errors(
+                    &t,
+                    "nvmlDeviceGetComputeRunningProcesses_v3",
+                    "no_permission"
+                ),
+                Some(refresh as f64),
+                "{t}"
+            );
+            assert_eq!(
+                errors(&t, "nvmlDeviceGetMigDeviceHandleByIndex", "unknown"),
+                Some(refresh as f64)
+            );
+        }
+        fake.with(|s| {
+            s.devices[0].process_failure = None;
+            s.devices[0].reading.failed.clear();
+        });
+        c.refresh().unwrap();
+        let t = text(&c);
+        assert_eq!(value(&t, mem), Some((1u64 << 30) as f64));
+        assert_eq!(
+            errors(
+                &t,
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                "no_permission"
+            ),
+            Some(2.0)
         );
     }
 
