@@ -128,8 +128,9 @@ fn node_state(pid: u32, gone: u32) -> State {
     ];
     let mut mig = Gpu::full("GPU-bbbb");
     mig.pci_bus_id = Some("00000000:AF:00.0".into());
-    // In MIG mode this board reports no utilisation (as A100s do); processes run on instances.
-    mig.util = None;
+    // Its state has a utilisation, but NVML (and so the stand-in) reports none for a GPU in
+    // MIG mode; processes run on instances.
+    mig.util = Some((40, 10));
     mig.mig = Some((1, 1));
     mig.migs = vec![
         Mig {
@@ -234,13 +235,9 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
     ] {
         assert_eq!(exact(&samples, name, &a), value, "{name}");
     }
-    let not_mig = with(&a, &[("mig_mode", "disabled")]);
+    assert_eq!(exact(&samples, "sysscope_gpu_utilization_ratio", &a), 0.87);
     assert_eq!(
-        exact(&samples, "sysscope_gpu_utilization_ratio", &not_mig),
-        0.87
-    );
-    assert_eq!(
-        exact(&samples, "sysscope_gpu_memory_utilization_ratio", &not_mig),
+        exact(&samples, "sysscope_gpu_memory_utilization_ratio", &a),
         0.17
     );
     for (clock, hz) in [("graphics", 1410e6), ("sm", 1395e6), ("memory", 1593e6)] {
@@ -284,6 +281,7 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
     // The board in MIG mode: no utilisation to misread, memory per instance.
     let b = [("gpu", "1"), ("uuid", "GPU-bbbb")];
     assert!(select(&samples, "sysscope_gpu_utilization_ratio", &b).is_empty());
+    assert!(select(&samples, "sysscope_gpu_memory_utilization_ratio", &b).is_empty());
     assert_eq!(
         exact(&samples, "sysscope_gpu_memory_used_bytes", &b),
         (3 * GIB) as f64
@@ -317,14 +315,7 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
 
     // The small board: what it does not support has no series.
     let c = [("gpu", "2"), ("uuid", "GPU-cccc")];
-    assert_eq!(
-        exact(
-            &samples,
-            "sysscope_gpu_utilization_ratio",
-            &with(&c, &[("mig_mode", "disabled")])
-        ),
-        0.05
-    );
+    assert_eq!(exact(&samples, "sysscope_gpu_utilization_ratio", &c), 0.05);
     for name in [
         "sysscope_gpu_power_watts",
         "sysscope_gpu_clock_hertz",

@@ -623,17 +623,18 @@ impl Collector for GpuCollector {
                 family.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
         }
-        // Utilisation of a GPU in MIG mode is the whole GPU's, not any one instance's.
+        // NVML reports no utilisation for a GPU in MIG mode (NotSupported), so a partitioned
+        // GPU has none of these series: nothing to misread as one instance's.
         type Ratio = fn(&DeviceReading) -> Option<u32>;
         let ratios: [(&str, &str, Ratio); 2] = [
             (
                 "sysscope_gpu_utilization_ratio",
-                "Share of the last sample period during which a kernel ran on the GPU (nvidia-smi dmon `sm`); mig_mode=\"enabled\": the whole GPU, shared by its MIG instances.",
+                "Share of the last sample period during which a kernel ran on the GPU (nvidia-smi dmon `sm`); absent for a GPU in MIG mode, which NVML does not sample.",
                 |r| r.gpu_utilization_percent,
             ),
             (
                 "sysscope_gpu_memory_utilization_ratio",
-                "Share of the last sample period during which device memory was read or written (nvidia-smi dmon `mem`; not the share of memory in use); mig_mode=\"enabled\": the whole GPU.",
+                "Share of the last sample period during which device memory was read or written (nvidia-smi dmon `mem`; not the share of memory in use); absent for a GPU in MIG mode.",
                 |r| r.memory_utilization_percent,
             ),
         ];
@@ -641,17 +642,8 @@ impl Collector for GpuCollector {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (gpu, uuid, _, reading) in &up {
                 if let Some(p) = pick(reading) {
-                    let mig = if reading.mig.as_ref().is_some_and(|m| m.enabled) {
-                        "enabled"
-                    } else {
-                        "disabled"
-                    };
                     family
-                        .encode_family(&[
-                            ("gpu", gpu.as_str()),
-                            ("uuid", *uuid),
-                            ("mig_mode", mig),
-                        ])?
+                        .encode_family(&[("gpu", gpu.as_str()), ("uuid", *uuid)])?
                         .encode_gauge(&(p as f64 / 100.0))?;
                 }
             }
@@ -1156,7 +1148,10 @@ mod tests {
             value(&t, "sysscope_gpu_device_up{gpu=\"0\",uuid=\"GPU-a\"}"),
             Some(0.0)
         );
-        assert!(!t.contains("uuid=\"GPU-a\",mig_mode"), "{t}");
+        assert!(
+            !t.contains("sysscope_gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-a\""),
+            "{t}"
+        );
         fake.with(|s| s.devices.insert(0, removed));
         c.refresh().unwrap();
         let t = text(&c);
@@ -1181,7 +1176,10 @@ mod tests {
         let c = node.collector(&fake);
         c.refresh().unwrap();
         let util = |t: &str, g: &str, u: &str| {
-            value(t, &format!("sysscope_gpu_utilization_ratio{{gpu=\"{g}\",uuid=\"{u}\",mig_mode=\"disabled\"}}"))
+            value(
+                t,
+                &format!("sysscope_gpu_utilization_ratio{{gpu=\"{g}\",uuid=\"{u}\"}}"),
+            )
         };
         fake.with(|s| s.devices[1].failure = Some(FakeFailure::GpuLost));
         let e = c.refresh().unwrap_err().to_string();
@@ -1416,10 +1414,7 @@ mod tests {
             CLOCK_EVENT_REASONS.len() + 1
         );
         assert_eq!(
-            value(
-                &t,
-                &format!("sysscope_gpu_utilization_ratio{{{g},mig_mode=\"disabled\"}}")
-            ),
+            value(&t, &format!("sysscope_gpu_utilization_ratio{{{g}}}")),
             Some(0.5)
         );
     }

@@ -53,8 +53,10 @@
  *
  * Whatever it does not recognise makes every call answer NVML_ERROR_UNKNOWN and is printed
  * on stderr, so a mistyped test state cannot pass silently. Like the real library in MIG
- * mode, a device whose MIG mode is on answers NVML_ERROR_NOT_SUPPORTED to per-process
- * utilisation, and MIG devices answer it to utilisation, power, clocks and the rest.
+ * mode (nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently
+ * supported"), a GPU whose MIG mode is on answers NVML_ERROR_NOT_SUPPORTED to device and
+ * per-process utilisation whatever its `utilization` line says, and MIG devices answer it to
+ * utilisation, power, clocks and the rest.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -758,7 +760,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilizatio
     DEVICE_CALL("nvmlDeviceGetUtilizationRates", h, 0);
     if (!u)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (!dev->has_util)
+    if (!dev->has_util || (dev->has_mig && dev->mig_current))
         return leave(NVML_ERROR_NOT_SUPPORTED);
     u->gpu = (unsigned int)dev->util_gpu;
     u->memory = (unsigned int)dev->util_mem;
