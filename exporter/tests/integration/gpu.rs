@@ -775,6 +775,71 @@ fn failed_readings_lose_their_series_not_the_device() {
     let _ = child.wait();
 }
 
+/// One GPU lost does not stop the XID counts of the others (the event set is made again
+/// without it), and once it answers again its own are counted too.
+#[test]
+fn xid_errors_of_other_gpus_are_counted_while_one_is_lost() {
+    if !require_root("xid_errors_of_other_gpus_are_counted_while_one_is_lost") {
+        return;
+    }
+    let mut state = State {
+        devices: vec![Gpu::full("GPU-aaaa"), Gpu::full("GPU-bbbb")],
+        ..State::default()
+    };
+    let standin = StandIn::new(&state);
+    let exporter = Logged::start(
+        &format!("{TEST_CONFIG}{}", standin.config()),
+        &[standin.env()],
+    );
+    // Each scrape reads the devices, which is how a device that answers again is noticed.
+    let registered = |uuid: &str, times: usize| {
+        let needle = format!("nvmlDeviceRegisterEvents {uuid}");
+        eventually(Duration::from_secs(10), || {
+            exporter.scrape();
+            (standin.calls().matches(needle.as_str()).count() >= times).then_some(())
+        })
+        .unwrap_or_else(|| panic!("{uuid} not registered {times} times:\n{}", standin.calls()));
+    };
+    let xid = |uuid: &str, code: &str| {
+        eventually(Duration::from_secs(10), || {
+            let s = exporter.scrape();
+            select(
+                &s,
+                "sysscope_gpu_xid_errors_total",
+                &[("uuid", uuid), ("xid", code)],
+            )
+            .first()
+            .map(|s| s.value)
+        })
+    };
+    registered("GPU-bbbb", 1);
+    // GPU-bbbb falls off the bus: waits on the set answer GPU_IS_LOST, the set is made again
+    // with GPU-aaaa alone, whose XID errors go on being counted.
+    state.devices[1].error = Some(15);
+    standin.set(&state);
+    standin.wait_for_call("nvmlEventSetWait_v2 GPU-bbbb -> lost");
+    registered("GPU-aaaa", 2);
+    state.devices[0].xids = vec![(1, 31)];
+    standin.set(&state);
+    assert_eq!(xid("GPU-aaaa", "31"), Some(1.0), "{}", exporter.logs());
+    // It answers again: added to the set, and its errors counted.
+    state.devices[1].error = None;
+    standin.set(&state);
+    registered("GPU-bbbb", 2);
+    state.devices[1].xids = vec![(1, 79)];
+    standin.set(&state);
+    assert_eq!(xid("GPU-bbbb", "79"), Some(1.0), "{}", exporter.logs());
+    assert_eq!(xid("GPU-aaaa", "31"), Some(1.0));
+    let logs = exporter.logs();
+    assert_eq!(
+        logs.lines()
+            .filter(|l| l.contains("waiting for GPU XID events failed"))
+            .count(),
+        1,
+        "{logs}"
+    );
+}
+
 fn exact_one(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
     let found = select(samples, name, want);
     assert_eq!(found.len(), 1, "{name} {want:?}: {found:?}");

@@ -302,6 +302,9 @@ impl Nvml for NvmlLibrary {
     fn device(&mut self, index: u32) -> Result<DeviceReading, GpuError> {
         let d = self.handle(index)?;
         let uuid = d.uuid().map_err(call("nvmlDeviceGetUUID"))?;
+        if let Some(xids) = &self.xids {
+            xids.notice(&uuid);
+        }
         let mut r = Readings::default();
         let util = r.optional(d.utilization_rates(), "nvmlDeviceGetUtilizationRates")?;
         let memory = r.optional(d.memory_info(), "nvmlDeviceGetMemoryInfo_v2")?;

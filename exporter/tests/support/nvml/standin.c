@@ -49,7 +49,9 @@
  *     mig_device                      starts a MIG device of the current device
  *       uuid MIG-...  name ...  memory USED TOTAL  gpu_instance N  compute_instance N
  *     xid ID CODE                     an XID critical error, delivered once to every event
- *                                     set created before it appeared (IDs increase)
+ *                                     set the device was registered in before it appeared
+ *                                     (IDs increase); a set with a device that is gone or lost
+ *                                     answers NVML_ERROR_GPU_IS_LOST to every wait
  *
  * Whatever it does not recognise makes every call answer NVML_ERROR_UNKNOWN and is printed
  * on stderr, so a mistyped test state cannot pass silently. Like the real library in MIG
@@ -714,6 +716,21 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
     return leave(*device ? NVML_SUCCESS : NVML_ERROR_UNKNOWN);
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    nvmlReturn_t r = enter("nvmlDeviceGetHandleByUUID");
+    if (r)
+        return leave(r);
+    if (!uuid || !device)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    struct device *d = find_device(uuid);
+    if (!d)
+        return leave(NVML_ERROR_NOT_FOUND);
+    if (d->error)
+        return leave(d->error);
+    *device = handle_for(d->uuid, NULL);
+    return leave(*device ? NVML_SUCCESS : NVML_ERROR_UNKNOWN);
+}
+
 /* ---- identity ----------------------------------------------------------------------------- */
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *uuid, unsigned int length) {
@@ -1105,10 +1122,16 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
             return leave(r);
         if (!set || !data)
             return leave(NVML_ERROR_INVALID_ARGUMENT);
+        /* A set with a device that is gone (no longer listed, or lost) cannot be waited on. */
         for (int i = 0; i < set->n; i++) {
             struct device *d = find_device(set->uuids[i]);
-            if (!d)
-                continue;
+            if (!d || d->error == NVML_ERROR_GPU_IS_LOST) {
+                log_call("nvmlEventSetWait_v2 %s -> lost", set->uuids[i]);
+                return leave(NVML_ERROR_GPU_IS_LOST);
+            }
+        }
+        for (int i = 0; i < set->n; i++) {
+            struct device *d = find_device(set->uuids[i]);
             /* The oldest XID not yet delivered to this set. */
             struct xid *next = NULL;
             for (int k = 0; k < d->nxids; k++)
