@@ -16,7 +16,7 @@ use std::{
 use crate::{
     common::*,
     kubernetes::{fresh_ids, FakeApi, Hierarchy},
-    nvml_standin::{Gpu, Mig, Proc, StandIn, State},
+    nvml_standin::{library_before_12_2, Gpu, Mig, Proc, StandIn, State},
 };
 
 const GIB: u64 = 1 << 30;
@@ -838,6 +838,39 @@ fn xid_errors_of_other_gpus_are_counted_while_one_is_lost() {
         1,
         "{logs}"
     );
+}
+
+/// A driver older than NVML 12.2 (R535) has only `nvmlDeviceGetCurrentClocksThrottleReasons`:
+/// its whole mask is read, and a bit sysscope has no name for is `other`, as with newer ones.
+#[test]
+fn clock_event_reasons_of_a_driver_before_12_2_keep_bits_without_a_name() {
+    if !require_root("clock_event_reasons_of_a_driver_before_12_2_keep_bits_without_a_name") {
+        return;
+    }
+    let mut gpu = Gpu::full("GPU-aaaa");
+    // Software power cap, and a bit no release of NVML named when this was written.
+    gpu.clocks_event_reasons = Some(0x4 | 0x1000_0000);
+    let standin = StandIn::new(&State {
+        devices: vec![gpu],
+        ..State::default()
+    });
+    let config = format!(
+        "{TEST_CONFIG}[gpu]\nnvml_library = \"{}\"\n",
+        library_before_12_2().display()
+    );
+    let exporter = Logged::start(&config, &[standin.env()]);
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0, "{}", exporter.logs());
+    let reason = |r: &str| {
+        exact_one(
+            &samples,
+            "sysscope_gpu_clock_event_reason_active",
+            &[("uuid", "GPU-aaaa"), ("reason", r)],
+        )
+    };
+    assert_eq!(reason("sw_power_cap"), 1.0);
+    assert_eq!(reason("other"), 1.0);
+    assert_eq!(reason("gpu_idle"), 0.0);
 }
 
 fn exact_one(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {

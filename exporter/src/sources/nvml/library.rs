@@ -148,26 +148,26 @@ impl NvmlLibrary {
     }
 
     /// Why the clocks are held back: `nvmlDeviceGetCurrentClocksEventReasons` (NVML 12.2 and
-    /// later), else its former name `nvmlDeviceGetCurrentClocksThrottleReasons`.
+    /// later), else its former name `nvmlDeviceGetCurrentClocksThrottleReasons`. Both raw: the
+    /// whole mask, bits nvml-wrapper does not know included (they are reported as `other`;
+    /// its `current_throttle_reasons` drops them).
     fn clocks_event_reasons(
         &self,
         d: &Device<'_>,
         r: &mut Readings,
     ) -> Result<Option<u64>, GpuError> {
         let lib = self.nvml.lib();
-        let Ok(sym) = lib.nvmlDeviceGetCurrentClocksEventReasons.as_ref() else {
-            return r.optional(
-                d.current_throttle_reasons().map(|r| r.bits()),
-                "nvmlDeviceGetCurrentClocksThrottleReasons",
-            );
+        let (sym, name) = match lib.nvmlDeviceGetCurrentClocksEventReasons.as_ref() {
+            Ok(sym) => (sym, "nvmlDeviceGetCurrentClocksEventReasons"),
+            Err(_) => match lib.nvmlDeviceGetCurrentClocksThrottleReasons.as_ref() {
+                Ok(sym) => (sym, "nvmlDeviceGetCurrentClocksThrottleReasons"),
+                Err(_) => return Ok(None),
+            },
         };
         let mut mask: c_ulonglong = 0;
-        // SAFETY: a live handle of this NVML and the `unsigned long long *` the call takes.
+        // SAFETY: a live handle of this NVML and the `unsigned long long *` both calls take.
         let rc = unsafe { (*sym)(d.handle(), &mut mask) };
-        r.optional(
-            nvml_try(rc).map(|()| mask),
-            "nvmlDeviceGetCurrentClocksEventReasons",
-        )
+        r.optional(nvml_try(rc).map(|()| mask), name)
     }
 
     /// `nvmlDeviceGetProcessUtilization`, asked for samples newer than `since_us`. nvml-wrapper

@@ -851,10 +851,14 @@ static nvmlReturn_t reasons(nvmlDevice_t h, const char *name, unsigned long long
     return leave(NVML_SUCCESS);
 }
 
+/* Built with -DSTANDIN_BEFORE_12_2: a driver older than NVML 12.2 (R535), which has only the
+ * former name. */
+#ifndef STANDIN_BEFORE_12_2
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t h,
                                                            unsigned long long *mask) {
     return reasons(h, "nvmlDeviceGetCurrentClocksEventReasons", mask);
 }
+#endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t h,
                                                               unsigned long long *mask) {
