@@ -25,12 +25,15 @@ fn fake_smi() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/nvml/fake-nvidia-smi")
 }
 
-/// Runs the script with a PATH that has no nvidia-smi and `pci` as the PCI bus.
+/// Runs the script as on a machine whose PCI bus is `pci`, with no NVIDIA driver (no
+/// /proc/driver/nvidia/version, unless the test writes `pci/no-driver-version`, and no
+/// nvidia-smi), whatever this machine has: the test runs, never skips, on a GPU machine too.
 fn run_without_driver(pci: &Path) -> Output {
     Command::new("bash")
         .arg(script())
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("GPU_NODE_PCI", pci)
+        .env("GPU_NODE_DRIVER", pci.join("no-driver-version"))
+        .env("GPU_NODE_NVIDIA_SMI", pci.join("no-nvidia-smi"))
         .output()
         .unwrap()
 }
@@ -45,12 +48,6 @@ fn text(out: &Output) -> String {
 
 #[test]
 fn gpu_node_check_skips_without_a_driver_and_fails_with_gpus_but_no_driver() {
-    if Path::new("/proc/driver/nvidia/version").exists() {
-        eprintln!(
-            "SKIPPED: this machine has an NVIDIA driver; run scripts/checks/gpu-node.sh itself"
-        );
-        return;
-    }
     let pci = tempfile::tempdir().unwrap();
     let add = |name: &str, vendor: &str, class: &str| {
         let d = pci.path().join(name);
@@ -65,6 +62,15 @@ fn gpu_node_check_skips_without_a_driver_and_fails_with_gpus_but_no_driver() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("gpu-node: SKIPPED: no NVIDIA driver"), "{t}");
+    // A driver loaded (its /proc file there) without its utilities: a failure too.
+    std::fs::write(
+        pci.path().join("no-driver-version"),
+        "NVRM version: 550.54.15\n",
+    )
+    .unwrap();
+    let out = run_without_driver(pci.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    std::fs::remove_file(pci.path().join("no-driver-version")).unwrap();
 
     // An H100 on the bus but no driver utilities: a failure, never a skip.
     add("0000:3b:00.0", "0x10de", "0x030200");
