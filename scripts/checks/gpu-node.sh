@@ -18,17 +18,20 @@
 # Environment (defaults in brackets):
 #   SYSSCOPE_BIN        the binary [target/release/sysscope, built if missing]
 #   GPU_NODE_SECONDS    how long the load runs [60]; GPU_NODE_MIB its device memory [1024]
-#   GPU_NODE_DEVICE     the CUDA device index the load runs on [0]
+#   GPU_NODE_DEVICE     the GPU the load runs on, numbered as nvidia-smi does [0]
 #   GPU_NODE_ROUNDS, GPU_NODE_INTERVAL, GPU_NODE_WARMUP
 #                       samples compared [5], seconds between them [2], before the first [5]
 # Seams for the test suite, which checks this script without a GPU against the NVML stand-in
 # and a fake nvidia-smi (exporter/tests/integration/gpu_node_check.rs); never set them on a GPU
-# machine: GPU_NODE_PCI (/sys/bus/pci/devices), GPU_NODE_NVIDIA_SMI (nvidia-smi),
-# GPU_NODE_NVML_LIBRARY (gpu.nvml_library), GPU_NODE_LOAD (a command replacing the CUDA load).
+# machine: GPU_NODE_PCI (/sys/bus/pci/devices), GPU_NODE_DRIVER (/proc/driver/nvidia/version),
+# GPU_NODE_NVIDIA_SMI (nvidia-smi), GPU_NODE_NVML_LIBRARY (gpu.nvml_library), GPU_NODE_LOAD (a
+# command replacing the CUDA load), GPU_NODE_OWN_CGROUP=0 (act as a user who cannot make a
+# cgroup for the load).
 set -uo pipefail
 
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 pci=${GPU_NODE_PCI:-/sys/bus/pci/devices}
+driver=${GPU_NODE_DRIVER:-/proc/driver/nvidia/version}
 smi=${GPU_NODE_NVIDIA_SMI:-nvidia-smi}
 
 # NVIDIA display controllers (vendor 0x10de, class 0x03xxxx) on the PCI bus.
@@ -41,7 +44,7 @@ for d in "$pci"/*; do
 done
 
 if ! command -v "$smi" >/dev/null 2>&1; then
-  if [ "$gpus_on_pci" -eq 0 ] && [ ! -e /proc/driver/nvidia/version ]; then
+  if [ "$gpus_on_pci" -eq 0 ] && [ ! -e "$driver" ]; then
     echo "gpu-node: SKIPPED: no NVIDIA driver (no nvidia-smi, no NVIDIA GPU on the PCI bus)"
     exit 0
   fi

@@ -3,18 +3,22 @@
 
 Reads rendered manifests (`kubectl kustomize deploy/kubernetes`, multi-document YAML) or, with
 --kustomization DIR, renders the kustomization itself (when kubectl is not installed): its
-resources (files and kustomization directories), ConfigMap generators, namespace, components
-and JSON 6902 patches, the subset of kustomize these manifests use. Fails on: a privileged container, privilege escalation, a writable root filesystem,
+resources (files and kustomization directories), ConfigMap generators, namespace, components,
+JSON 6902 patches and replacements, the subset of kustomize these manifests use. Fails on: a
+privileged container, privilege escalation, a writable root filesystem,
 capabilities not dropped (ALL) or added beyond the allowed set (and every added capability
 must be justified in docs/kubernetes.md), a seccomp profile other than RuntimeDefault/Localhost,
 host mounts that are writable or not on the allowlist, host network/IPC, missing or malformed
 resources, missing probes, a missing NODE_NAME, a loopback listen address, RBAC beyond
-get/list/watch pods, a non-headless Service, a PodMonitor that does not select the pods.
-With the GPU DaemonSet (components/gpu-operator, components/gpu-host-driver) also on: a pod
-that requests an nvidia.com resource (the agent must not take a GPU from the scheduler), a
-RuntimeClass or NVIDIA variables on a DaemonSet that does not select GPU nodes only, a node
-both DaemonSets could run on, a host library directory mounted as more than its
-libnvidia-ml.so.1, and any difference between the two DaemonSets beyond the GPU ones.
+get/list/watch pods, a non-headless Service, a PodMonitor that does not select the pods, a
+DaemonSet whose selector matches another DaemonSet's pods. With the GPU DaemonSet
+(components/gpu-operator, components/gpu-host-driver) also on: a pod that requests an
+nvidia.com resource (the agent must not take a GPU from the scheduler), a RuntimeClass or
+NVIDIA variables on a DaemonSet that does not select GPU nodes only, a node both DaemonSets
+could run on, a host path outside the allowlist other than one libnvidia-ml.so.1 file
+(hostPath type File, mounted as that file: never its directory, never through subPath, which
+makes the kubelet create a directory on the host where the file is missing), and any
+difference between the two DaemonSets beyond the GPU ones.
 
   k8s_security_posture.py RENDERED.yaml [--docs docs/kubernetes.md]
   k8s_security_posture.py --kustomization deploy/kubernetes [--docs ...]
@@ -91,6 +95,38 @@ def apply_json6902(doc, ops):
             raise ValueError(f"JSON patch op {kind} is not supported here")
 
 
+def _field(doc, path, create=False):
+    """The parent mapping and key of a kustomize fieldPath (dot-separated) in doc."""
+    parts = path.split(".")
+    cur = doc
+    for part in parts[:-1]:
+        if part not in cur:
+            if not create:
+                raise KeyError(path)
+            cur[part] = {}
+        cur = cur[part]
+    return cur, parts[-1]
+
+
+def apply_replacement(docs, repl):
+    """A kustomize replacement: a source field (by kind and name) copied into the targets'."""
+    src = repl["source"]
+    source = [d for d in docs if _targets(d, src)]
+    if len(source) != 1:
+        raise ValueError(f"replacement source {src} matches {len(source)} objects")
+    parent, key = _field(source[0], src["fieldPath"])
+    value = parent[key]
+    for target in repl["targets"]:
+        create = (target.get("options") or {}).get("create", False)
+        hits = [d for d in docs if _targets(d, target["select"])]
+        if not hits:
+            raise ValueError(f"replacement target {target['select']} matches nothing")
+        for d in hits:
+            for path in target["fieldPaths"]:
+                tparent, tkey = _field(d, path, create)
+                tparent[tkey] = copy.deepcopy(value)
+
+
 def _targets(doc, target):
     if target.get("kind") and doc.get("kind") != target["kind"]:
         return False
@@ -129,6 +165,9 @@ def _apply_kustomization(directory, k, docs):
             raise ValueError(f"{directory}: patch target {patch.get('target')} matches nothing")
         for d in hits:
             apply_json6902(d, ops)
+    # kustomize runs replacements after patches.
+    for repl in k.get("replacements", []):
+        apply_replacement(docs, repl)
 
 
 def render_kustomization(directory):
@@ -234,11 +273,16 @@ def check_daemonset(ds, docs, documented_caps, p):
             elif not gpu_only:
                 p(f"volume {vname}: hostPath {path} is not on the allowlist {sorted(ALLOWED_HOST_PATHS)}")
             else:
-                # The NVIDIA driver's library directory: only its NVML, never the directory.
+                # The NVIDIA driver's NVML, one file: never the directory, never through a
+                # subPath (the kubelet makes a missing subPath a directory, on the host).
                 uses = [m for _, m in mounts if m["name"] == vname]
-                if not uses or any(m.get("subPath") != NVML_FILE for m in uses):
+                ok = (os.path.basename(path) == NVML_FILE and v["hostPath"].get("type") == "File"
+                      and uses and all(os.path.basename(m["mountPath"]) == NVML_FILE and "subPath" not in m
+                                       for m in uses))
+                if not ok:
                     p(f"volume {vname}: hostPath {path} is not on the allowlist {sorted(ALLOWED_HOST_PATHS)}, "
-                      f"and may only be mounted as its {NVML_FILE} (subPath)")
+                      f"and may only be the driver's {NVML_FILE} itself (type: File), mounted as that file "
+                      "without subPath")
         cm = v.get("configMap")
         if cm and not any(c["metadata"]["name"] == cm["name"] for c in by_kind(docs, "ConfigMap")):
             p(f"volume {vname}: ConfigMap {cm['name']} is not among the manifests")
@@ -331,7 +375,13 @@ def check(docs, documented_caps):
                   f"(required node affinity {k} NotIn [{v}]): two agents on one node")
         if without_gpu_settings(gpu) != without_gpu_settings(daemonsets["sysscope"]):
             p(f"DaemonSet {GPU_DAEMONSET}: differs from sysscope beyond its GPU settings "
-              "(components/gpu-nodes/daemonset-gpu.yaml mirrors daemonset.yaml)")
+              "(components/gpu-nodes copies the pod spec of daemonset.yaml)")
+    for name, ds in daemonsets.items():
+        sel = ds["spec"].get("selector", {}).get("matchLabels", {})
+        for other_name, other in daemonsets.items():
+            labels = other["spec"]["template"]["metadata"].get("labels", {})
+            if other_name != name and sel and all(labels.get(k) == v for k, v in sel.items()):
+                p(f"DaemonSet {name}: its selector {sel} also matches the pods of {other_name}")
 
     roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
     for r in roles:
@@ -418,6 +468,17 @@ def self_test(docs, documented_caps):
             "driver directory mounted whole": lambda d: gpu_spec(d)["volumes"].append(
                 {"name": "driver", "hostPath": {"path": "/usr/lib64"}}) or gpu_spec(d)["containers"][0][
                 "volumeMounts"].append({"name": "driver", "mountPath": "/host/lib", "readOnly": True}),
+            "driver's NVML through subPath": lambda d: gpu_spec(d)["volumes"].append(
+                {"name": "driver", "hostPath": {"path": "/usr/lib64", "type": "Directory"}}) or gpu_spec(d)[
+                "containers"][0]["volumeMounts"].append(
+                {"name": "driver", "mountPath": "/usr/local/nvidia/lib64/" + NVML_FILE, "subPath": NVML_FILE,
+                 "readOnly": True}),
+            "driver's NVML without type File": lambda d: gpu_spec(d)["volumes"].append(
+                {"name": "driver", "hostPath": {"path": "/usr/lib64/" + NVML_FILE}}) or gpu_spec(d)[
+                "containers"][0]["volumeMounts"].append(
+                {"name": "driver", "mountPath": "/usr/local/nvidia/lib64/" + NVML_FILE, "readOnly": True}),
+            "selectors overlap": lambda d: ds(d)["spec"].__setitem__(
+                "selector", {"matchLabels": {"app.kubernetes.io/name": "sysscope"}}),
         })
     missed = []
     for what, fn in mutations.items():

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Checks deploy/kubernetes/ offline: renders every variant (the plain kustomization, with the
 # optional priority-class component, the two GPU overlays of deploy/kubernetes-gpu/, and a GPU
-# overlay with the optional components after it) with `kubectl kustomize` when kubectl is
-# installed, else with the posture script's own renderer (the subset of kustomize these use);
+# overlay with the optional components listed after it, before it, and enabled in
+# deploy/kubernetes itself, each of which must reach both DaemonSets) with `kubectl kustomize`
+# when kubectl is installed, else with the posture script's own renderer (the subset of
+# kustomize these use);
 # validates every object with kubernetes-validate (strict) against
 # Kubernetes $K8S_VERSION (PodMonitor, a Prometheus Operator CRD, has no schema there and is
 # checked structurally by the posture script instead); lints with yamllint (.yamllint); and
@@ -31,13 +33,19 @@ done
 # needed: kustomize refuses absolute paths and parents of the kustomization, so the overlay
 # sits next to copies of deploy/kubernetes and deploy/kubernetes-gpu).
 cp -r "$dir" "$work/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$work/kubernetes-gpu"
-mkdir "$work/with-priority" "$work/gpu-all"
+mkdir "$work/with-priority" "$work/gpu-after" "$work/gpu-before" "$work/in-base"
 printf 'resources: [../kubernetes]\ncomponents: [../kubernetes/components/priority-class]\n' \
   >"$work/with-priority/kustomization.yaml"
 printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/gpu-operator\n  - ../kubernetes/components/priority-class\n  - ../kubernetes/components/web-auth\n' \
-  >"$work/gpu-all/kustomization.yaml"
+  >"$work/gpu-after/kustomization.yaml"
+printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/priority-class\n  - ../kubernetes/components/web-auth\n  - ../kubernetes/components/gpu-host-driver\n' \
+  >"$work/gpu-before/kustomization.yaml"
+# The optional components enabled in deploy/kubernetes/kustomization.yaml, then a GPU overlay.
+cp -r "$dir" "$work/in-base/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$work/in-base/kubernetes-gpu"
+printf 'components:\n  - components/priority-class\n  - components/web-auth\n' >>"$work/in-base/kubernetes/kustomization.yaml"
 variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gpu/operator
-  gpu-host-driver:kubernetes-gpu/host-driver gpu-operator-all-components:gpu-all)
+  gpu-host-driver:kubernetes-gpu/host-driver gpu-components-after:gpu-after
+  gpu-components-before:gpu-before gpu-components-in-base:in-base/kubernetes-gpu/operator)
 kubectl=${KUBECTL-$(command -v kubectl || true)}
 if [ -n "$kubectl" ] && "$kubectl" kustomize --help >/dev/null 2>&1; then
   how="kubectl kustomize"
@@ -64,10 +72,14 @@ grep -q 'priorityClassName: sysscope-node-agent' "$work/with-priority.yaml" \
   || fail "components/priority-class does not set priorityClassName"
 grep -q 'runtimeClassName: nvidia' "$work/gpu-operator.yaml" \
   || fail "components/gpu-operator does not set runtimeClassName"
-grep -q 'subPath: libnvidia-ml.so.1' "$work/gpu-host-driver.yaml" \
-  || fail "components/gpu-host-driver does not mount NVML"
-[ "$(grep -c 'priorityClassName: sysscope-node-agent' "$work/gpu-operator-all-components.yaml")" = 2 ] \
-  || fail "components listed after a GPU component must patch both DaemonSets"
+grep -q 'path: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1' "$work/gpu-host-driver.yaml" \
+  && grep -q 'type: File' "$work/gpu-host-driver.yaml" \
+  || fail "components/gpu-host-driver does not mount NVML (one hostPath file)"
+for v in gpu-components-after gpu-components-before gpu-components-in-base; do
+  [ "$(grep -c 'priorityClassName: sysscope-node-agent' "$work/$v.yaml")" = 2 ] \
+    && [ "$(grep -c -- '--web.config.file=' "$work/$v.yaml")" = 2 ] \
+    || fail "$v: priority-class and web-auth must reach both DaemonSets, whatever the order of components"
+done
 posture=("${renders[@]}")
 
 # 2. Schemas, every variant in one run. A missing schema is only acceptable for the Prometheus
@@ -84,12 +96,17 @@ objects=$(echo "$out" | grep -c ' passed for resource ')
 # 3. Lint the hand-written YAML.
 yamllint --strict -c "$top/.yamllint" "$dir" "$top/deploy/kubernetes-gpu" >>"$log" 2>&1 || fail "yamllint"
 
-# 4. Security posture of every variant (and a self-test that every check can fail).
+# 4. Security posture of every variant, with a self-test that every check can fail on the
+# plain one and the two GPU overlays (the others differ only in what the components add).
 for f in "${posture[@]}"; do
-  python3 "$top/scripts/checks/k8s_security_posture.py" "$f" --self-test \
+  case $(basename "$f" .yaml) in
+    base | gpu-operator | gpu-host-driver) self_test=--self-test ;;
+    *) self_test= ;;
+  esac
+  python3 "$top/scripts/checks/k8s_security_posture.py" "$f" $self_test \
     --docs "$top/docs/kubernetes.md" >>"$log" 2>&1 \
     || fail "security posture of the $(basename "$f" .yaml) variant: $(tail -n 1 "$log")"
 done
 
 [ "${VERBOSE:-0}" = 1 ] && cat "$log"
-echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $(tail -n 1 "$log" | sed 's/^OK: //'))"
+echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $(grep 'mutations all caught' "$log" | tail -n 1 | sed 's/^OK: //'))"

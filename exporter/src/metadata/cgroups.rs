@@ -1,6 +1,8 @@
 //! cgroup v2: finds the mount from `/proc/self/mountinfo` and resolves cgroup ids (the inode
 //! number of a cgroup's directory, as `bpf_get_current_cgroup_id()` returns) to paths relative
-//! to the v2 root ("/" for the root, "/system.slice/foo.service" below it).
+//! to the v2 root ("/" for the root, "/system.slice/foo.service" below it). Paths read from
+//! `/proc/<pid>/cgroup` are relative to this process's cgroup namespace instead;
+//! [`namespace_root`] and [`join_namespace_path`] turn them into the same form.
 
 use std::{
     collections::HashMap,
@@ -34,20 +36,7 @@ pub enum CgroupError {
 /// the first, as the kernel lists them.
 pub fn find_v2_mount(mountinfo: &str) -> Option<PathBuf> {
     let mut best: Option<(usize, PathBuf)> = None;
-    for line in mountinfo.lines() {
-        // "36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw"
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        if right.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let mut fields = left.split_whitespace();
-        let root = fields.nth(3);
-        let mount_point = fields.next();
-        let (Some(root), Some(mp)) = (root, mount_point) else {
-            continue;
-        };
+    for (root, mp) in cgroup2_mounts(mountinfo) {
         let components: Vec<&str> = root.split('/').filter(|c| !c.is_empty()).collect();
         if !components.iter().all(|c| *c == "..") {
             continue;
@@ -58,6 +47,21 @@ pub fn find_v2_mount(mountinfo: &str) -> Option<PathBuf> {
         }
     }
     best.map(|(_, p)| p)
+}
+
+/// The (root, mount point) of every cgroup2 mount in mountinfo text, as the kernel writes
+/// them (the mount point escaped).
+fn cgroup2_mounts(mountinfo: &str) -> impl Iterator<Item = (&str, &str)> {
+    mountinfo.lines().filter_map(|line| {
+        // "36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw"
+        let (left, right) = line.split_once(" - ")?;
+        if right.split_whitespace().next() != Some("cgroup2") {
+            return None;
+        }
+        let mut fields = left.split_whitespace();
+        let root = fields.nth(3)?;
+        Some((root, fields.next()?))
+    })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal (`\040`).
@@ -270,6 +274,132 @@ pub fn id_of(dir: &Path) -> std::io::Result<u64> {
     Ok(std::fs::metadata(dir)?.ino())
 }
 
+/// The path of the `0::` (cgroup v2) line of `/proc/<pid>/cgroup` text.
+pub(crate) fn parse_proc_cgroup(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim_end().to_string())
+        .filter(|p| p.starts_with('/'))
+}
+
+/// Why the root of this process's cgroup namespace was not found in the hierarchy.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NamespaceRootError {
+    #[error("cannot read {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "no cgroup2 mount shows the root of this process's cgroup namespace, and no \
+         cgroup.procs under {root} lists pid {pid} (at {own} in its namespace)"
+    )]
+    NotFound { root: String, pid: u32, own: String },
+}
+
+/// Where the root of the cgroup namespace of `proc_self` (`/proc/self`, the link to this
+/// process's `/proc/<pid>`) is in the hierarchy `resolver` walks, as a path from its root.
+///
+/// `/proc/<pid>/cgroup` shows paths relative to the reader's cgroup namespace root
+/// (cgroup_namespaces(7)): read from a container with a namespace of its own, another pod's
+/// process is at `/../../../kubepods-burstable.slice/...`. The root is found, first that
+/// answers:
+/// 1. from a cgroup2 mount rooted at it (mountinfo root `/`: the mount a container runtime
+///    gives its container, or the host's own outside any namespace): that directory's inode
+///    is the root's cgroup id, which the resolver names;
+/// 2. from the cgroup whose `cgroup.procs` lists this process (pids there are in the
+///    reader's pid namespace, whichever that is), less this process's own path inside its
+///    namespace: a namespace without a mount of its own (`unshare -C`).
+///
+/// A namespace's root never moves: callers keep the answer.
+pub(crate) fn namespace_root(
+    resolver: &mut CgroupResolver,
+    proc_self: &Path,
+) -> Result<Arc<str>, NamespaceRootError> {
+    let read = |name: &str| {
+        let path = proc_self.join(name);
+        std::fs::read_to_string(&path).map_err(|source| NamespaceRootError::Read {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    for (root, mp) in cgroup2_mounts(&read("mountinfo")?) {
+        if root != "/" {
+            continue;
+        }
+        let Ok(id) = id_of(Path::new(&unescape_mountinfo(mp))) else {
+            continue;
+        };
+        if let Resolution::Known(path) = resolver.lookup_seen(id, Instant::now()) {
+            return Ok(path);
+        }
+    }
+    let own = parse_proc_cgroup(&read("cgroup")?).unwrap_or_default();
+    let pid = std::fs::read_link(proc_self)
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+        .unwrap_or_else(std::process::id);
+    let not_found = || NamespaceRootError::NotFound {
+        root: resolver.root().display().to_string(),
+        pid,
+        own: own.clone(),
+    };
+    let host = cgroup_of_pid(resolver.root(), pid).ok_or_else(not_found)?;
+    strip_path_suffix(&host, &own).ok_or_else(not_found)
+}
+
+/// The cgroup (a path from `root`) whose `cgroup.procs` lists `pid`.
+fn cgroup_of_pid(root: &Path, pid: u32) -> Option<String> {
+    let mut stack = vec![(root.to_path_buf(), String::from("/"))];
+    while let Some((dir, rel)) = stack.pop() {
+        if std::fs::read_to_string(dir.join("cgroup.procs"))
+            .is_ok_and(|procs| procs.lines().any(|l| l.trim().parse() == Ok(pid)))
+        {
+            return Some(rel);
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let child = format!("{}/{name}", rel.trim_end_matches('/'));
+                stack.push((entry.path(), child));
+            }
+        }
+    }
+    None
+}
+
+/// `path` without its last components `suffix` (`/a/b/c` less `/b/c` is `/a`).
+fn strip_path_suffix(path: &str, suffix: &str) -> Option<Arc<str>> {
+    let path: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let suffix: Vec<&str> = suffix.split('/').filter(|c| !c.is_empty()).collect();
+    let keep = path.len().checked_sub(suffix.len())?;
+    (path[keep..] == suffix[..]).then(|| Arc::from(format!("/{}", path[..keep].join("/"))))
+}
+
+/// A path from `/proc/<pid>/cgroup`, relative to a cgroup namespace whose root is at
+/// `namespace_root` ([`namespace_root`]), as a path from the resolver's root; `None` when it
+/// leads above that root (outside the hierarchy this process sees).
+pub(crate) fn join_namespace_path(namespace_root: &str, path: &str) -> Option<String> {
+    let mut out: Vec<&str> = namespace_root
+        .split('/')
+        .filter(|c| !c.is_empty())
+        .collect();
+    for c in path.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop()?;
+            }
+            name => out.push(name),
+        }
+    }
+    Some(format!("/{}", out.join("/")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,6 +469,89 @@ mod tests {
             late.lookup_seen(new_id, read_ended),
             Resolution::Known(Arc::from("/new"))
         );
+    }
+
+    #[test]
+    fn paths_of_a_cgroup_namespace_join_its_root() {
+        let root = "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-poda.slice/cri-containerd-a.scope";
+        assert_eq!(
+            join_namespace_path(root, "/../../../kubepods-burstable.slice/x.slice/y.scope")
+                .as_deref(),
+            Some("/kubepods.slice/kubepods-burstable.slice/x.slice/y.scope")
+        );
+        assert_eq!(join_namespace_path(root, "/").as_deref(), Some(root));
+        assert_eq!(
+            join_namespace_path(root, "/../../../../init.scope").as_deref(),
+            Some("/init.scope")
+        );
+        assert_eq!(
+            join_namespace_path(root, "/../../../../../init.scope"),
+            None
+        );
+        assert_eq!(join_namespace_path("/", "/a/./b").as_deref(), Some("/a/b"));
+        // Above the hierarchy this process sees.
+        assert_eq!(join_namespace_path("/a", "/../../b"), None);
+        assert_eq!(strip_path_suffix("/a/b/c", "/b/c").as_deref(), Some("/a"));
+        assert_eq!(strip_path_suffix("/a/b", "/").as_deref(), Some("/a/b"));
+        assert_eq!(strip_path_suffix("/a/b", "/x"), None);
+        assert_eq!(strip_path_suffix("/a", "/a/b"), None);
+    }
+
+    /// The namespace's root is found from the mount a runtime gives its container, and
+    /// without one (`unshare -C`) from the cgroup whose cgroup.procs lists this process.
+    #[test]
+    fn finds_the_root_of_a_cgroup_namespace_in_the_host_hierarchy() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = dir.path().join("host");
+        let ns_root = host.join("kubepods/besteffort/poda/ca");
+        std::fs::create_dir_all(ns_root.join("child")).unwrap();
+        std::fs::create_dir_all(host.join("kubepods/burstable/podb/cb")).unwrap();
+        let me = dir.path().join("proc/4242");
+        std::fs::create_dir_all(&me).unwrap();
+        std::os::unix::fs::symlink("4242", dir.path().join("proc/self")).unwrap();
+        let proc_self = dir.path().join("proc/self");
+        let host_mount = format!(
+            "1300 1280 0:30 /../../../.. {} ro - cgroup2 cgroup2 rw\n",
+            host.display()
+        );
+
+        // 1. The container's own mount, rooted at the namespace's root.
+        std::fs::write(
+            me.join("mountinfo"),
+            format!(
+                "{host_mount}1290 1280 0:30 / {} ro - cgroup2 cgroup rw\n",
+                ns_root.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(me.join("cgroup"), "0::/\n").unwrap();
+        let mut r = CgroupResolver::new(host.clone());
+        assert_eq!(
+            namespace_root(&mut r, &proc_self).unwrap().as_ref(),
+            "/kubepods/besteffort/poda/ca"
+        );
+
+        // 2. No such mount: this process (pid 4242, in /child of its namespace) is listed by
+        // the cgroup.procs of the host's .../ca/child.
+        std::fs::write(me.join("mountinfo"), &host_mount).unwrap();
+        std::fs::write(me.join("cgroup"), "0::/child\n").unwrap();
+        std::fs::write(
+            host.join("kubepods/burstable/podb/cb/cgroup.procs"),
+            "17\n42420\n",
+        )
+        .unwrap();
+        std::fs::write(ns_root.join("child/cgroup.procs"), "99\n4242\n").unwrap();
+        let mut r = CgroupResolver::new(host.clone());
+        assert_eq!(
+            namespace_root(&mut r, &proc_self).unwrap().as_ref(),
+            "/kubepods/besteffort/poda/ca"
+        );
+
+        // Neither: an error that says what was looked for.
+        std::fs::remove_file(ns_root.join("child/cgroup.procs")).unwrap();
+        let e = namespace_root(&mut r, &proc_self).unwrap_err().to_string();
+        assert!(e.contains("pid 4242") && e.contains("/child"), "{e}");
+        assert!(namespace_root(&mut r, &dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::{
 use crate::{
     common::*,
     kubernetes::{fresh_ids, FakeApi, Hierarchy},
-    nvml_standin::{Gpu, Mig, Proc, StandIn, State},
+    nvml_standin::{library_before_12_2, Gpu, Mig, Proc, StandIn, State},
 };
 
 const GIB: u64 = 1 << 30;
@@ -128,8 +128,9 @@ fn node_state(pid: u32, gone: u32) -> State {
     ];
     let mut mig = Gpu::full("GPU-bbbb");
     mig.pci_bus_id = Some("00000000:AF:00.0".into());
-    // In MIG mode this board reports no utilisation (as A100s do); processes run on instances.
-    mig.util = None;
+    // Its state has a utilisation, but NVML (and so the stand-in) reports none for a GPU in
+    // MIG mode; processes run on instances.
+    mig.util = Some((40, 10));
     mig.mig = Some((1, 1));
     mig.migs = vec![
         Mig {
@@ -170,7 +171,7 @@ fn node_state(pid: u32, gone: u32) -> State {
         driver_version: Some("550.54.15".into()),
         cuda_version: Some(12040),
         devices: vec![a, mig, small],
-        fails: Vec::new(),
+        ..State::default()
     }
 }
 
@@ -234,13 +235,9 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
     ] {
         assert_eq!(exact(&samples, name, &a), value, "{name}");
     }
-    let not_mig = with(&a, &[("mig_mode", "disabled")]);
+    assert_eq!(exact(&samples, "sysscope_gpu_utilization_ratio", &a), 0.87);
     assert_eq!(
-        exact(&samples, "sysscope_gpu_utilization_ratio", &not_mig),
-        0.87
-    );
-    assert_eq!(
-        exact(&samples, "sysscope_gpu_memory_utilization_ratio", &not_mig),
+        exact(&samples, "sysscope_gpu_memory_utilization_ratio", &a),
         0.17
     );
     for (clock, hz) in [("graphics", 1410e6), ("sm", 1395e6), ("memory", 1593e6)] {
@@ -284,6 +281,7 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
     // The board in MIG mode: no utilisation to misread, memory per instance.
     let b = [("gpu", "1"), ("uuid", "GPU-bbbb")];
     assert!(select(&samples, "sysscope_gpu_utilization_ratio", &b).is_empty());
+    assert!(select(&samples, "sysscope_gpu_memory_utilization_ratio", &b).is_empty());
     assert_eq!(
         exact(&samples, "sysscope_gpu_memory_used_bytes", &b),
         (3 * GIB) as f64
@@ -317,14 +315,7 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
 
     // The small board: what it does not support has no series.
     let c = [("gpu", "2"), ("uuid", "GPU-cccc")];
-    assert_eq!(
-        exact(
-            &samples,
-            "sysscope_gpu_utilization_ratio",
-            &with(&c, &[("mig_mode", "disabled")])
-        ),
-        0.05
-    );
+    assert_eq!(exact(&samples, "sysscope_gpu_utilization_ratio", &c), 0.05);
     for name in [
         "sysscope_gpu_power_watts",
         "sysscope_gpu_clock_hertz",
@@ -552,16 +543,40 @@ fn nvml_errors_and_devices_that_leave_and_return_degrade_only_the_gpu_collector(
     assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
     assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
 
-    // One call failing on one device takes that device down, and only it.
+    // Any call on one device answering GPU_IS_LOST takes that device down, and only it.
+    let mut lost_midway = state.clone();
+    lost_midway.devices[0]
+        .fails
+        .push(("nvmlDeviceGetPowerUsage".into(), 15));
+    standin.set(&lost_midway);
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 0.0);
+    assert_eq!(util(&samples, "0", "GPU-aaaa"), 0);
+    assert_eq!(device_up(&samples, "GPU-aaaa"), 0.0);
+    assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
+    // A call failing otherwise loses its own readings: the device and collector stay up, and
+    // the failure is counted.
     let mut failing = state.clone();
     failing.devices[0]
         .fails
         .push(("nvmlDeviceGetComputeRunningProcesses_v3".into(), 999));
     standin.set(&failing);
     let samples = exporter.scrape();
-    assert_eq!(up(&samples, "gpu"), 0.0);
-    assert_eq!(util(&samples, "0", "GPU-aaaa"), 0);
-    assert_eq!(util(&samples, "1", "GPU-bbbb"), 1);
+    assert_eq!(up(&samples, "gpu"), 1.0);
+    assert_eq!(util(&samples, "0", "GPU-aaaa"), 1);
+    assert_eq!(device_up(&samples, "GPU-aaaa"), 1.0);
+    assert_eq!(
+        exact_one(
+            &samples,
+            "sysscope_gpu_nvml_errors_total",
+            &[
+                ("uuid", "GPU-aaaa"),
+                ("call", "nvmlDeviceGetComputeRunningProcesses_v3"),
+                ("error", "unknown"),
+            ]
+        ),
+        1.0
+    );
     // A reading the device stops supporting loses its series, not the device.
     let mut unsupported = state.clone();
     unsupported.devices[0]
@@ -592,6 +607,270 @@ fn nvml_errors_and_devices_that_leave_and_return_degrade_only_the_gpu_collector(
     assert!(!select(&samples, "sysscope_syscalls_total", &[]).is_empty());
     // The device count, then the shutdown of the old NVML and its event thread.
     standin.wait_for_call("nvmlShutdown");
+}
+
+/// Readings that fail on a device that answers lose their own series, never the device's:
+/// NVML refusing an unprivileged caller the process lists of a GPU in MIG mode
+/// (NO_PERMISSION), and the per-process samples of a GPU where processes start between
+/// NVML's count and the call that fills the buffer (a transient INSUFFICIENT_SIZE, which
+/// sysscope retries with a larger buffer, and when it keeps failing leaves out that refresh).
+#[test]
+fn failed_readings_lose_their_series_not_the_device() {
+    if !require_root("failed_readings_lose_their_series_not_the_device") {
+        return;
+    }
+    let _node = share_node();
+    let mut child = Command::new(workload_bin())
+        .arg("wait-stdin")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn workload");
+    let pid = child.id();
+    let pid_s = pid.to_string();
+    let mut mig = Gpu::full("GPU-aaaa");
+    mig.util = None;
+    mig.mig = Some((1, 1));
+    mig.migs = vec![Mig {
+        uuid: "MIG-1111".into(),
+        name: "NVIDIA A100-SXM4-80GB MIG 7g.80gb".into(),
+        used: 2 * GIB,
+        total: 80 * GIB,
+        gi: 0,
+        ci: 0,
+    }];
+    mig.processes = vec![Proc {
+        pid,
+        used: Some(2 * GIB),
+        mig: Some((0, 0)),
+        ..Proc::default()
+    }];
+    let mut busy = Gpu::full("GPU-bbbb");
+    busy.processes = vec![Proc {
+        pid,
+        used: Some(GIB),
+        sm: 70,
+        mem: 20,
+        ..Proc::default()
+    }];
+    // One process started between NVML's count and the call that fills the buffer.
+    busy.insufficient_size = vec![("nvmlDeviceGetProcessUtilization".into(), 1)];
+    let mut state = State {
+        devices: vec![mig, busy],
+        unprivileged: true,
+        ..State::default()
+    };
+    let standin = StandIn::new(&state);
+    let exporter = Logged::start(
+        &format!("{TEST_CONFIG}{}", standin.config()),
+        &[standin.env()],
+    );
+    let errors = |s: &[Sample], uuid: &str, call: &str, error: &str| {
+        select(
+            s,
+            "sysscope_gpu_nvml_errors_total",
+            &[("uuid", uuid), ("call", call), ("error", error)],
+        )
+        .first()
+        .map(|s| s.value)
+    };
+    let sm = |s: &[Sample]| {
+        select(
+            s,
+            "sysscope_gpu_process_sm_utilization_ratio",
+            &[("uuid", "GPU-bbbb"), ("pid", pid_s.as_str())],
+        )
+        .first()
+        .map(|s| s.value)
+    };
+    std::thread::sleep(Duration::from_millis(250));
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0, "{}", exporter.logs());
+    for uuid in ["GPU-aaaa", "GPU-bbbb"] {
+        assert_eq!(
+            exact_one(&samples, "sysscope_gpu_device_up", &[("uuid", uuid)]),
+            1.0
+        );
+    }
+    // The GPU in MIG mode: its instances, no processes (NVML refused the list), the refusal
+    // counted and logged once however often it happens.
+    assert_eq!(
+        exact_one(
+            &samples,
+            "sysscope_gpu_mig_memory_used_bytes",
+            &[("mig_uuid", "MIG-1111")]
+        ),
+        (2 * GIB) as f64
+    );
+    assert!(select(
+        &samples,
+        "sysscope_gpu_process_memory_used_bytes",
+        &[("uuid", "GPU-aaaa")]
+    )
+    .is_empty());
+    assert!(
+        errors(
+            &samples,
+            "GPU-aaaa",
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            "no_permission"
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{:?}",
+        select(&samples, "sysscope_gpu_nvml_errors_total", &[])
+    );
+    // The other GPU: its samples read at the second try, nothing counted.
+    assert_eq!(sm(&samples), Some(0.7));
+    assert_eq!(
+        errors(
+            &samples,
+            "GPU-bbbb",
+            "nvmlDeviceGetProcessUtilization",
+            "insufficient_size"
+        ),
+        None
+    );
+    assert!(standin.calls().lines().any(|l| l
+        .starts_with("nvmlDeviceGetProcessUtilization GPU-bbbb")
+        && l.contains(" count=")));
+
+    // Processes keep starting: three tries in a row find the buffer too small. That refresh
+    // has no per-process utilisation, the memory series and the device stay, and the next
+    // refresh reads the samples again.
+    state.devices[1].insufficient_size = vec![("nvmlDeviceGetProcessUtilization".into(), 3)];
+    standin.set(&state);
+    std::thread::sleep(Duration::from_millis(250));
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0);
+    assert_eq!(sm(&samples), None);
+    assert_eq!(
+        exact_one(
+            &samples,
+            "sysscope_gpu_process_memory_used_bytes",
+            &[("uuid", "GPU-bbbb"), ("pid", pid_s.as_str())]
+        ),
+        GIB as f64
+    );
+    assert_eq!(
+        errors(
+            &samples,
+            "GPU-bbbb",
+            "nvmlDeviceGetProcessUtilization",
+            "insufficient_size"
+        ),
+        Some(1.0)
+    );
+    std::thread::sleep(Duration::from_millis(250));
+    assert_eq!(sm(&exporter.scrape()), Some(0.7));
+    let logs = exporter.logs();
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| {
+            l.contains("GPU reading failed")
+                && l.contains("GPU-aaaa")
+                && l.contains("nvmlDeviceGetComputeRunningProcesses_v3")
+        })
+        .collect();
+    assert_eq!(refused.len(), 1, "{logs}");
+    drop(child.stdin.take());
+    let _ = child.wait();
+}
+
+/// One GPU lost does not stop the XID counts of the others (the event set is made again
+/// without it), and once it answers again its own are counted too.
+#[test]
+fn xid_errors_of_other_gpus_are_counted_while_one_is_lost() {
+    if !require_root("xid_errors_of_other_gpus_are_counted_while_one_is_lost") {
+        return;
+    }
+    let mut state = State {
+        devices: vec![Gpu::full("GPU-aaaa"), Gpu::full("GPU-bbbb")],
+        ..State::default()
+    };
+    let standin = StandIn::new(&state);
+    let exporter = Logged::start(
+        &format!("{TEST_CONFIG}{}", standin.config()),
+        &[standin.env()],
+    );
+    // Each scrape reads the devices, which is how a device that answers again is noticed.
+    let registered = |uuid: &str, times: usize| {
+        let needle = format!("nvmlDeviceRegisterEvents {uuid}");
+        eventually(Duration::from_secs(10), || {
+            exporter.scrape();
+            (standin.calls().matches(needle.as_str()).count() >= times).then_some(())
+        })
+        .unwrap_or_else(|| panic!("{uuid} not registered {times} times:\n{}", standin.calls()));
+    };
+    let xid = |uuid: &str, code: &str| {
+        eventually(Duration::from_secs(10), || {
+            let s = exporter.scrape();
+            select(
+                &s,
+                "sysscope_gpu_xid_errors_total",
+                &[("uuid", uuid), ("xid", code)],
+            )
+            .first()
+            .map(|s| s.value)
+        })
+    };
+    registered("GPU-bbbb", 1);
+    // GPU-bbbb falls off the bus: waits on the set answer GPU_IS_LOST, the set is made again
+    // with GPU-aaaa alone, whose XID errors go on being counted.
+    state.devices[1].error = Some(15);
+    standin.set(&state);
+    standin.wait_for_call("nvmlEventSetWait_v2 GPU-bbbb -> lost");
+    registered("GPU-aaaa", 2);
+    state.devices[0].xids = vec![(1, 31)];
+    standin.set(&state);
+    assert_eq!(xid("GPU-aaaa", "31"), Some(1.0), "{}", exporter.logs());
+    // It answers again: added to the set, and its errors counted.
+    state.devices[1].error = None;
+    standin.set(&state);
+    registered("GPU-bbbb", 2);
+    state.devices[1].xids = vec![(1, 79)];
+    standin.set(&state);
+    assert_eq!(xid("GPU-bbbb", "79"), Some(1.0), "{}", exporter.logs());
+    assert_eq!(xid("GPU-aaaa", "31"), Some(1.0));
+    let logs = exporter.logs();
+    assert_eq!(
+        logs.lines()
+            .filter(|l| l.contains("waiting for GPU XID events failed"))
+            .count(),
+        1,
+        "{logs}"
+    );
+}
+
+/// A driver older than NVML 12.2 (R535) has only `nvmlDeviceGetCurrentClocksThrottleReasons`:
+/// its whole mask is read, and a bit sysscope has no name for is `other`, as with newer ones.
+#[test]
+fn clock_event_reasons_of_a_driver_before_12_2_keep_bits_without_a_name() {
+    if !require_root("clock_event_reasons_of_a_driver_before_12_2_keep_bits_without_a_name") {
+        return;
+    }
+    let mut gpu = Gpu::full("GPU-aaaa");
+    // Software power cap, and a bit no release of NVML named when this was written.
+    gpu.clocks_event_reasons = Some(0x4 | 0x1000_0000);
+    let standin = StandIn::new(&State {
+        devices: vec![gpu],
+        ..State::default()
+    });
+    let config = format!(
+        "{TEST_CONFIG}[gpu]\nnvml_library = \"{}\"\n",
+        library_before_12_2().display()
+    );
+    let exporter = Logged::start(&config, &[standin.env()]);
+    let samples = exporter.scrape();
+    assert_eq!(up(&samples, "gpu"), 1.0, "{}", exporter.logs());
+    let reason = |r: &str| {
+        exact_one(
+            &samples,
+            "sysscope_gpu_clock_event_reason_active",
+            &[("uuid", "GPU-aaaa"), ("reason", r)],
+        )
+    };
+    assert_eq!(reason("sw_power_cap"), 1.0);
+    assert_eq!(reason("other"), 1.0);
+    assert_eq!(reason("gpu_idle"), 0.0);
 }
 
 fn exact_one(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
@@ -723,4 +1002,132 @@ fn without_the_nvml_library_the_agent_runs_and_reports_gpu_down() {
         "{}",
         gpu_lines[0]
     );
+}
+
+/// The shipped DaemonSets run sysscope in a cgroup namespace of its own (an unprivileged pod
+/// on cgroup v2), where `/proc/<pid>/cgroup` of another pod's process reads
+/// `/../../../burstable/pod.../...`. A GPU process's series must carry the same `cgroup` and
+/// pod labels as its syscall series all the same: with the cgroup2 mount a container runtime
+/// gives the container (rooted at the namespace's root), and with `unshare -C` alone (no such
+/// mount). The agent sits in a Kubernetes-like container cgroup, the GPU process in a sibling
+/// pod's.
+#[test]
+fn from_a_cgroup_namespace_gpu_series_carry_the_cgroup_of_the_syscall_series() {
+    if !require_root("from_a_cgroup_namespace_gpu_series_carry_the_cgroup_of_the_syscall_series") {
+        return;
+    }
+    let top = TestCgroup::new("sysscope-test-cgns");
+    let (uid_a, cid_a) = fresh_ids();
+    let (uid_b, cid_b) = fresh_ids();
+    let agent = TestCgroup::at(&format!(
+        "{}/kubepods/besteffort/pod{uid_a}/{cid_a}",
+        top.rel
+    ));
+    let pod = TestCgroup::at(&format!(
+        "{}/kubepods/burstable/pod{uid_b}/{cid_b}",
+        top.rel
+    ));
+    // The GPU process makes syscalls while it runs, so that it has syscall series too.
+    let mut child = pod
+        .command(workload_bin())
+        .args(["rate-getppid", "200", "60"])
+        .spawn()
+        .expect("spawn workload");
+    let pid = child.id();
+    let pid_s = pid.to_string();
+    let mut gpu = Gpu::full("GPU-aaaa");
+    gpu.processes = vec![Proc {
+        pid,
+        used: Some(GIB),
+        sm: 40,
+        mem: 10,
+        ..Proc::default()
+    }];
+    let standin = StandIn::new(&State {
+        devices: vec![gpu],
+        ..State::default()
+    });
+    let mnt = tempfile::tempdir().unwrap();
+    let procs = agent.dir.join("cgroup.procs");
+    let cases = [
+        (
+            "a runtime's cgroup2 mount",
+            format!(
+                "echo $$ > {procs} && exec unshare --cgroup --mount -- sh -c 'mount -t cgroup2 none {mnt} && exec \"$0\" \"$@\"' \"$0\" \"$@\"",
+                procs = procs.display(),
+                mnt = mnt.path().display()
+            ),
+        ),
+        (
+            "unshare -C alone",
+            format!(
+                "echo $$ > {} && exec unshare --cgroup -- \"$0\" \"$@\"",
+                procs.display()
+            ),
+        ),
+    ];
+    for (case, script) in cases {
+        let config = format!("{TEST_CONFIG}{}", standin.config());
+        let mut exporter = Exporter::spawn_wrapped(
+            free_port(),
+            &config,
+            &[],
+            &[standin.env()],
+            &["sh", "-c", script.as_str()],
+        );
+        exporter.wait_ready(Duration::from_secs(30));
+        // The set-up holds: sysscope runs in a namespace rooted at the agent's cgroup, from
+        // where the GPU process's cgroup leads up and out.
+        let sysscope = exporter.child.id();
+        let own = std::fs::read_to_string(format!("/proc/{sysscope}/cgroup")).unwrap();
+        assert!(
+            own.lines().any(|l| l == format!("0::{}", agent.rel)),
+            "{case}: {own}"
+        );
+        let seen = Command::new("nsenter")
+            .arg(format!("--cgroup=/proc/{sysscope}/ns/cgroup"))
+            .args(["cat", &format!("/proc/{pid}/cgroup")])
+            .output()
+            .expect("nsenter (util-linux)");
+        let seen = String::from_utf8_lossy(&seen.stdout);
+        assert!(seen.contains("0::/../../../"), "{case}: {seen}");
+
+        let (gpu_labels, syscall_labels) = eventually(Duration::from_secs(20), || {
+            let s = parse_samples(&exporter.scrape());
+            let g = select(
+                &s,
+                "sysscope_gpu_process_memory_used_bytes",
+                &[("pid", pid_s.as_str())],
+            );
+            let calls = select(
+                &s,
+                "sysscope_syscalls_total",
+                &[("cgroup", pod.rel.as_str()), ("syscall", "getppid")],
+            );
+            match (g.as_slice(), calls.first()) {
+                ([g], Some(c)) => Some((g.labels.clone(), c.labels.clone())),
+                _ => None,
+            }
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{case}: no GPU series of pid {pid} and syscall series of {}:\n{}",
+                pod.rel,
+                exporter.scrape()
+            )
+        });
+        for key in ["cgroup", "pod_uid", "container_id"] {
+            assert_eq!(
+                gpu_labels.get(key),
+                syscall_labels.get(key),
+                "{case}: {key}: GPU {gpu_labels:?}, syscalls {syscall_labels:?}"
+            );
+        }
+        assert_eq!(gpu_labels["cgroup"], pod.rel, "{case}");
+        assert_eq!(gpu_labels["pod_uid"], uid_b, "{case}");
+        assert_eq!(gpu_labels["container_id"], cid_b, "{case}");
+        exporter.stop();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -25,12 +25,15 @@ fn fake_smi() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/nvml/fake-nvidia-smi")
 }
 
-/// Runs the script with a PATH that has no nvidia-smi and `pci` as the PCI bus.
+/// Runs the script as on a machine whose PCI bus is `pci`, with no NVIDIA driver (no
+/// /proc/driver/nvidia/version, unless the test writes `pci/no-driver-version`, and no
+/// nvidia-smi), whatever this machine has: the test runs, never skips, on a GPU machine too.
 fn run_without_driver(pci: &Path) -> Output {
     Command::new("bash")
         .arg(script())
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("GPU_NODE_PCI", pci)
+        .env("GPU_NODE_DRIVER", pci.join("no-driver-version"))
+        .env("GPU_NODE_NVIDIA_SMI", pci.join("no-nvidia-smi"))
         .output()
         .unwrap()
 }
@@ -45,12 +48,6 @@ fn text(out: &Output) -> String {
 
 #[test]
 fn gpu_node_check_skips_without_a_driver_and_fails_with_gpus_but_no_driver() {
-    if Path::new("/proc/driver/nvidia/version").exists() {
-        eprintln!(
-            "SKIPPED: this machine has an NVIDIA driver; run scripts/checks/gpu-node.sh itself"
-        );
-        return;
-    }
     let pci = tempfile::tempdir().unwrap();
     let add = |name: &str, vendor: &str, class: &str| {
         let d = pci.path().join(name);
@@ -65,6 +62,15 @@ fn gpu_node_check_skips_without_a_driver_and_fails_with_gpus_but_no_driver() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("gpu-node: SKIPPED: no NVIDIA driver"), "{t}");
+    // A driver loaded (its /proc file there) without its utilities: a failure too.
+    std::fs::write(
+        pci.path().join("no-driver-version"),
+        "NVRM version: 550.54.15\n",
+    )
+    .unwrap();
+    let out = run_without_driver(pci.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    std::fs::remove_file(pci.path().join("no-driver-version")).unwrap();
 
     // An H100 on the bus but no driver utilities: a failure, never a skip.
     add("0000:3b:00.0", "0x10de", "0x030200");
@@ -104,8 +110,9 @@ fn node(util: u32, load_pid: &str) -> String {
         .replace("process 0 ", &format!("process {load_pid} "))
 }
 
-/// Runs the script against the stand-in with nvidia-smi reporting `offset` more utilisation.
-fn run_against_standin(util: u32, offset: u32) -> Output {
+/// Runs the script against the stand-in with nvidia-smi reporting `offset` more utilisation;
+/// without `own_cgroup`, as a user who cannot make a cgroup for the load.
+fn run_against_standin(util: u32, offset: u32, own_cgroup: bool) -> Output {
     let standin = StandIn::new(&State::default());
     std::fs::write(&standin.state, node(util, "")).unwrap();
     let template = standin.dir.path().join("with-load");
@@ -115,7 +122,8 @@ fn run_against_standin(util: u32, offset: u32) -> Output {
     std::fs::write(
         &load,
         format!(
-            "#!/bin/sh\nsed \"s/LOADPID/$$/\" {t} > {tmp} && mv {tmp} {s}\necho ready\nexec sleep 30\n",
+            // It makes syscalls while it runs (fork, wait), as a CUDA load does (ioctl).
+            "#!/bin/sh\nsed \"s/LOADPID/$$/\" {t} > {tmp} && mv {tmp} {s}\necho ready\nwhile :; do sleep 0.1; done\n",
             t = template.display(),
             tmp = tmp.display(),
             s = standin.state.display()
@@ -134,6 +142,7 @@ fn run_against_standin(util: u32, offset: u32) -> Output {
         .env("GPU_NODE_INTERVAL", "0.5")
         .env("GPU_NODE_WARMUP", "1.5")
         .env("FAKE_NVIDIA_SMI_UTIL_OFFSET", offset.to_string())
+        .env("GPU_NODE_OWN_CGROUP", if own_cgroup { "1" } else { "0" })
         .output()
         .unwrap()
 }
@@ -144,7 +153,7 @@ fn gpu_node_check_compares_sysscope_with_nvidia_smi_and_fails_on_a_disagreement(
     {
         return;
     }
-    let out = run_against_standin(60, 0);
+    let out = run_against_standin(60, 0, true);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     for row in [
@@ -167,10 +176,17 @@ fn gpu_node_check_compares_sysscope_with_nvidia_smi_and_fails_on_a_disagreement(
     assert!(cgroup.contains("/sysscope-gpu-node-"), "{cgroup}");
     assert!(t.contains("gpu-node: PASS (7 comparisons agree)"), "{t}");
 
-    // nvidia-smi says 40 points more: beyond NVML's window, so a failure naming the row.
-    let out = run_against_standin(50, 40);
+    // nvidia-smi says 40 points more: beyond NVML's window, so a failure naming the row. And
+    // without a cgroup of its own, the load's GPU series are checked against the cgroup of its
+    // syscall series, which the probes name from the kernel's cgroup id.
+    let out = run_against_standin(50, 40, false);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
+    let cgroup = t.lines().find(|l| l.starts_with("process cgroup")).unwrap();
+    assert!(
+        cgroup.contains("= its syscalls'") && cgroup.ends_with("PASS"),
+        "{cgroup}\n{t}"
+    );
     let util = t
         .lines()
         .find(|l| l.starts_with("device utilisation"))

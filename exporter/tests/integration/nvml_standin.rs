@@ -19,36 +19,47 @@ pub const STATE_ENV: &str = "SYSSCOPE_NVML_STANDIN_STATE";
 /// The stand-in library, compiled on first use (about 0.3 s).
 pub fn library() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/nvml/standin.c");
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("nvml-standin");
-        std::fs::create_dir_all(&dir).unwrap();
-        let lib = dir.join("libnvidia-ml.so.1");
-        let tmp = dir.join(format!("libnvidia-ml.so.1.{}", std::process::id()));
-        let out = Command::new("gcc")
-            .args([
-                "-shared",
-                "-fPIC",
-                "-O2",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-fvisibility=hidden",
-                "-o",
-            ])
-            .arg(&tmp)
-            .arg(&src)
-            .arg("-lpthread")
-            .output()
-            .expect("gcc (build-essential) must be installed: scripts/setup.sh --test");
-        assert!(
-            out.status.success(),
-            "building the NVML stand-in failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::rename(&tmp, &lib).unwrap();
-        lib
-    })
+    LIB.get_or_init(|| build("nvml-standin", &[]))
+}
+
+/// The stand-in as a driver older than NVML 12.2 (R535) is: without
+/// `nvmlDeviceGetCurrentClocksEventReasons`, only its former name
+/// `nvmlDeviceGetCurrentClocksThrottleReasons`.
+pub fn library_before_12_2() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| build("nvml-standin-before-12.2", &["-DSTANDIN_BEFORE_12_2"]))
+}
+
+fn build(name: &str, defines: &[&str]) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/nvml/standin.c");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = dir.join("libnvidia-ml.so.1");
+    let tmp = dir.join(format!("libnvidia-ml.so.1.{}", std::process::id()));
+    let out = Command::new("gcc")
+        .args(defines)
+        .args([
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-fvisibility=hidden",
+            "-o",
+        ])
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-lpthread")
+        .output()
+        .expect("gcc (build-essential) must be installed: scripts/setup.sh --test");
+    assert!(
+        out.status.success(),
+        "building the NVML stand-in failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&tmp, &lib).unwrap();
+    lib
 }
 
 /// A process the stand-in lists on a device.
@@ -102,6 +113,8 @@ pub struct Gpu {
     pub xids: Vec<(u64, u64)>,
     /// (NVML function, error code) for this device.
     pub fails: Vec<(String, u32)>,
+    /// (NVML function, calls): that many calls with a buffer find it too small.
+    pub insufficient_size: Vec<(String, u32)>,
 }
 
 impl Gpu {
@@ -196,6 +209,9 @@ impl Gpu {
         for (f, code) in &self.fails {
             w(out, format!("fail {f} {code}"));
         }
+        for (f, n) in &self.insufficient_size {
+            w(out, format!("insufficient_size {f} {n}"));
+        }
     }
 }
 
@@ -207,6 +223,8 @@ pub struct State {
     pub devices: Vec<Gpu>,
     /// (NVML function, error code), e.g. ("nvmlInit_v2", 9).
     pub fails: Vec<(String, u32)>,
+    /// The caller lacks NVML's admin privileges (process lists of GPUs in MIG mode refused).
+    pub unprivileged: bool,
 }
 
 impl State {
@@ -221,6 +239,9 @@ impl State {
         }
         for (f, code) in &self.fails {
             writeln!(out, "fail {f} {code}").unwrap();
+        }
+        if self.unprivileged {
+            writeln!(out, "unprivileged").unwrap();
         }
         for d in &self.devices {
             d.render(&mut out);

@@ -10,12 +10,19 @@
 //!   without GPUs from a GPU node whose driver is missing ([`pci`]).
 //! - NVML loads but does not initialise, or stops answering: the collector is down and
 //!   initialises again every [`RETRY_INTERVAL`].
-//! - One device errors or disappears: its series go, `sysscope_gpu_device_up` of it is 0 and
-//!   the collector reports down (the other devices' series stay) until it answers again.
+//! - One device is lost (GPU_IS_LOST), has no handle or UUID, or disappears: its series go,
+//!   `sysscope_gpu_device_up` of it is 0 and the collector reports down (the other devices'
+//!   series stay) until it answers again.
+//! - One reading of a device that answers fails otherwise (NoPermission for the process lists
+//!   of a GPU in MIG mode, a transient InsufficientSize, Unknown, ...): that reading's series
+//!   are absent meanwhile, the failure is logged once and counted
+//!   (`sysscope_gpu_nvml_errors_total`), and the device and collector stay up.
 //!
 //! Per-process series join each pid to its process name and cgroup (the `0::` line of
 //! `/proc/<pid>/cgroup`, then the shared labeler), so they carry the same `cgroup` and
-//! Kubernetes labels as the syscall series.
+//! Kubernetes labels as the syscall series. That line is relative to sysscope's own cgroup
+//! namespace (a container's, in the shipped DaemonSets): it is joined to where that namespace's
+//! root is in the host hierarchy ([`cgroups::namespace_root`]), found once.
 
 pub(crate) mod pci;
 
@@ -37,11 +44,14 @@ use super::{Collector, CollectorError};
 pub(crate) use crate::sources::nvml::GpuError;
 use crate::{
     config::Config,
-    metadata::{cgroups::UNRESOLVED, SharedLabeler},
+    metadata::{
+        cgroups::{self, UNRESOLVED},
+        Labeler, SharedLabeler,
+    },
     series::{CgroupLabels, Workload},
     sources::nvml::{
-        Connect, DeviceInfo, DeviceReading, DriverInfo, MigInstance, Nvml, NvmlLibrary,
-        ProcessReading, ProcessSample, XidKey,
+        Connect, DeviceInfo, DeviceReading, DriverInfo, FailedReading, MigInstance, Nvml,
+        NvmlLibrary, ProcessReading, ProcessSample, XidKey,
     },
     util::error::Chain,
 };
@@ -136,11 +146,17 @@ pub(crate) struct GpuCollector {
     failing_indices: BTreeSet<u32>,
     /// XID errors counted since start, by device and code (across NVML initialisations).
     xids: BTreeMap<XidKey, u64>,
+    /// Readings that failed on devices that answered, by (device UUID, NVML call, error).
+    failed_readings: BTreeMap<(String, &'static str, &'static str), u64>,
     labeler: SharedLabeler,
     paths: GpuPaths,
     pci_devices: u64,
     pci_counted: Instant,
     dropped_processes: u64,
+    /// Where this process's cgroup namespace is rooted in the host hierarchy, once found.
+    cgroup_namespace: Option<Arc<str>>,
+    /// When finding it last failed (tried again after [`RETRY_INTERVAL`], logged once).
+    cgroup_namespace_failed: Option<Instant>,
 }
 
 impl std::fmt::Debug for GpuCollector {
@@ -186,11 +202,14 @@ impl GpuCollector {
             devices: BTreeMap::new(),
             failing_indices: BTreeSet::new(),
             xids: BTreeMap::new(),
+            failed_readings: BTreeMap::new(),
             labeler,
             pci_devices: pci::count_nvidia_gpus(&paths.pci_devices),
             pci_counted: Instant::now(),
             paths,
             dropped_processes: 0,
+            cgroup_namespace: None,
+            cgroup_namespace_failed: None,
         }
     }
 
@@ -275,6 +294,7 @@ impl GpuCollector {
                 return Err(e);
             }
         };
+        self.count_failed(index, &uuid, reading.failed.iter().chain(&procs.failed));
         // A process that exited while NVML still lists it keeps the labels it had.
         let previous: BTreeMap<u32, Workload> = self
             .devices
@@ -308,6 +328,55 @@ impl GpuCollector {
         device.processes = processes;
         self.failing_indices.remove(&index);
         Ok(uuid)
+    }
+
+    /// Counts readings that failed on a device that answered; each kind is logged once.
+    fn count_failed<'a>(
+        &mut self,
+        index: u32,
+        uuid: &str,
+        failed: impl Iterator<Item = &'a FailedReading>,
+    ) {
+        for f in failed {
+            let n = self
+                .failed_readings
+                .entry((uuid.to_string(), f.call, f.error))
+                .or_insert(0);
+            if *n == 0 {
+                tracing::warn!(collector = NAME, gpu = index, uuid, call = f.call, error = %f.detail, "GPU reading failed; its series are left out while it fails (sysscope_gpu_nvml_errors_total counts it)");
+            }
+            *n += 1;
+        }
+    }
+
+    /// Where this process's cgroup namespace is rooted in the host hierarchy: found once, and
+    /// while it cannot be, tried again every [`RETRY_INTERVAL`] (the first failure logged).
+    fn cgroup_namespace(&mut self, labeler: &mut Labeler) -> Option<Arc<str>> {
+        if self.cgroup_namespace.is_some() {
+            return self.cgroup_namespace.clone();
+        }
+        if self
+            .cgroup_namespace_failed
+            .is_some_and(|at| at.elapsed() < RETRY_INTERVAL)
+        {
+            return None;
+        }
+        let proc_self = self.paths.proc_root.join("self");
+        match cgroups::namespace_root(&mut labeler.cgroups, &proc_self) {
+            Ok(root) => {
+                if &*root != "/" {
+                    tracing::info!(collector = NAME, root = %root, "in a cgroup namespace: GPU processes' cgroups are read relative to its root");
+                }
+                self.cgroup_namespace = Some(root);
+            }
+            Err(e) => {
+                if self.cgroup_namespace_failed.is_none() {
+                    tracing::warn!(collector = NAME, error = %Chain(&e), "cannot place this process's cgroup namespace in the host hierarchy: GPU processes outside it are labelled cgroup=\"(unresolved)\"");
+                }
+                self.cgroup_namespace_failed = Some(Instant::now());
+            }
+        }
+        self.cgroup_namespace.clone()
     }
 
     /// One series per process: the newest sample of each (0 without one: NVML lists only
@@ -346,18 +415,35 @@ impl GpuCollector {
             self.dropped_processes += (by_pid.len() - MAX_PROCESSES_PER_DEVICE) as u64;
         }
         let sampled = procs.samples.is_some();
-        let mut labeler = self.labeler.lock().expect("labeler lock");
+        let shared = self.labeler.clone();
+        let mut labeler = shared.lock().expect("labeler lock");
+        let namespace = if by_pid.is_empty() {
+            None
+        } else {
+            self.cgroup_namespace(&mut labeler)
+        };
         by_pid
             .into_iter()
             .take(MAX_PROCESSES_PER_DEVICE)
             .map(|(pid, seen)| {
                 let workload = match read_proc_cgroup(&self.paths.proc_root, pid) {
                     Some(path) => {
-                        let dir = self.paths.cgroup_root.join(path.trim_start_matches('/'));
-                        let cgroup = match std::fs::metadata(&dir) {
-                            Ok(meta) => labeler.cgroup_at(meta.ino(), &path),
-                            // Outside our view of the hierarchy (another cgroup namespace).
-                            Err(_) => Arc::new(CgroupLabels::plain(path)),
+                        let host = match &namespace {
+                            Some(root) => cgroups::join_namespace_path(root, &path),
+                            // Where is unknown: right unless the path leads out of the
+                            // namespace (without one, it never does).
+                            None => (!path.split('/').any(|c| c == "..")).then_some(path),
+                        };
+                        let cgroup = match host {
+                            Some(host) => {
+                                let dir = self.paths.cgroup_root.join(host.trim_start_matches('/'));
+                                match std::fs::metadata(&dir) {
+                                    Ok(meta) => labeler.cgroup_at(meta.ino(), &host),
+                                    // Removed since the process was read.
+                                    Err(_) => Arc::new(CgroupLabels::plain(host)),
+                                }
+                            }
+                            None => Arc::new(CgroupLabels::plain(UNRESOLVED)),
                         };
                         Workload {
                             cgroup,
@@ -387,18 +473,11 @@ impl GpuCollector {
     }
 }
 
-/// The cgroup v2 path of `pid` (the `0::` line of `/proc/<pid>/cgroup`), if it still runs.
+/// The cgroup v2 path of `pid` (the `0::` line of `/proc/<pid>/cgroup`, relative to this
+/// process's cgroup namespace), if it still runs.
 pub(crate) fn read_proc_cgroup(proc_root: &std::path::Path, pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
-    parse_proc_cgroup(&text)
-}
-
-/// The path of the `0::` (cgroup v2) line of `/proc/<pid>/cgroup` text.
-pub(crate) fn parse_proc_cgroup(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim_end().to_string())
-        .filter(|p| p.starts_with('/'))
+    cgroups::parse_proc_cgroup(&text)
 }
 
 impl Collector for GpuCollector {
@@ -544,17 +623,18 @@ impl Collector for GpuCollector {
                 family.encode_family(&labels)?.encode_gauge(&1i64)?;
             }
         }
-        // Utilisation of a GPU in MIG mode is the whole GPU's, not any one instance's.
+        // NVML reports no utilisation for a GPU in MIG mode (NotSupported), so a partitioned
+        // GPU has none of these series: nothing to misread as one instance's.
         type Ratio = fn(&DeviceReading) -> Option<u32>;
         let ratios: [(&str, &str, Ratio); 2] = [
             (
                 "sysscope_gpu_utilization_ratio",
-                "Share of the last sample period during which a kernel ran on the GPU (nvidia-smi dmon `sm`); mig_mode=\"enabled\": the whole GPU, shared by its MIG instances.",
+                "Share of the last sample period during which a kernel ran on the GPU (nvidia-smi dmon `sm`); absent for a GPU in MIG mode, which NVML does not sample.",
                 |r| r.gpu_utilization_percent,
             ),
             (
                 "sysscope_gpu_memory_utilization_ratio",
-                "Share of the last sample period during which device memory was read or written (nvidia-smi dmon `mem`; not the share of memory in use); mig_mode=\"enabled\": the whole GPU.",
+                "Share of the last sample period during which device memory was read or written (nvidia-smi dmon `mem`; not the share of memory in use); absent for a GPU in MIG mode.",
                 |r| r.memory_utilization_percent,
             ),
         ];
@@ -562,17 +642,8 @@ impl Collector for GpuCollector {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             for (gpu, uuid, _, reading) in &up {
                 if let Some(p) = pick(reading) {
-                    let mig = if reading.mig.as_ref().is_some_and(|m| m.enabled) {
-                        "enabled"
-                    } else {
-                        "disabled"
-                    };
                     family
-                        .encode_family(&[
-                            ("gpu", gpu.as_str()),
-                            ("uuid", *uuid),
-                            ("mig_mode", mig),
-                        ])?
+                        .encode_family(&[("gpu", gpu.as_str()), ("uuid", *uuid)])?
                         .encode_gauge(&(p as f64 / 100.0))?;
                 }
             }
@@ -724,6 +795,25 @@ impl Collector for GpuCollector {
                     .encode_counter::<NoLabelSet, u64, u64>(n, None)?;
             }
         }
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_gpu_nvml_errors",
+                "NVML calls that failed on a GPU that otherwise answered, by call and NVML error (no_permission, insufficient_size, unknown, ...): the readings behind them are absent meanwhile. A GPU that is lost shows in sysscope_gpu_device_up instead.",
+                None,
+                MetricType::Counter,
+            )?;
+            for ((uuid, call, error), n) in &self.failed_readings {
+                let gpu = self.devices.get(uuid).map(|d| d.index.to_string());
+                let mut labels: Vec<(&str, &str)> = Vec::with_capacity(4);
+                if let Some(gpu) = &gpu {
+                    labels.push(("gpu", gpu));
+                }
+                labels.extend([("uuid", uuid.as_str()), ("call", call), ("error", error)]);
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, u64, u64>(n, None)?;
+            }
+        }
         type PickMig = fn(&MigInstance) -> Option<u64>;
         let mig_gauges: [(&str, &str, PickMig); 2] = [
             (
@@ -821,7 +911,7 @@ mod tests {
         metadata::{processes::CommResolver, Labeler},
         sources::nvml::{
             fake::{FakeDevice, FakeFailure, FakeNvml},
-            EccCounts, MigReading, ProcessMemory,
+            EccCounts, FailedReading, MigReading, ProcessMemory,
         },
     };
 
@@ -1058,7 +1148,10 @@ mod tests {
             value(&t, "sysscope_gpu_device_up{gpu=\"0\",uuid=\"GPU-a\"}"),
             Some(0.0)
         );
-        assert!(!t.contains("uuid=\"GPU-a\",mig_mode"), "{t}");
+        assert!(
+            !t.contains("sysscope_gpu_utilization_ratio{gpu=\"0\",uuid=\"GPU-a\""),
+            "{t}"
+        );
         fake.with(|s| s.devices.insert(0, removed));
         c.refresh().unwrap();
         let t = text(&c);
@@ -1083,7 +1176,10 @@ mod tests {
         let c = node.collector(&fake);
         c.refresh().unwrap();
         let util = |t: &str, g: &str, u: &str| {
-            value(t, &format!("sysscope_gpu_utilization_ratio{{gpu=\"{g}\",uuid=\"{u}\",mig_mode=\"disabled\"}}"))
+            value(
+                t,
+                &format!("sysscope_gpu_utilization_ratio{{gpu=\"{g}\",uuid=\"{u}\"}}"),
+            )
         };
         fake.with(|s| s.devices[1].failure = Some(FakeFailure::GpuLost));
         let e = c.refresh().unwrap_err().to_string();
@@ -1098,9 +1194,10 @@ mod tests {
         // Still down while it fails, and without a new error: the reason names it.
         let e = c.refresh().unwrap_err().to_string();
         assert!(e.contains("gpu 1"), "{e}");
+        // Lost while its processes are read.
         fake.with(|s| {
             s.devices[1].failure = None;
-            s.devices[0].process_failure = Some(FakeFailure::Unknown);
+            s.devices[0].process_failure = Some(FakeFailure::GpuLost);
         });
         assert!(c.refresh().is_err());
         let t = text(&c);
@@ -1113,6 +1210,86 @@ mod tests {
         assert_eq!(
             value(&t, "sysscope_gpu_device_up{gpu=\"1\",uuid=\"GPU-b\"}"),
             Some(1.0)
+        );
+    }
+
+    /// A reading that fails on a device that answers (NVML refusing an unprivileged caller the
+    /// process lists of a GPU in MIG mode, a MIG instance that cannot be read) loses its own
+    /// series only: the device, its other series and the collector stay up, and the failure
+    /// is counted by call and error, and logged once.
+    #[test]
+    fn a_failed_reading_drops_its_series_not_the_device() {
+        let node = Node::new();
+        node.process(41, "python", "/train");
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            let mut r = reading("GPU-a");
+            r.power_milliwatts = Some(250_000);
+            s.devices.push(FakeDevice {
+                reading: r,
+                samples: Some(vec![sample(41, 1_000, 30)]),
+                memory: vec![memory(41, 1 << 30)],
+                ..FakeDevice::default()
+            })
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let mem = "sysscope_gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"/train\",comm=\"python\",pid=\"41\"}";
+        assert_eq!(value(&text(&c), mem), Some((1u64 << 30) as f64));
+        let errors = |t: &str, call: &str, error: &str| {
+            value(
+                t,
+                &format!("sysscope_gpu_nvml_errors_total{{gpu=\"0\",uuid=\"GPU-a\",call=\"{call}\",error=\"{error}\"}}"),
+            )
+        };
+        fake.with(|s| {
+            s.devices[0].process_failure = Some(FakeFailure::NoPermission);
+            s.devices[0].reading.failed = vec![FailedReading {
+                call: "nvmlDeviceGetMigDeviceHandleByIndex",
+                error: "unknown",
+                detail: "an unknown error occurred".into(),
+            }];
+        });
+        for refresh in 1..=2 {
+            c.refresh().unwrap();
+            let t = text(&c);
+            assert_eq!(value(&t, mem), None, "{t}");
+            assert_eq!(
+                value(&t, "sysscope_gpu_device_up{gpu=\"0\",uuid=\"GPU-a\"}"),
+                Some(1.0)
+            );
+            assert_eq!(
+                value(&t, "sysscope_gpu_power_watts{gpu=\"0\",uuid=\"GPU-a\"}"),
+                Some(250.0)
+            );
+            assert_eq!(
+                errors(
+                    &t,
+                    "nvmlDeviceGetComputeRunningProcesses_v3",
+                    "no_permission"
+                ),
+                Some(refresh as f64),
+                "{t}"
+            );
+            assert_eq!(
+                errors(&t, "nvmlDeviceGetMigDeviceHandleByIndex", "unknown"),
+                Some(refresh as f64)
+            );
+        }
+        fake.with(|s| {
+            s.devices[0].process_failure = None;
+            s.devices[0].reading.failed.clear();
+        });
+        c.refresh().unwrap();
+        let t = text(&c);
+        assert_eq!(value(&t, mem), Some((1u64 << 30) as f64));
+        assert_eq!(
+            errors(
+                &t,
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                "no_permission"
+            ),
+            Some(2.0)
         );
     }
 
@@ -1237,23 +1414,73 @@ mod tests {
             CLOCK_EVENT_REASONS.len() + 1
         );
         assert_eq!(
-            value(
-                &t,
-                &format!("sysscope_gpu_utilization_ratio{{{g},mig_mode=\"disabled\"}}")
-            ),
+            value(&t, &format!("sysscope_gpu_utilization_ratio{{{g}}}")),
             Some(0.5)
         );
+    }
+
+    /// Inside a cgroup namespace (the agent's container), `/proc/<pid>/cgroup` of another
+    /// pod's process goes up from the namespace's root: the series carry the cgroup's host
+    /// path, as the syscall series do, not `/../..`.
+    #[test]
+    fn processes_seen_from_a_cgroup_namespace_get_their_host_cgroup() {
+        let node = Node::new();
+        let root = |d: &str| node.dir.path().join(d);
+        // The agent (pid 7) in a namespace rooted at its container's cgroup, whose runtime
+        // mounted the namespace's view of cgroup2 (mountinfo root "/"); the host's hierarchy
+        // is the one the labeler walks.
+        let agent = "/kubepods/besteffort/poda/ca";
+        node.process(7, "sysscope", agent);
+        std::fs::write(root("proc/7/cgroup"), "0::/\n").unwrap();
+        let own_mount = root("cgroup").join(agent.trim_start_matches('/'));
+        std::fs::write(
+            root("proc/7/mountinfo"),
+            format!(
+                "1290 1280 0:30 / {} ro - cgroup2 cgroup rw\n1300 1280 0:30 /../../../.. /host rw - cgroup2 cgroup2 rw\n",
+                own_mount.display()
+            ),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("7", root("proc/self")).unwrap();
+        node.process(41, "python", "/kubepods/burstable/podb/cb");
+        std::fs::write(root("proc/41/cgroup"), "0::/../../../burstable/podb/cb\n").unwrap();
+        // Leads above the hierarchy: nothing to name it by.
+        node.process(42, "python", "/elsewhere");
+        std::fs::write(root("proc/42/cgroup"), "0::/../../../../../x\n").unwrap();
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            s.devices.push(FakeDevice {
+                reading: reading("GPU-a"),
+                samples: Some(Vec::new()),
+                memory: vec![memory(41, 1 << 30), memory(42, 1 << 20)],
+                ..FakeDevice::default()
+            })
+        });
+        let c = node.collector(&fake);
+        c.refresh().unwrap();
+        let t = text(&c);
+        assert_eq!(
+            value(&t, "sysscope_gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"/kubepods/burstable/podb/cb\",comm=\"python\",pid=\"41\"}"),
+            Some((1u64 << 30) as f64),
+            "{t}"
+        );
+        assert_eq!(
+            value(&t, "sysscope_gpu_process_memory_used_bytes{gpu=\"0\",uuid=\"GPU-a\",cgroup=\"(unresolved)\",comm=\"python\",pid=\"42\"}"),
+            Some((1u64 << 20) as f64),
+            "{t}"
+        );
+        assert!(!t.contains("cgroup=\"/.."), "{t}");
     }
 
     #[test]
     fn parses_the_v2_line_of_proc_cgroup() {
         let hybrid = "12:cpu,cpuacct:/user.slice\n1:name=systemd:/user.slice/session-1.scope\n0::/kubepods/burstable/pod1/abc\n";
         assert_eq!(
-            parse_proc_cgroup(hybrid).as_deref(),
+            cgroups::parse_proc_cgroup(hybrid).as_deref(),
             Some("/kubepods/burstable/pod1/abc")
         );
-        assert_eq!(parse_proc_cgroup("0::/\n").as_deref(), Some("/"));
-        assert_eq!(parse_proc_cgroup("3:memory:/a\n"), None);
+        assert_eq!(cgroups::parse_proc_cgroup("0::/\n").as_deref(), Some("/"));
+        assert_eq!(cgroups::parse_proc_cgroup("3:memory:/a\n"), None);
     }
 
     #[test]

@@ -5,17 +5,20 @@
 //!
 //! Bounded: at most [`MAX_KEYS`] (device, code) pairs are counted between two takes (NVML
 //! defines fewer than 200 codes); an event past that is counted under the code `None`
-//! ("unknown"), never dropped. A wait that keeps failing (the driver went away) ends the
-//! thread with one log line; the collector starts a new one when it initialises NVML again.
+//! ("unknown"), never dropped. One lost GPU does not stop the others' counts: a wait that
+//! fails (a device of the set fell off the bus: `GPU_IS_LOST`) makes the set again with the
+//! devices that still answer, and a device the set lacks that answers again (the collector
+//! reads it: [`XidWatch::notice`]) is added. The thread ends when NVML is dropped; the
+//! collector starts a new one when it initialises NVML again.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
     },
     thread::JoinHandle,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use nvml_wrapper::{
@@ -28,11 +31,11 @@ use crate::util::error::Chain;
 /// The longest a wait blocks, so stopping takes at most this long.
 pub(crate) const WAIT: Duration = Duration::from_millis(500);
 
+/// How long to wait before trying again when no event set can be made at all.
+const RETRY: Duration = Duration::from_secs(5);
+
 /// (device, code) pairs counted between two takes.
 pub(crate) const MAX_KEYS: usize = 1024;
-
-/// Failed waits in a row after which the thread gives up.
-const MAX_FAILURES: u32 = 20;
 
 type Counts = Arc<Mutex<BTreeMap<XidKey, u64>>>;
 
@@ -40,18 +43,29 @@ type Counts = Arc<Mutex<BTreeMap<XidKey, u64>>>;
 pub(crate) struct XidWatch {
     stop: Arc<AtomicBool>,
     counts: Counts,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the thread and the readers of devices share.
+#[derive(Default)]
+struct Shared {
+    /// Devices the thread has dealt with: in the set, or without XID events.
+    known: Mutex<BTreeSet<String>>,
+    /// A device it has not dealt with answers: add it to the set.
+    recheck: AtomicBool,
 }
 
 impl XidWatch {
     pub(crate) fn start(nvml: Arc<Nvml>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let counts = Counts::default();
+        let shared = Arc::new(Shared::default());
         let thread = std::thread::Builder::new()
             .name("sysscope-xid".into())
             .spawn({
-                let (stop, counts) = (stop.clone(), counts.clone());
-                move || watch(&nvml, &stop, &counts)
+                let (stop, counts, shared) = (stop.clone(), counts.clone(), shared.clone());
+                move || watch(&nvml, &stop, &counts, &shared)
             });
         let thread = match thread {
             Ok(t) => Some(t),
@@ -63,7 +77,22 @@ impl XidWatch {
         Self {
             stop,
             counts,
+            shared,
             thread,
+        }
+    }
+
+    /// Device `uuid` answered: if the event set lacks it (it came back after being lost, or
+    /// appeared), the thread adds it at its next wait.
+    pub(crate) fn notice(&self, uuid: &str) {
+        if !self
+            .shared
+            .known
+            .lock()
+            .expect("xid known lock")
+            .contains(uuid)
+        {
+            self.shared.recheck.store(true, Ordering::Relaxed);
         }
     }
 
@@ -84,87 +113,166 @@ impl Drop for XidWatch {
     }
 }
 
-/// One event set with every device that supports XID events registered. nvml-wrapper frees
-/// the set when a registration fails, so a failure starts a new set with the devices so far.
-fn register(nvml: &Nvml) -> Result<(EventSet<'_>, Vec<String>), NvmlError> {
+/// The devices in the event set (by UUID), and those found not to report XID events (logged
+/// once each).
+#[derive(Default)]
+struct Registered {
+    watched: Vec<String>,
+    unsupported: BTreeSet<String>,
+}
+
+/// Adds to `set` every device NVML lists that reports XID events and is not in it yet; a
+/// device that does not answer now is left for a later call. nvml-wrapper frees the set when a
+/// registration fails, so a failure starts a new set with the devices registered so far.
+fn register<'n>(
+    nvml: &'n Nvml,
+    mut set: EventSet<'n>,
+    reg: &mut Registered,
+) -> Result<EventSet<'n>, NvmlError> {
     let count = nvml.device_count()?;
-    let mut set = nvml.create_event_set()?;
-    let mut watched: Vec<(u32, String)> = Vec::new();
     for index in 0..count {
         let Ok(device) = nvml.device_by_index(index) else {
             continue;
         };
-        let supported = device
-            .supported_event_types()
-            .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR));
         let Ok(uuid) = device.uuid() else { continue };
+        if reg.watched.contains(&uuid) || reg.unsupported.contains(&uuid) {
+            continue;
+        }
+        let supported = match device.supported_event_types() {
+            Ok(t) => t.contains(EventTypes::CRITICAL_XID_ERROR),
+            Err(NvmlError::NotSupported) => false,
+            // Not answering now (lost, or not ready): looked at again later.
+            Err(_) => continue,
+        };
         if !supported {
             tracing::info!(gpu = index, uuid = %uuid, "GPU does not report XID events; sysscope_gpu_xid_errors_total stays absent for it");
+            reg.unsupported.insert(uuid);
             continue;
         }
         match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
             Ok(s) => {
                 set = s;
-                watched.push((index, uuid));
+                reg.watched.push(uuid);
             }
             Err(e) => {
-                tracing::warn!(gpu = index, uuid = %uuid, error = %Chain(&e.error), "cannot watch the GPU's XID events");
+                tracing::debug!(gpu = index, uuid = %uuid, error = %Chain(&e.error), "cannot watch the GPU's XID events now");
                 set = nvml.create_event_set()?;
-                for (i, _) in &watched {
-                    let device = nvml.device_by_index(*i)?;
-                    set = device
+                for uuid in &reg.watched {
+                    set = nvml
+                        .device_by_uuid(uuid.as_str())?
                         .register_events(EventTypes::CRITICAL_XID_ERROR, set)
                         .map_err(|e| e.error)?;
                 }
             }
         }
     }
-    Ok((set, watched.into_iter().map(|(_, u)| u).collect()))
+    Ok(set)
 }
 
-fn watch(nvml: &Nvml, stop: &AtomicBool, counts: &Mutex<BTreeMap<XidKey, u64>>) {
-    let (set, watched) = match register(nvml) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(error = %Chain(&e), "cannot watch GPU XID events; sysscope_gpu_xid_errors_total stays absent");
-            return;
+/// Sleeps `d`, or less when asked to stop; whether to go on.
+fn pause(stop: &AtomicBool, d: Duration) -> bool {
+    let until = Instant::now() + d;
+    while Instant::now() < until {
+        if stop.load(Ordering::Relaxed) {
+            return false;
         }
-    };
-    if watched.is_empty() {
-        return;
+        std::thread::sleep(WAIT.min(until.saturating_duration_since(Instant::now())));
     }
-    tracing::info!(gpus = watched.len(), "counting GPU XID errors");
+    !stop.load(Ordering::Relaxed)
+}
+
+fn watch(nvml: &Nvml, stop: &AtomicBool, counts: &Mutex<BTreeMap<XidKey, u64>>, shared: &Shared) {
     let timeout = WAIT.as_millis() as u32;
-    let mut failures = 0;
+    let mut reg = Registered::default();
+    let publish = |reg: &Registered| {
+        *shared.known.lock().expect("xid known lock") = reg
+            .watched
+            .iter()
+            .chain(&reg.unsupported)
+            .cloned()
+            .collect();
+    };
+    // What was last logged, so that a failure that repeats is logged once.
+    let mut reported: Option<String> = None;
+    let mut counting = 0;
     while !stop.load(Ordering::Relaxed) {
-        match set.wait(timeout) {
-            Ok(event) => {
-                failures = 0;
-                let Some(xid) = event.event_data else {
-                    continue;
-                };
-                let Ok(uuid) = event.device.uuid() else {
-                    continue;
-                };
-                let xid = match xid {
-                    XidError::Value(v) => Some(v),
-                    XidError::Unknown => None,
-                };
-                let mut counts = counts.lock().expect("xid counts lock");
-                let mut key = XidKey { uuid, xid };
-                if counts.len() >= MAX_KEYS && !counts.contains_key(&key) {
-                    key.xid = None;
-                }
-                *counts.entry(key).or_insert(0) += 1;
-            }
-            Err(NvmlError::Timeout) => failures = 0,
+        reg.watched.clear();
+        shared.recheck.store(false, Ordering::Relaxed);
+        let set = nvml
+            .create_event_set()
+            .and_then(|set| register(nvml, set, &mut reg));
+        let mut set = match set {
+            Ok(set) => set,
             Err(e) => {
-                failures += 1;
-                if failures >= MAX_FAILURES {
-                    tracing::warn!(error = %Chain(&e), "GPU XID events: waiting keeps failing; no longer counting until NVML is initialised again");
+                let why = Chain(&e).to_string();
+                if reported.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(error = %why, "cannot watch GPU XID events; trying again");
+                    reported = Some(why);
+                }
+                if pause(stop, RETRY) {
+                    continue;
+                }
+                return;
+            }
+        };
+        publish(&reg);
+        loop {
+            if reg.watched.len() != counting {
+                counting = reg.watched.len();
+                tracing::info!(gpus = counting, "counting GPU XID errors");
+            }
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            if shared.recheck.swap(false, Ordering::Relaxed) {
+                set = match register(nvml, set, &mut reg) {
+                    Ok(set) => set,
+                    // The set was freed: made again from scratch.
+                    Err(_) => break,
+                };
+                publish(&reg);
+                continue;
+            }
+            if reg.watched.is_empty() {
+                if !pause(stop, WAIT) {
                     return;
                 }
-                std::thread::sleep(WAIT);
+                continue;
+            }
+            match set.wait(timeout) {
+                Ok(event) => {
+                    reported = None;
+                    let Some(xid) = event.event_data else {
+                        continue;
+                    };
+                    let Ok(uuid) = event.device.uuid() else {
+                        continue;
+                    };
+                    let xid = match xid {
+                        XidError::Value(v) => Some(v),
+                        XidError::Unknown => None,
+                    };
+                    let mut counts = counts.lock().expect("xid counts lock");
+                    let mut key = XidKey { uuid, xid };
+                    if counts.len() >= MAX_KEYS && !counts.contains_key(&key) {
+                        key.xid = None;
+                    }
+                    *counts.entry(key).or_insert(0) += 1;
+                }
+                Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    // A device of the set is lost (or the set broke): the set is made again
+                    // with the devices that still answer, so that theirs go on being counted.
+                    let why = Chain(&e).to_string();
+                    if reported.as_deref() != Some(why.as_str()) {
+                        tracing::warn!(error = %why, "waiting for GPU XID events failed; watching the GPUs that still answer");
+                        reported = Some(why);
+                    }
+                    if !pause(stop, WAIT) {
+                        return;
+                    }
+                    break;
+                }
             }
         }
     }

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use nvml_wrapper::error::NvmlError;
 
 use super::{
-    Connect, DeviceReading, DriverInfo, GpuError, Nvml, ProcessMemory, ProcessReading,
-    ProcessSample, XidKey,
+    error_name, takes_device_down, Connect, DeviceReading, DriverInfo, FailedReading, GpuError,
+    Nvml, ProcessMemory, ProcessReading, ProcessSample, XidKey,
 };
 
 /// A failure the fake can inject, turned into NVML's own error at each call.
@@ -19,8 +19,8 @@ pub(crate) enum FakeFailure {
     GpuLost,
     /// The driver is not loaded (e.g. being upgraded).
     DriverNotLoaded,
-    /// Anything else.
-    Unknown,
+    /// The caller lacks a privilege the call needs (process lists of a GPU in MIG mode).
+    NoPermission,
 }
 
 impl FakeFailure {
@@ -28,7 +28,7 @@ impl FakeFailure {
         match self {
             FakeFailure::GpuLost => NvmlError::GpuLost,
             FakeFailure::DriverNotLoaded => NvmlError::DriverNotLoaded,
-            FakeFailure::Unknown => NvmlError::Unknown,
+            FakeFailure::NoPermission => NvmlError::NoPermission,
         }
     }
 }
@@ -43,7 +43,8 @@ pub(crate) struct FakeDevice {
     pub(crate) memory: Vec<ProcessMemory>,
     /// Every call on this device fails with it.
     pub(crate) failure: Option<FakeFailure>,
-    /// Only the process calls fail with it.
+    /// Only the process lists fail with it: the device is down if it means that
+    /// ([`takes_device_down`]), else the lists are a failed reading, as the library does.
     pub(crate) process_failure: Option<FakeFailure>,
 }
 
@@ -148,22 +149,33 @@ impl Nvml for FakeNvml {
     }
 
     fn processes(&mut self, index: u32, since_us: u64) -> Result<ProcessReading, GpuError> {
+        const CALL: &str = "nvmlDeviceGetComputeRunningProcesses_v3";
         let d = self.device_at(index, "nvmlDeviceGetProcessUtilization")?;
-        if let Some(f) = d.process_failure {
-            return Err(GpuError::Call {
-                call: "nvmlDeviceGetProcessUtilization",
-                source: f.error(),
-            });
-        }
         self.with(|s| s.last_since.push((index, since_us)));
-        Ok(ProcessReading {
-            samples: d.samples.map(|v| {
-                v.into_iter()
-                    .filter(|s| s.timestamp_us > since_us)
-                    .collect()
+        let samples = d.samples.map(|v| {
+            v.into_iter()
+                .filter(|s| s.timestamp_us > since_us)
+                .collect()
+        });
+        match d.process_failure.map(FakeFailure::error) {
+            Some(source) if takes_device_down(&source) => {
+                Err(GpuError::Call { call: CALL, source })
+            }
+            Some(e) => Ok(ProcessReading {
+                samples,
+                memory: Vec::new(),
+                failed: vec![FailedReading {
+                    call: CALL,
+                    error: error_name(&e),
+                    detail: e.to_string(),
+                }],
             }),
-            memory: d.memory,
-        })
+            None => Ok(ProcessReading {
+                samples,
+                memory: d.memory,
+                failed: Vec::new(),
+            }),
+        }
     }
 
     fn take_xid_errors(&mut self) -> Vec<(XidKey, u64)> {

@@ -10,6 +10,7 @@
 use std::{
     ffi::OsStr,
     os::raw::{c_uint, c_ulonglong},
+    ptr,
     sync::Arc,
 };
 
@@ -21,9 +22,11 @@ use nvml_wrapper::{
 };
 
 use super::{
-    cuda_version, events::XidWatch, mig_profile, DeviceInfo, DeviceReading, DriverInfo, EccCounts,
-    GpuError, MigInstance, MigReading, Nvml, ProcessMemory, ProcessReading, ProcessSample, XidKey,
+    cuda_version, error_name, events::XidWatch, mig_profile, takes_device_down, DeviceInfo,
+    DeviceReading, DriverInfo, EccCounts, FailedReading, GpuError, MigInstance, MigReading, Nvml,
+    ProcessMemory, ProcessReading, ProcessSample, XidKey,
 };
+use crate::util::error::Chain;
 
 /// An initialised NVML (shut down when the last user drops it), and the thread that counts
 /// its XID events, once started.
@@ -80,31 +83,36 @@ impl NvmlLibrary {
             .map_err(call("nvmlDeviceGetHandleByIndex_v2"))
     }
 
-    /// The MIG devices of `d`, when its MIG mode is on.
-    fn mig_instances(&self, d: &Device<'_>) -> Result<Vec<MigInstance>, GpuError> {
-        let max = d
-            .mig_device_count()
-            .map_err(call("nvmlDeviceGetMaxMigDeviceCount"))?;
+    /// The MIG devices of `d`, when its MIG mode is on: those that can be read (an instance
+    /// that cannot is left out, and in `r`).
+    fn mig_instances(
+        &self,
+        d: &Device<'_>,
+        r: &mut Readings,
+    ) -> Result<Vec<MigInstance>, GpuError> {
+        let Some(max) = r.optional(d.mig_device_count(), "nvmlDeviceGetMaxMigDeviceCount")? else {
+            return Ok(Vec::new());
+        };
         let mut out = Vec::new();
         for i in 0..max {
             let m = match d.mig_device_by_index(i) {
-                Ok(m) => m,
                 // The index has no MIG device: indices are slots, not a dense list.
                 Err(NvmlError::NotFound) => continue,
-                Err(source) => {
-                    return Err(GpuError::Call {
-                        call: "nvmlDeviceGetMigDeviceHandleByIndex",
-                        source,
-                    })
-                }
+                m => match r.optional(m, "nvmlDeviceGetMigDeviceHandleByIndex")? {
+                    Some(m) => m,
+                    None => continue,
+                },
             };
-            let memory = optional(m.memory_info(), "nvmlDeviceGetMemoryInfo_v2")?;
-            let name = optional(m.name(), "nvmlDeviceGetName")?;
+            let Some(uuid) = r.optional(m.uuid(), "nvmlDeviceGetUUID")? else {
+                continue;
+            };
+            let memory = r.optional(m.memory_info(), "nvmlDeviceGetMemoryInfo_v2")?;
+            let name = r.optional(m.name(), "nvmlDeviceGetName")?;
             out.push(MigInstance {
-                uuid: m.uuid().map_err(call("nvmlDeviceGetUUID"))?,
+                uuid,
                 profile: name.as_deref().and_then(mig_profile),
-                gpu_instance: self.instance_id(&m, InstanceId::Gpu)?,
-                compute_instance: self.instance_id(&m, InstanceId::Compute)?,
+                gpu_instance: self.instance_id(&m, InstanceId::Gpu, r)?,
+                compute_instance: self.instance_id(&m, InstanceId::Compute, r)?,
                 memory_used_bytes: memory.as_ref().map(|m| m.used),
                 memory_total_bytes: memory.as_ref().map(|m| m.total),
             });
@@ -114,7 +122,12 @@ impl NvmlLibrary {
 
     /// `nvmlDeviceGetGpuInstanceId` / `nvmlDeviceGetComputeInstanceId` of a MIG device, which
     /// nvml-wrapper does not wrap; `None` when the library lacks the call.
-    fn instance_id(&self, d: &Device<'_>, which: InstanceId) -> Result<Option<u32>, GpuError> {
+    fn instance_id(
+        &self,
+        d: &Device<'_>,
+        which: InstanceId,
+        r: &mut Readings,
+    ) -> Result<Option<u32>, GpuError> {
         let lib = self.nvml.lib();
         let (sym, name) = match which {
             InstanceId::Gpu => (
@@ -130,27 +143,133 @@ impl NvmlLibrary {
         let mut id: c_uint = 0;
         // SAFETY: `d.handle()` is a live handle of this NVML (the device borrows it), and `id`
         // is the `unsigned int *` both calls take.
-        let r = unsafe { (*sym)(d.handle(), &mut id) };
-        optional(nvml_try(r).map(|()| id), name)
+        let rc = unsafe { (*sym)(d.handle(), &mut id) };
+        r.optional(nvml_try(rc).map(|()| id), name)
     }
 
     /// Why the clocks are held back: `nvmlDeviceGetCurrentClocksEventReasons` (NVML 12.2 and
-    /// later), else its former name `nvmlDeviceGetCurrentClocksThrottleReasons`.
-    fn clocks_event_reasons(&self, d: &Device<'_>) -> Result<Option<u64>, GpuError> {
+    /// later), else its former name `nvmlDeviceGetCurrentClocksThrottleReasons`. Both raw: the
+    /// whole mask, bits nvml-wrapper does not know included (they are reported as `other`;
+    /// its `current_throttle_reasons` drops them).
+    fn clocks_event_reasons(
+        &self,
+        d: &Device<'_>,
+        r: &mut Readings,
+    ) -> Result<Option<u64>, GpuError> {
         let lib = self.nvml.lib();
-        let Ok(sym) = lib.nvmlDeviceGetCurrentClocksEventReasons.as_ref() else {
-            return optional(
-                d.current_throttle_reasons().map(|r| r.bits()),
-                "nvmlDeviceGetCurrentClocksThrottleReasons",
-            );
+        let (sym, name) = match lib.nvmlDeviceGetCurrentClocksEventReasons.as_ref() {
+            Ok(sym) => (sym, "nvmlDeviceGetCurrentClocksEventReasons"),
+            Err(_) => match lib.nvmlDeviceGetCurrentClocksThrottleReasons.as_ref() {
+                Ok(sym) => (sym, "nvmlDeviceGetCurrentClocksThrottleReasons"),
+                Err(_) => return Ok(None),
+            },
         };
         let mut mask: c_ulonglong = 0;
-        // SAFETY: a live handle of this NVML and the `unsigned long long *` the call takes.
-        let r = unsafe { (*sym)(d.handle(), &mut mask) };
-        optional(
-            nvml_try(r).map(|()| mask),
-            "nvmlDeviceGetCurrentClocksEventReasons",
-        )
+        // SAFETY: a live handle of this NVML and the `unsigned long long *` both calls take.
+        let rc = unsafe { (*sym)(d.handle(), &mut mask) };
+        r.optional(nvml_try(rc).map(|()| mask), name)
+    }
+
+    /// `nvmlDeviceGetProcessUtilization`, asked for samples newer than `since_us`. nvml-wrapper
+    /// sizes the buffer to the count NVML gave a moment before, so a process sampled in
+    /// between fails its call with INSUFFICIENT_SIZE; here the buffer has room to spare and
+    /// the call is made again, larger, while NVML says so. `None`: not supported.
+    fn process_samples(
+        &self,
+        d: &Device<'_>,
+        since_us: u64,
+        r: &mut Readings,
+    ) -> Result<Option<Vec<ProcessSample>>, GpuError> {
+        const CALL: &str = "nvmlDeviceGetProcessUtilization";
+        let lib = self.nvml.lib();
+        let Ok(sym) = lib.nvmlDeviceGetProcessUtilization.as_ref() else {
+            return Ok(None);
+        };
+        let mut count: c_uint = 0;
+        // SAFETY: a live handle; a null buffer asks for the count only.
+        let rc = unsafe { (*sym)(d.handle(), ptr::null_mut(), &mut count, since_us) };
+        match nvml_try(rc) {
+            Ok(()) | Err(NvmlError::InsufficientSize(_)) => {}
+            // No process used the device since `since_us`.
+            Err(NvmlError::NotFound) => return Ok(Some(Vec::new())),
+            Err(e) => return r.optional(Err(e), CALL),
+        }
+        for _ in 0..SAMPLE_ATTEMPTS {
+            let mut buf = vec![RawSample::default(); count as usize + SAMPLE_HEADROOM];
+            let mut n = buf.len() as c_uint;
+            // SAFETY: `buf` has room for `n` samples of nvml.h's nvmlProcessUtilizationSample_t
+            // layout (RawSample), which the call fills and counts in `n`.
+            let rc = unsafe { (*sym)(d.handle(), buf.as_mut_ptr().cast(), &mut n, since_us) };
+            match nvml_try(rc) {
+                Ok(()) => {
+                    buf.truncate(n as usize);
+                    return Ok(Some(buf.into_iter().map(RawSample::sample).collect()));
+                }
+                Err(NvmlError::NotFound) => return Ok(Some(Vec::new())),
+                // More processes than room: NVML has set `n` to what it needs.
+                Err(NvmlError::InsufficientSize(_)) => count = n.max(count + 1),
+                Err(e) => return r.optional(Err(e), CALL),
+            }
+        }
+        r.optional(Err(NvmlError::InsufficientSize(Some(count as usize))), CALL)
+    }
+}
+
+/// Tries of [`NvmlLibrary::process_samples`] while NVML asks for a larger buffer.
+const SAMPLE_ATTEMPTS: usize = 3;
+/// Samples of room beyond the count NVML gave, for processes sampled in between.
+const SAMPLE_HEADROOM: usize = 8;
+
+/// `nvmlProcessUtilizationSample_t` of nvml.h, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct RawSample {
+    pid: c_uint,
+    time_stamp: c_ulonglong,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+impl RawSample {
+    fn sample(self) -> ProcessSample {
+        ProcessSample {
+            pid: self.pid,
+            timestamp_us: self.time_stamp,
+            sm_percent: self.sm_util,
+            memory_percent: self.mem_util,
+        }
+    }
+}
+
+/// The readings of one device as they are made: NotSupported makes a reading absent, an
+/// error that means the device is gone ([`takes_device_down`]) is returned, and any other
+/// error makes the reading absent and is kept in `failed`.
+#[derive(Debug, Default)]
+struct Readings {
+    failed: Vec<FailedReading>,
+}
+
+impl Readings {
+    fn optional<T>(
+        &mut self,
+        r: Result<T, NvmlError>,
+        call: &'static str,
+    ) -> Result<Option<T>, GpuError> {
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(NvmlError::NotSupported) => Ok(None),
+            Err(source) if takes_device_down(&source) => Err(GpuError::Call { call, source }),
+            Err(e) => {
+                self.failed.push(FailedReading {
+                    call,
+                    error: error_name(&e),
+                    detail: Chain(&e).to_string(),
+                });
+                Ok(None)
+            }
+        }
     }
 }
 
@@ -164,15 +283,6 @@ enum InstanceId {
 
 fn call(name: &'static str) -> impl Fn(NvmlError) -> GpuError {
     move |source| GpuError::Call { call: name, source }
-}
-
-/// A reading the device does not support is absent, not an error.
-fn optional<T>(r: Result<T, NvmlError>, name: &'static str) -> Result<Option<T>, GpuError> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(NvmlError::NotSupported) => Ok(None),
-        Err(source) => Err(GpuError::Call { call: name, source }),
-    }
 }
 
 impl Nvml for NvmlLibrary {
@@ -192,95 +302,99 @@ impl Nvml for NvmlLibrary {
     fn device(&mut self, index: u32) -> Result<DeviceReading, GpuError> {
         let d = self.handle(index)?;
         let uuid = d.uuid().map_err(call("nvmlDeviceGetUUID"))?;
-        let util = optional(d.utilization_rates(), "nvmlDeviceGetUtilizationRates")?;
-        let memory = optional(d.memory_info(), "nvmlDeviceGetMemoryInfo_v2")?;
-        let clock = |c: Clock| optional(d.clock_info(c), "nvmlDeviceGetClockInfo");
-        let ecc = |e: MemoryError| {
-            optional(
+        if let Some(xids) = &self.xids {
+            xids.notice(&uuid);
+        }
+        let mut r = Readings::default();
+        let util = r.optional(d.utilization_rates(), "nvmlDeviceGetUtilizationRates")?;
+        let memory = r.optional(d.memory_info(), "nvmlDeviceGetMemoryInfo_v2")?;
+        let ecc = |r: &mut Readings, e: MemoryError| {
+            r.optional(
                 d.total_ecc_errors(e, EccCounter::Volatile),
                 "nvmlDeviceGetTotalEccErrors",
             )
         };
-        let ecc = match (ecc(MemoryError::Corrected)?, ecc(MemoryError::Uncorrected)?) {
+        let ecc = match (
+            ecc(&mut r, MemoryError::Corrected)?,
+            ecc(&mut r, MemoryError::Uncorrected)?,
+        ) {
             (Some(corrected), Some(uncorrected)) => Some(EccCounts {
                 corrected,
                 uncorrected,
             }),
             _ => None,
         };
-        let mig = match optional(d.mig_mode(), "nvmlDeviceGetMigMode")? {
+        let mig = match r.optional(d.mig_mode(), "nvmlDeviceGetMigMode")? {
             None => None,
             Some(mode) => {
                 let enabled = mode.current == MIG_ENABLED;
                 Some(MigReading {
                     enabled,
                     instances: if enabled {
-                        self.mig_instances(&d)?
+                        self.mig_instances(&d, &mut r)?
                     } else {
                         Vec::new()
                     },
                 })
             }
         };
-        let pci = optional(d.pci_info(), "nvmlDeviceGetPciInfo_v3")?;
+        let pci = r.optional(d.pci_info(), "nvmlDeviceGetPciInfo_v3")?;
+        let clock =
+            |r: &mut Readings, c: Clock| r.optional(d.clock_info(c), "nvmlDeviceGetClockInfo");
+        let (graphics_clock_mhz, sm_clock_mhz, memory_clock_mhz) = (
+            clock(&mut r, Clock::Graphics)?,
+            clock(&mut r, Clock::SM)?,
+            clock(&mut r, Clock::Memory)?,
+        );
         Ok(DeviceReading {
             uuid,
             info: DeviceInfo {
-                model: optional(d.name(), "nvmlDeviceGetName")?,
-                serial: optional(d.serial(), "nvmlDeviceGetSerial")?,
+                model: r.optional(d.name(), "nvmlDeviceGetName")?,
+                serial: r.optional(d.serial(), "nvmlDeviceGetSerial")?,
                 pci_bus_id: pci.map(|p| p.bus_id),
             },
             gpu_utilization_percent: util.as_ref().map(|u| u.gpu),
             memory_utilization_percent: util.as_ref().map(|u| u.memory),
             memory_used_bytes: memory.as_ref().map(|m| m.used),
             memory_total_bytes: memory.as_ref().map(|m| m.total),
-            power_milliwatts: optional(d.power_usage(), "nvmlDeviceGetPowerUsage")?,
-            temperature_celsius: optional(
+            power_milliwatts: r.optional(d.power_usage(), "nvmlDeviceGetPowerUsage")?,
+            temperature_celsius: r.optional(
                 d.temperature(TemperatureSensor::Gpu),
                 "nvmlDeviceGetTemperature",
             )?,
-            graphics_clock_mhz: clock(Clock::Graphics)?,
-            sm_clock_mhz: clock(Clock::SM)?,
-            memory_clock_mhz: clock(Clock::Memory)?,
-            energy_millijoules: optional(
+            graphics_clock_mhz,
+            sm_clock_mhz,
+            memory_clock_mhz,
+            energy_millijoules: r.optional(
                 d.total_energy_consumption(),
                 "nvmlDeviceGetTotalEnergyConsumption",
             )?,
-            clocks_event_reasons: self.clocks_event_reasons(&d)?,
+            clocks_event_reasons: self.clocks_event_reasons(&d, &mut r)?,
             ecc,
             mig,
+            failed: r.failed,
         })
     }
 
     fn utilization(&mut self, index: u32) -> Result<Option<(u32, u32)>, GpuError> {
         let d = self.handle(index)?;
-        Ok(
-            optional(d.utilization_rates(), "nvmlDeviceGetUtilizationRates")?
-                .map(|u| (u.gpu, u.memory)),
-        )
+        // A sampler that reads often has nowhere to report a failed reading: it has a gap.
+        Ok(Readings::default()
+            .optional(d.utilization_rates(), "nvmlDeviceGetUtilizationRates")?
+            .map(|u| (u.gpu, u.memory)))
     }
 
     fn processes(&mut self, index: u32, since_us: u64) -> Result<ProcessReading, GpuError> {
         let d = self.handle(index)?;
-        let samples = match d.process_utilization_stats(since_us) {
-            Ok(v) => Some(v),
-            // NVML answers NotFound when no process used the device since `since_us`.
-            Err(NvmlError::NotFound) => Some(Vec::new()),
-            Err(NvmlError::NotSupported) => None,
-            Err(source) => {
-                return Err(GpuError::Call {
-                    call: "nvmlDeviceGetProcessUtilization",
-                    source,
-                })
-            }
-        };
+        let mut r = Readings::default();
+        let samples = self.process_samples(&d, since_us, &mut r)?;
         let mut memory = Vec::new();
         for list in [
-            optional(
+            r.optional(
                 d.running_compute_processes(),
                 "nvmlDeviceGetComputeRunningProcesses_v3",
             )?,
-            optional(
+            r.optional(
                 d.running_graphics_processes(),
                 "nvmlDeviceGetGraphicsRunningProcesses_v3",
             )?,
@@ -299,17 +413,9 @@ impl Nvml for NvmlLibrary {
             }));
         }
         Ok(ProcessReading {
-            samples: samples.map(|v| {
-                v.into_iter()
-                    .map(|s| ProcessSample {
-                        pid: s.pid,
-                        timestamp_us: s.timestamp,
-                        sm_percent: s.sm_util,
-                        memory_percent: s.mem_util,
-                    })
-                    .collect()
-            }),
+            samples,
             memory,
+            failed: r.failed,
         })
     }
 

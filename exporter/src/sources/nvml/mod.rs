@@ -83,8 +83,55 @@ pub(crate) struct MigReading {
     pub(crate) instances: Vec<MigInstance>,
 }
 
+/// A reading that failed while its device answered (NVML's NoPermission, a transient
+/// InsufficientSize, Unknown, ...): absent this time, and its series with it, but reported
+/// ([`DeviceReading::failed`], [`ProcessReading::failed`]). Only a device that is lost, or a
+/// handle or UUID that cannot be had, takes the whole device down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FailedReading {
+    /// The NVML function that failed.
+    pub(crate) call: &'static str,
+    /// NVML's error ([`error_name`]).
+    pub(crate) error: &'static str,
+    /// The error's text, for the log.
+    pub(crate) detail: String,
+}
+
+/// NVML errors, named for a label: `no_permission`, `insufficient_size`, `unknown`, ...
+pub(crate) fn error_name(e: &nvml_wrapper::error::NvmlError) -> &'static str {
+    use nvml_wrapper::error::NvmlError as E;
+    match e {
+        E::Uninitialized => "uninitialized",
+        E::InvalidArg => "invalid_argument",
+        E::NotSupported => "not_supported",
+        E::NoPermission => "no_permission",
+        E::NotFound => "not_found",
+        E::InsufficientSize(_) => "insufficient_size",
+        E::InsufficientPower => "insufficient_power",
+        E::DriverNotLoaded => "driver_not_loaded",
+        E::Timeout => "timeout",
+        E::IrqIssue => "irq_issue",
+        E::CorruptedInfoROM => "corrupted_inforom",
+        E::GpuLost => "gpu_lost",
+        E::ResetRequired => "reset_required",
+        E::Unknown => "unknown",
+        _ => "other",
+    }
+}
+
+/// Whether an error of one reading means the device (or NVML) is gone, rather than that one
+/// reading failed: the device's series are then withdrawn until it answers again.
+pub(crate) fn takes_device_down(e: &nvml_wrapper::error::NvmlError) -> bool {
+    use nvml_wrapper::error::NvmlError as E;
+    matches!(
+        e,
+        E::GpuLost | E::ResetRequired | E::Uninitialized | E::DriverNotLoaded
+    )
+}
+
 /// One device's gauges, as `nvidia-smi dmon` shows them, its identity and counters. `None`:
-/// the device does not support that reading (NVML's NotSupported), so its series is absent.
+/// the device does not support that reading (NVML's NotSupported), or reading it failed (then
+/// in `failed`); either way its series is absent.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct DeviceReading {
     pub(crate) uuid: String,
@@ -106,6 +153,8 @@ pub(crate) struct DeviceReading {
     pub(crate) clocks_event_reasons: Option<u64>,
     pub(crate) ecc: Option<EccCounts>,
     pub(crate) mig: Option<MigReading>,
+    /// Readings that failed this time (MIG instances among them).
+    pub(crate) failed: Vec<FailedReading>,
 }
 
 /// A per-process utilisation sample (`nvmlDeviceGetProcessUtilization`).
@@ -134,10 +183,14 @@ pub(crate) struct ProcessMemory {
 pub(crate) struct ProcessReading {
     /// Samples newer than the timestamp asked for. NVML only returns processes that used the
     /// device in that period: a process without a sample was idle. `None` when the device
-    /// cannot sample processes (NotSupported: older boards, and every GPU in MIG mode).
+    /// cannot sample processes (NotSupported: older boards, and every GPU in MIG mode), or
+    /// reading them failed.
     pub(crate) samples: Option<Vec<ProcessSample>>,
-    /// Processes with a compute or graphics context on the device.
+    /// Processes with a compute or graphics context on the device (those lists that could
+    /// be read: in MIG mode NVML lists the parent's processes only to privileged callers).
     pub(crate) memory: Vec<ProcessMemory>,
+    /// Lists or samples that failed this time: `samples` is then `None`, `memory` incomplete.
+    pub(crate) failed: Vec<FailedReading>,
 }
 
 /// An XID error NVML reported as an event (`nvmlEventTypeXidCriticalError`), by device UUID.
@@ -155,12 +208,14 @@ pub(crate) trait Nvml: Send {
     fn driver(&mut self) -> DriverInfo;
     /// Devices NVML enumerates. An error here means NVML itself stopped answering.
     fn device_count(&mut self) -> Result<u32, GpuError>;
-    /// The gauges of device `index` (NVML's enumeration order).
+    /// The gauges of device `index` (NVML's enumeration order). An error: the device is lost
+    /// or has no handle or UUID; a reading that fails otherwise is in `failed`.
     fn device(&mut self, index: u32) -> Result<DeviceReading, GpuError>;
     /// Only the utilisation of device `index`, percent (GPU, memory controller): one call,
     /// for samplers that read often. `None` where the device does not report it (MIG mode).
     fn utilization(&mut self, index: u32) -> Result<Option<(u32, u32)>, GpuError>;
-    /// The processes of device `index`, with utilisation samples newer than `since_us`.
+    /// The processes of device `index`, with utilisation samples newer than `since_us`. Errors
+    /// as for [`Nvml::device`].
     fn processes(&mut self, index: u32, since_us: u64) -> Result<ProcessReading, GpuError>;
     /// XID errors counted since the previous call, by device and code.
     fn take_xid_errors(&mut self) -> Vec<(XidKey, u64)>;

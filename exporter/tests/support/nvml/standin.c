@@ -19,6 +19,9 @@
  *   sample_period_ms 100              period of the per-process utilisation samples
  *   call_log PATH                     append one line per call (name, device, arguments)
  *   fail FUNCTION CODE                FUNCTION answers CODE (global, or for the current device)
+ *   unprivileged                      the caller lacks NVML's admin privileges: the process
+ *                                     lists of a GPU in MIG mode (its parent handle) answer
+ *                                     NVML_ERROR_NO_PERMISSION, as NVML answers such callers
  *   device                            starts a device (NVML index = order in the file)
  *     uuid GPU-...                    required
  *     name NVIDIA A100-SXM4-80GB      rest of the line
@@ -37,16 +40,25 @@
  *                                     process with SM or MEM > 0 has a utilisation sample in
  *                                     every sample period; GI/CI on a MIG instance
  *     graphics_process PID USED       a graphics context
+ *     insufficient_size FUNCTION N    the next N calls of FUNCTION (nvmlDeviceGetProcessUtilization
+ *                                     or nvmlDeviceGet{Compute,Graphics}RunningProcesses_v3) with a
+ *                                     buffer answer NVML_ERROR_INSUFFICIENT_SIZE asking for one more
+ *                                     entry than given, as when processes start between a count
+ *                                     query and the call that fills the buffer
  *     mig CURRENT PENDING             MIG mode (absent: MIG not supported)
  *     mig_device                      starts a MIG device of the current device
  *       uuid MIG-...  name ...  memory USED TOTAL  gpu_instance N  compute_instance N
  *     xid ID CODE                     an XID critical error, delivered once to every event
- *                                     set created before it appeared (IDs increase)
+ *                                     set the device was registered in before it appeared
+ *                                     (IDs increase); a set with a device that is gone or lost
+ *                                     answers NVML_ERROR_GPU_IS_LOST to every wait
  *
  * Whatever it does not recognise makes every call answer NVML_ERROR_UNKNOWN and is printed
  * on stderr, so a mistyped test state cannot pass silently. Like the real library in MIG
- * mode, a device whose MIG mode is on answers NVML_ERROR_NOT_SUPPORTED to per-process
- * utilisation, and MIG devices answer it to utilisation, power, clocks and the rest.
+ * mode (nvml.h: "On MIG-enabled GPUs, querying device utilization rates is not currently
+ * supported"), a GPU whose MIG mode is on answers NVML_ERROR_NOT_SUPPORTED to device and
+ * per-process utilisation whatever its `utilization` line says, and MIG devices answer it to
+ * utilisation, power, clocks and the rest.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -68,6 +80,7 @@ enum {
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_TIMEOUT = 10,
@@ -193,6 +206,9 @@ struct device {
     int nxids;
     struct fail fails[MAX_FAILS];
     int nfails;
+    /* Calls still to answer INSUFFICIENT_SIZE, by function (`code` counts down). */
+    struct fail short_buffers[MAX_FAILS];
+    int nshort_buffers;
 };
 
 struct state {
@@ -202,6 +218,7 @@ struct state {
     char call_log[512];
     struct fail fails[MAX_FAILS];
     int nfails;
+    int unprivileged;
     struct device devices[MAX_DEVICES];
     int ndevices;
     /* Set when the file could not be read or parsed: every call answers NVML_ERROR_UNKNOWN. */
@@ -324,6 +341,8 @@ static int parse_file(const char *path, struct state *s) {
         } else if (!strcmp(key, "sample_period_ms") && !dev) {
             ok = numbers(rest, v, 1, 1) == 1 && v[0] > 0;
             s->sample_period_us = v[0] * 1000;
+        } else if (!strcmp(key, "unprivileged") && !dev && !*rest) {
+            s->unprivileged = 1;
         } else if (!strcmp(key, "call_log") && !dev) {
             COPY(s->call_log);
         } else if (!strcmp(key, "fail")) {
@@ -412,6 +431,15 @@ static int parse_file(const char *path, struct state *s) {
                         p->gi = (unsigned int)v[4], p->ci = (unsigned int)v[5];
                 }
             }
+        } else if (!strcmp(key, "insufficient_size")) {
+            char *w[2];
+            ok = words(rest, w, 2) == 2 && dev->nshort_buffers < MAX_FAILS &&
+                 !parse_u64(w[1], &v[0]);
+            if (ok) {
+                struct fail *f = &dev->short_buffers[dev->nshort_buffers++];
+                snprintf(f->function, sizeof(f->function), "%s", w[0]);
+                f->code = (int)v[0];
+            }
         } else if (!strcmp(key, "mig")) {
             ok = numbers(rest, v, 2, 2) == 2;
             dev->has_mig = 1, dev->mig_current = (int)v[0], dev->mig_pending = (int)v[1];
@@ -486,6 +514,18 @@ static int failing(const struct fail *list, int n, const char *function) {
     for (int i = 0; i < n; i++)
         if (!strcmp(list[i].function, function))
             return list[i].code;
+    return 0;
+}
+
+/* Whether this call of `function` with a buffer is one that finds it too small
+ * (`insufficient_size`): counts the call down. */
+static int short_buffer(struct device *d, const char *function) {
+    for (int i = 0; i < d->nshort_buffers; i++) {
+        if (!strcmp(d->short_buffers[i].function, function) && d->short_buffers[i].code > 0) {
+            d->short_buffers[i].code--;
+            return 1;
+        }
+    }
     return 0;
 }
 
@@ -609,6 +649,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
     case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_TIMEOUT: return "Timeout";
@@ -675,6 +716,21 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice
     return leave(*device ? NVML_SUCCESS : NVML_ERROR_UNKNOWN);
 }
 
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    nvmlReturn_t r = enter("nvmlDeviceGetHandleByUUID");
+    if (r)
+        return leave(r);
+    if (!uuid || !device)
+        return leave(NVML_ERROR_INVALID_ARGUMENT);
+    struct device *d = find_device(uuid);
+    if (!d)
+        return leave(NVML_ERROR_NOT_FOUND);
+    if (d->error)
+        return leave(d->error);
+    *device = handle_for(d->uuid, NULL);
+    return leave(*device ? NVML_SUCCESS : NVML_ERROR_UNKNOWN);
+}
+
 /* ---- identity ----------------------------------------------------------------------------- */
 
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *uuid, unsigned int length) {
@@ -721,7 +777,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilizatio
     DEVICE_CALL("nvmlDeviceGetUtilizationRates", h, 0);
     if (!u)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
-    if (!dev->has_util)
+    if (!dev->has_util || (dev->has_mig && dev->mig_current))
         return leave(NVML_ERROR_NOT_SUPPORTED);
     u->gpu = (unsigned int)dev->util_gpu;
     u->memory = (unsigned int)dev->util_mem;
@@ -795,10 +851,14 @@ static nvmlReturn_t reasons(nvmlDevice_t h, const char *name, unsigned long long
     return leave(NVML_SUCCESS);
 }
 
+/* Built with -DSTANDIN_BEFORE_12_2: a driver older than NVML 12.2 (R535), which has only the
+ * former name. */
+#ifndef STANDIN_BEFORE_12_2
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t h,
                                                            unsigned long long *mask) {
     return reasons(h, "nvmlDeviceGetCurrentClocksEventReasons", mask);
 }
+#endif
 
 EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t h,
                                                               unsigned long long *mask) {
@@ -823,10 +883,18 @@ static nvmlReturn_t running(nvmlDevice_t h, const char *name, int graphics, unsi
     DEVICE_CALL(name, h, 0);
     if (!count)
         return leave(NVML_ERROR_INVALID_ARGUMENT);
+    if (st.unprivileged && dev->has_mig && dev->mig_current) {
+        log_call("%s %s -> no permission", name, dev->uuid);
+        return leave(NVML_ERROR_NO_PERMISSION);
+    }
     unsigned int n = 0;
     for (int i = 0; i < dev->nprocs; i++)
         n += dev->procs[i].graphics == graphics;
     log_call("%s %s count=%u -> %u", name, dev->uuid, *count, n);
+    if (infos && short_buffer(dev, name)) {
+        *count += 1;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
     if (!infos || *count < n) {
         *count = n;
         return leave(n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS);
@@ -889,9 +957,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h,
         n += !p->graphics && (p->sm || p->mem) && stamp > since;
     }
     if (samples)
-        log_call("nvmlDeviceGetProcessUtilization %s since=%llu -> %u", dev->uuid, since, n);
+        log_call("nvmlDeviceGetProcessUtilization %s since=%llu count=%u -> %u", dev->uuid, since,
+                 *count, n);
     if (!n)
         return leave(NVML_ERROR_NOT_FOUND);
+    if (samples && short_buffer(dev, "nvmlDeviceGetProcessUtilization")) {
+        *count += 1;
+        return leave(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
     if (!samples || *count < n) {
         *count = n;
         return leave(NVML_ERROR_INSUFFICIENT_SIZE);
@@ -1053,10 +1126,16 @@ EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *dat
             return leave(r);
         if (!set || !data)
             return leave(NVML_ERROR_INVALID_ARGUMENT);
+        /* A set with a device that is gone (no longer listed, or lost) cannot be waited on. */
         for (int i = 0; i < set->n; i++) {
             struct device *d = find_device(set->uuids[i]);
-            if (!d)
-                continue;
+            if (!d || d->error == NVML_ERROR_GPU_IS_LOST) {
+                log_call("nvmlEventSetWait_v2 %s -> lost", set->uuids[i]);
+                return leave(NVML_ERROR_GPU_IS_LOST);
+            }
+        }
+        for (int i = 0; i < set->n; i++) {
+            struct device *d = find_device(set->uuids[i]);
             /* The oldest XID not yet delivered to this set. */
             struct xid *next = NULL;
             for (int k = 0; k < d->nxids; k++)
