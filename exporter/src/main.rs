@@ -9,7 +9,7 @@ use std::{
 use clap::{Parser, Subcommand};
 use sysscope::{
     cli,
-    config::Config,
+    config::{CollectorFlags, Config},
     exposition::web_config::WebConfigFile,
     privileges,
     serve::{self, ServeOptions},
@@ -64,6 +64,9 @@ struct Cli {
     /// Log format: logfmt or json.
     #[arg(long = "log.format", default_value = "logfmt", global = true)]
     log_format: String,
+
+    #[command(flatten)]
+    collectors: CollectorFlags,
 
     #[command(subcommand)]
     command: Option<Command>,
@@ -188,7 +191,10 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let config = match load_config(cli.config_file.as_ref()) {
-        Ok(c) => c,
+        Ok(mut c) => {
+            c.apply_collector_flags(&cli.collectors);
+            c
+        }
         Err(e) => {
             eprintln!("sysscope: {e:#}");
             return ExitCode::from(2);
@@ -216,6 +222,7 @@ fn main() -> ExitCode {
                 listen_address: cli.listen_address.clone(),
                 telemetry_path: cli.telemetry_path.clone(),
                 config_file: cli.config_file.clone(),
+                collector_flags: cli.collectors.clone(),
             };
             return exit(
                 serve::run_exporter(&options, config, web, shutdown_signal)
