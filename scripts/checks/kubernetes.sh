@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Checks deploy/kubernetes/ offline: renders every variant (the plain kustomization, with the
-# optional priority-class component, the two GPU overlays of deploy/kubernetes-gpu/, and a GPU
-# overlay with the optional components after it) with `kubectl kustomize` when kubectl is
+# optional priority-class component, the two GPU overlays of deploy/kubernetes-gpu/, a GPU
+# overlay with the optional components after it, and the prometheus-rule and
+# no-network-policy components) with `kubectl kustomize` when kubectl is
 # installed, else with the posture script's own renderer (the subset of kustomize these use);
-# validates every object with kubernetes-validate (strict) against
-# Kubernetes $K8S_VERSION (PodMonitor, a Prometheus Operator CRD, has no schema there and is
-# checked structurally by the posture script instead); lints with yamllint (.yamllint); and
+# checks that the PrometheusRule is the rules file (prometheusrule.py) and that the PodMonitor
+# and the Grafana data source assume one scrape interval; validates every object
+# with kubernetes-validate (strict) against Kubernetes $K8S_VERSION (PodMonitor and
+# PrometheusRule, Prometheus Operator CRDs, have no schema there: the posture script checks the
+# PodMonitor, prometheusrule.py the rules); lints with yamllint (.yamllint); and
 # asserts the security posture (k8s_security_posture.py, which also proves with a self-test
 # that each of its checks can fail). Prints one result line (VERBOSE=1 prints the details);
 # exits non-zero on failure. KUBECTL= (empty) forces the path without kubectl.
@@ -31,13 +34,16 @@ done
 # needed: kustomize refuses absolute paths and parents of the kustomization, so the overlay
 # sits next to copies of deploy/kubernetes and deploy/kubernetes-gpu).
 cp -r "$dir" "$work/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$work/kubernetes-gpu"
-mkdir "$work/with-priority" "$work/gpu-all"
+mkdir "$work/with-priority" "$work/gpu-all" "$work/rules-no-netpol"
 printf 'resources: [../kubernetes]\ncomponents: [../kubernetes/components/priority-class]\n' \
   >"$work/with-priority/kustomization.yaml"
+printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/prometheus-rule\n  - ../kubernetes/components/no-network-policy\n' \
+  >"$work/rules-no-netpol/kustomization.yaml"
 printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/gpu-operator\n  - ../kubernetes/components/priority-class\n  - ../kubernetes/components/web-auth\n' \
   >"$work/gpu-all/kustomization.yaml"
 variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gpu/operator
-  gpu-host-driver:kubernetes-gpu/host-driver gpu-operator-all-components:gpu-all)
+  gpu-host-driver:kubernetes-gpu/host-driver gpu-operator-all-components:gpu-all
+  rules-no-network-policy:rules-no-netpol)
 kubectl=${KUBECTL-$(command -v kubectl || true)}
 if [ -n "$kubectl" ] && "$kubectl" kustomize --help >/dev/null 2>&1; then
   how="kubectl kustomize"
@@ -68,6 +74,21 @@ grep -q 'subPath: libnvidia-ml.so.1' "$work/gpu-host-driver.yaml" \
   || fail "components/gpu-host-driver does not mount NVML"
 [ "$(grep -c 'priorityClassName: sysscope-node-agent' "$work/gpu-operator-all-components.yaml")" = 2 ] \
   || fail "components listed after a GPU component must patch both DaemonSets"
+grep -q '^kind: PrometheusRule' "$work/rules-no-network-policy.yaml" \
+  || fail "components/prometheus-rule adds no PrometheusRule"
+grep -q '^kind: NetworkPolicy' "$work/rules-no-network-policy.yaml" \
+  && fail "components/no-network-policy leaves the NetworkPolicy"
+grep -q '^kind: NetworkPolicy' "$work/base.yaml" || fail "the base has no NetworkPolicy"
+# The PrometheusRule is the rules file, as scripts/checks/prometheusrule.py --write makes it.
+python3 "$top/scripts/checks/prometheusrule.py" >>"$log" 2>&1 \
+  || fail "$(tail -n 1 "$log")"
+rule_check=$(tail -n 1 "$log" | sed 's/^OK: //')
+# One scrape interval everywhere (docs/kubernetes.md, "Scrape interval"): the PodMonitor's and
+# the Grafana data source's.
+scrape=$(sed -n 's/^ *interval: *//p' "$dir/podmonitor.yaml")
+grafana=$(sed -n 's/^ *timeInterval: *//p' "$top/grafana/provisioning/datasources/prometheus.yaml")
+[ -n "$scrape" ] && [ "$scrape" = "$grafana" ] \
+  || fail "the PodMonitor scrapes every '$scrape' but the Grafana data source assumes '$grafana'"
 posture=("${renders[@]}")
 
 # 2. Schemas, every variant in one run. A missing schema is only acceptable for the Prometheus
@@ -92,4 +113,4 @@ for f in "${posture[@]}"; do
 done
 
 [ "${VERBOSE:-0}" = 1 ] && cat "$log"
-echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $(tail -n 1 "$log" | sed 's/^OK: //'))"
+echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $rule_check; one scrape interval ($scrape); $(tail -n 1 "$log" | sed 's/^OK: //'))"
