@@ -9,7 +9,7 @@ use std::{
 use clap::{Parser, Subcommand};
 use sysscope::{
     cli,
-    config::Config,
+    config::{CollectorFlags, Config},
     exposition::web_config::WebConfigFile,
     privileges,
     serve::{self, ServeOptions},
@@ -20,7 +20,8 @@ use tracing_subscriber::EnvFilter;
 
 /// Always-on eBPF syscall, block-I/O, CPU and GPU metrics for every cgroup and process.
 ///
-/// Run as root (or with CAP_BPF, CAP_PERFMON and CAP_DAC_READ_SEARCH) and scrape
+/// Run as root (or with CAP_BPF and CAP_PERFMON; file paths on other users' slow-call spans
+/// also need CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE) and scrape
 /// http://127.0.0.1:9812/metrics. The subcommands answer what strace -c, strace -f -T and
 /// bpftrace are used for, for one command, process or cgroup (see `sysscope help summary`).
 #[derive(Debug, Parser)]
@@ -64,6 +65,9 @@ struct Cli {
     /// Log format: logfmt or json.
     #[arg(long = "log.format", default_value = "logfmt", global = true)]
     log_format: String,
+
+    #[command(flatten)]
+    collectors: CollectorFlags,
 
     #[command(subcommand)]
     command: Option<Command>,
@@ -188,7 +192,10 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let config = match load_config(cli.config_file.as_ref()) {
-        Ok(c) => c,
+        Ok(mut c) => {
+            c.apply_collector_flags(&cli.collectors);
+            c
+        }
         Err(e) => {
             eprintln!("sysscope: {e:#}");
             return ExitCode::from(2);
@@ -216,6 +223,7 @@ fn main() -> ExitCode {
                 listen_address: cli.listen_address.clone(),
                 telemetry_path: cli.telemetry_path.clone(),
                 config_file: cli.config_file.clone(),
+                collector_flags: cli.collectors.clone(),
             };
             return exit(
                 serve::run_exporter(&options, config, web, shutdown_signal)
@@ -302,5 +310,87 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
             _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
             _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
         }
+    }
+}
+
+#[cfg(test)]
+#[path = "../tests/support/doc_commands.rs"]
+mod doc_commands;
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use clap::{error::ErrorKind, Parser};
+
+    use super::{doc_commands, Cli};
+
+    fn top() -> &'static Path {
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+    }
+
+    /// Every `sysscope ...` command line of README.md and docs/*.md parses: each flag exists
+    /// and takes what it is given.
+    #[test]
+    fn documented_command_lines_parse() {
+        let mut checked = 0;
+        let mut wrong = Vec::new();
+        for doc in doc_commands::documents(top()) {
+            let name = doc
+                .strip_prefix(top())
+                .unwrap_or(&doc)
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(&doc).unwrap();
+            for line in doc_commands::command_lines(&name, &text) {
+                checked += 1;
+                if let Err(e) = Cli::try_parse_from(&line.args) {
+                    if !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                        let why = e.to_string();
+                        let why = why.lines().next().unwrap_or_default();
+                        wrong.push(format!("{}: `{}`: {why}", line.at, line.args.join(" ")));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert!(checked > 50, "only {checked} command lines found");
+    }
+
+    /// Every link of README.md and docs/*.md to a file of the repository names a file that
+    /// exists, and every anchor a heading of that file.
+    #[test]
+    fn documented_links_resolve() {
+        let mut wrong = Vec::new();
+        for doc in doc_commands::documents(top()) {
+            let name = doc
+                .strip_prefix(top())
+                .unwrap_or(&doc)
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(&doc).unwrap();
+            for link in doc_commands::local_links(&name, &text) {
+                let (file, anchor) = match link.target.split_once('#') {
+                    Some((f, a)) => (f, Some(a)),
+                    None => (link.target.as_str(), None),
+                };
+                let path = if file.is_empty() {
+                    doc.clone()
+                } else {
+                    doc.parent().unwrap().join(file)
+                };
+                if !path.exists() {
+                    wrong.push(format!("{}: {} does not exist", link.at, link.target));
+                    continue;
+                }
+                if let Some(anchor) = anchor {
+                    let target = std::fs::read_to_string(&path).unwrap_or_default();
+                    if !doc_commands::anchors(&target).iter().any(|a| a == anchor) {
+                        wrong.push(format!("{}: {} has no such heading", link.at, link.target));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 }

@@ -19,7 +19,7 @@ use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge}
 use crate::{
     agent::Agent,
     collectors::{self_metrics::SelfMetrics, CollectorError},
-    config::{self, Config, ConfigError},
+    config::{self, CollectorFlags, Config, ConfigError},
     util::error::Chain,
 };
 
@@ -115,6 +115,7 @@ fn unix_now() -> u64 {
 /// Reloads the configuration file into the running agent.
 pub struct Reloader {
     path: Option<PathBuf>,
+    flags: CollectorFlags,
     current: Mutex<Config>,
     agent: Arc<Mutex<Agent>>,
     stats: Arc<ReloadStats>,
@@ -129,16 +130,19 @@ impl std::fmt::Debug for Reloader {
 }
 
 impl Reloader {
-    /// A reloader of `path` (the `--config.file`, if any) for an agent started with `config`,
-    /// counting outcomes in `stats` (which the agent's self-metrics encode).
+    /// A reloader of `path` (the `--config.file`, if any) with the command line's collector
+    /// `flags` applied over it, for an agent started with `config`, counting outcomes in
+    /// `stats` (which the agent's self-metrics encode).
     pub fn new(
         path: Option<PathBuf>,
+        flags: CollectorFlags,
         config: Config,
         agent: Arc<Mutex<Agent>>,
         stats: Arc<ReloadStats>,
     ) -> Self {
         Self {
             path,
+            flags,
             current: Mutex::new(config),
             agent,
             stats,
@@ -164,7 +168,9 @@ impl Reloader {
 
     fn try_reload(&self) -> Result<Vec<String>, ReloadError> {
         let path = self.path.as_ref().ok_or(ReloadError::NoFile)?;
-        let new = Config::load(path).map_err(ReloadError::Invalid)?;
+        let mut new = Config::load(path).map_err(ReloadError::Invalid)?;
+        // The command line wins over the file on reload as it did at start.
+        new.apply_collector_flags(&self.flags);
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         let changed = config::changed_keys(&current, &new);
         let restart: Vec<String> = changed

@@ -18,7 +18,7 @@ use std::{
 use opentelemetry_sdk::Resource;
 
 use crate::{
-    config::Config,
+    config::{CollectorFlags, Config},
     exposition::{
         http::{self, AppState, HttpError},
         otlp::{
@@ -46,6 +46,9 @@ pub struct ServeOptions {
     pub telemetry_path: String,
     /// `--config.file`, read again on reload.
     pub config_file: Option<PathBuf>,
+    /// `--collector.<name>` / `--no-collector.<name>`, applied over the file at each reload as
+    /// they were at start.
+    pub collector_flags: CollectorFlags,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +155,7 @@ where
         let agent = Arc::new(Mutex::new(agent));
         let reloader = Arc::new(reload::Reloader::new(
             options.config_file.clone(),
+            options.collector_flags.clone(),
             config.clone(),
             agent.clone(),
             reload_stats,
@@ -287,6 +291,7 @@ mod tests {
             listen_address: listen_address.into(),
             telemetry_path: telemetry_path.into(),
             config_file: None,
+            collector_flags: CollectorFlags::default(),
         }
     }
 

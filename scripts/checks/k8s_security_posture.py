@@ -158,8 +158,17 @@ def _apply_kustomization(directory, k, docs):
             _apply_kustomization(cdir, yaml.safe_load(f), docs)
     for patch in k.get("patches", []):
         ops = yaml.safe_load(patch["patch"])
+        if isinstance(ops, dict) and ops.get("$patch") == "delete":
+            # A strategic-merge patch that deletes the object it names.
+            gone = [d for d in docs if d.get("kind") == ops.get("kind")
+                    and d.get("metadata", {}).get("name") == ops.get("metadata", {}).get("name")]
+            if not gone:
+                raise ValueError(f"{directory}: delete patch of {ops.get('kind')} matches nothing")
+            docs[:] = [d for d in docs if not any(d is g for g in gone)]
+            continue
         if not isinstance(ops, list):
-            raise ValueError(f"{directory}: only JSON 6902 patches are supported without kubectl")
+            raise ValueError(f"{directory}: only JSON 6902 patches and deletions are supported "
+                             "without kubectl")
         hits = [d for d in docs if _targets(d, patch.get("target", {}))]
         if not hits:
             raise ValueError(f"{directory}: patch target {patch.get('target')} matches nothing")

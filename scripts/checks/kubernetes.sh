@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Checks deploy/kubernetes/ offline: renders every variant (the plain kustomization, with the
-# optional priority-class component, the two GPU overlays of deploy/kubernetes-gpu/, and a GPU
+# optional priority-class component, the two GPU overlays of deploy/kubernetes-gpu/, a GPU
 # overlay with the optional components listed after it, before it, and enabled in
-# deploy/kubernetes itself, each of which must reach both DaemonSets) with `kubectl kustomize`
-# when kubectl is installed, else with the posture script's own renderer (the subset of
-# kustomize these use);
-# validates every object with kubernetes-validate (strict) against
-# Kubernetes $K8S_VERSION (PodMonitor, a Prometheus Operator CRD, has no schema there and is
-# checked structurally by the posture script instead); lints with yamllint (.yamllint); and
+# deploy/kubernetes itself, each of which must reach both DaemonSets, and the prometheus-rule
+# and no-network-policy components) with `kubectl kustomize` when kubectl is installed, else
+# with the posture script's own renderer (the subset of kustomize these use);
+# checks that the PrometheusRule is the rules file (prometheusrule.py) and that the PodMonitor
+# and the Grafana data source assume one scrape interval; validates every object
+# with kubernetes-validate (strict) against Kubernetes $K8S_VERSION (PodMonitor and
+# PrometheusRule, Prometheus Operator CRDs, have no schema there: the posture script checks the
+# PodMonitor, prometheusrule.py the rules); lints with yamllint (.yamllint); and
 # asserts the security posture (k8s_security_posture.py, which also proves with a self-test
 # that each of its checks can fail). Prints one result line (VERBOSE=1 prints the details);
 # exits non-zero on failure. KUBECTL= (empty) forces the path without kubectl.
@@ -33,9 +35,11 @@ done
 # needed: kustomize refuses absolute paths and parents of the kustomization, so the overlay
 # sits next to copies of deploy/kubernetes and deploy/kubernetes-gpu).
 cp -r "$dir" "$work/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$work/kubernetes-gpu"
-mkdir "$work/with-priority" "$work/gpu-after" "$work/gpu-before" "$work/in-base"
+mkdir "$work/with-priority" "$work/gpu-after" "$work/gpu-before" "$work/in-base" "$work/rules-no-netpol"
 printf 'resources: [../kubernetes]\ncomponents: [../kubernetes/components/priority-class]\n' \
   >"$work/with-priority/kustomization.yaml"
+printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/prometheus-rule\n  - ../kubernetes/components/no-network-policy\n' \
+  >"$work/rules-no-netpol/kustomization.yaml"
 printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/gpu-operator\n  - ../kubernetes/components/priority-class\n  - ../kubernetes/components/web-auth\n' \
   >"$work/gpu-after/kustomization.yaml"
 printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/priority-class\n  - ../kubernetes/components/web-auth\n  - ../kubernetes/components/gpu-host-driver\n' \
@@ -45,7 +49,8 @@ cp -r "$dir" "$work/in-base/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$
 printf 'components:\n  - components/priority-class\n  - components/web-auth\n' >>"$work/in-base/kubernetes/kustomization.yaml"
 variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gpu/operator
   gpu-host-driver:kubernetes-gpu/host-driver gpu-components-after:gpu-after
-  gpu-components-before:gpu-before gpu-components-in-base:in-base/kubernetes-gpu/operator)
+  gpu-components-before:gpu-before gpu-components-in-base:in-base/kubernetes-gpu/operator
+  rules-no-network-policy:rules-no-netpol)
 kubectl=${KUBECTL-$(command -v kubectl || true)}
 if [ -n "$kubectl" ] && "$kubectl" kustomize --help >/dev/null 2>&1; then
   how="kubectl kustomize"
@@ -80,6 +85,21 @@ for v in gpu-components-after gpu-components-before gpu-components-in-base; do
     && [ "$(grep -c -- '--web.config.file=' "$work/$v.yaml")" = 2 ] \
     || fail "$v: priority-class and web-auth must reach both DaemonSets, whatever the order of components"
 done
+grep -q '^kind: PrometheusRule' "$work/rules-no-network-policy.yaml" \
+  || fail "components/prometheus-rule adds no PrometheusRule"
+grep -q '^kind: NetworkPolicy' "$work/rules-no-network-policy.yaml" \
+  && fail "components/no-network-policy leaves the NetworkPolicy"
+grep -q '^kind: NetworkPolicy' "$work/base.yaml" || fail "the base has no NetworkPolicy"
+# The PrometheusRule is the rules file, as scripts/checks/prometheusrule.py --write makes it.
+python3 "$top/scripts/checks/prometheusrule.py" >>"$log" 2>&1 \
+  || fail "$(tail -n 1 "$log")"
+rule_check=$(tail -n 1 "$log" | sed 's/^OK: //')
+# One scrape interval everywhere (docs/kubernetes.md, "Scrape interval"): the PodMonitor's and
+# the Grafana data source's.
+scrape=$(sed -n 's/^ *interval: *//p' "$dir/podmonitor.yaml")
+grafana=$(sed -n 's/^ *timeInterval: *//p' "$top/grafana/provisioning/datasources/prometheus.yaml")
+[ -n "$scrape" ] && [ "$scrape" = "$grafana" ] \
+  || fail "the PodMonitor scrapes every '$scrape' but the Grafana data source assumes '$grafana'"
 posture=("${renders[@]}")
 
 # 2. Schemas, every variant in one run. A missing schema is only acceptable for the Prometheus
@@ -109,4 +129,4 @@ for f in "${posture[@]}"; do
 done
 
 [ "${VERBOSE:-0}" = 1 ] && cat "$log"
-echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $(grep 'mutations all caught' "$log" | tail -n 1 | sed 's/^OK: //'))"
+echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $rule_check; one scrape interval ($scrape); $(grep 'mutations all caught' "$log" | tail -n 1 | sed 's/^OK: //'))"

@@ -3,8 +3,11 @@
 
 For every dashboard (default: grafana/dashboards/*.json) it checks that
   * the dashboard has a uid and a title, a `datasource` template variable of type datasource
-    (prometheus), and the instance/node/namespace/pod/cgroup/comm variables as label_values() queries
-    on that datasource;
+    (prometheus), and the cluster/instance/node/namespace/pod/cgroup/comm variables as label_values()
+    queries on that datasource;
+  * the `cluster` variable is multi-value with an All option sending `.*` (which also matches
+    series without a cluster label, so single-cluster setups need no label) selected by default,
+    and every series selector of every query and variable filters on cluster=~"$cluster";
   * every panel, including the panels nested in collapsed rows, uses the datasource variable
     (text panels excepted), and so does every query;
   * every panel except text and row panels has a unit (fieldConfig.defaults.unit);
@@ -29,7 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import queries  # noqa: E402  (the shared panel walk and variable substitution)
 
-REQUIRED_VARIABLES = ("instance", "node", "namespace", "pod", "cgroup", "comm")
+REQUIRED_VARIABLES = ("cluster", "instance", "node", "namespace", "pod", "cgroup", "comm")
+CLUSTER_MATCHER = 'cluster=~"$cluster"'
+# Metric names as they would appear bare, without a {...} selector that could filter them.
+BARE_METRIC = re.compile(r'(?<![\w:"])(sysscope_\w+|up|DCGM_\w+|[a-z_]+:[\w:]+)(?![\w:]*\s*[{(])')
 DATASOURCE_REFS = {"${datasource}", "$datasource", "[[datasource]]"}
 NO_QUERY_PANELS = {"text", "row"}
 RATE_FUNCS = re.compile(r"\b(rate|irate|increase)\s*\(")
@@ -37,6 +43,7 @@ RATE_FUNCS = re.compile(r"\b(rate|irate|increase)\s*\(")
 # Concrete values used to expand template variables before validation: realistic ones, so that
 # escaping of regex metacharacters (cgroup paths contain dots) is exercised too.
 SAMPLE_VALUES = {
+    "cluster": ["eu-west-1"],
     "job": ["sysscope"],
     "node": ["node-1"],
     "instance": ["10.0.0.1:9812"],
@@ -88,6 +95,25 @@ def rate_ranges(expr: str):
     return out
 
 
+def without_strings(expr: str) -> str:
+    """The expression with the contents of its string literals blanked out."""
+    return re.sub(r'"(?:[^"\\]|\\.)*"|'"'(?:[^'\\\\]|\\\\.)*'", '""', expr)
+
+
+def unfiltered_selectors(expr: str) -> list[str]:
+    """The series selectors of a PromQL expression that do not filter on the cluster variable:
+    every {...} block without cluster=~"$cluster", and every metric name used bare."""
+    out = []
+    for m in re.finditer(r'([\w:]*)\{((?:[^{}"]|"(?:[^"\\]|\\.)*")*)\}', expr):
+        if CLUSTER_MATCHER not in m.group(2):
+            out.append(m.group(0))
+    bare = without_strings(re.sub(r'\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}', "{}", expr))
+    # Label lists of by/without/on/ignoring/group_* are not selectors.
+    bare = re.sub(r'\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)', "", bare)
+    out.extend(m.group(1) for m in BARE_METRIC.finditer(bare))
+    return out
+
+
 class Linter:
     def __init__(self):
         self.errors: list[str] = []
@@ -116,6 +142,12 @@ class Linter:
         for req in REQUIRED_VARIABLES:
             if req not in variables:
                 self.error(name, f'has no template variable "{req}"')
+        cluster = variables.get("cluster") or {}
+        current = (cluster.get("current") or {}).get("value")
+        if cluster and not (cluster.get("includeAll") and cluster.get("multi")
+                            and cluster.get("allValue") == ".*" and current in (["$__all"], "$__all")):
+            self.error(name, 'variable "cluster" must be multi-value with All (allValue ".*", which also '
+                             'matches series without the label) selected by default')
         values = queries.build_values(dash, SAMPLE_VALUES, {})
         for var in variables.values():
             if var.get("type") != "query":
@@ -128,6 +160,9 @@ class Linter:
             if not m:
                 self.error(where, f"is not a label_values(selector, label) query: {q!r}")
                 continue
+            if var.get("name") != "cluster":
+                for sel in unfiltered_selectors(m.group(1)):
+                    self.error(where, f'selector {sel} does not filter on {CLUSTER_MATCHER}')
             self.add_promql(where, m.group(1), values)
 
         counts = {"panels": 0, "queries": 0, "heatmaps": 0, "variables": len(variables)}
@@ -165,6 +200,8 @@ class Linter:
                 counts["queries"] += 1
                 if ptype == "heatmap" and target.get("format") != "heatmap":
                     self.error(twhere, 'heatmap query must have format "heatmap"')
+                for sel in unfiltered_selectors(expr):
+                    self.error(twhere, f'selector {sel} does not filter on {CLUSTER_MATCHER}')
                 for func, ranges in rate_ranges(expr):
                     if ranges != ["$__rate_interval"]:
                         shown = ", ".join(f"[{r}]" for r in ranges) or "no range"

@@ -13,6 +13,7 @@
 pub(crate) mod block;
 pub mod diagnose;
 pub(crate) mod measure;
+pub(crate) mod pod;
 pub(crate) mod profile;
 pub(crate) mod progress;
 pub(crate) mod render;
@@ -51,6 +52,8 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    NoSuchPod(String),
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
     #[error("cgroup {path} does not exist (give a path relative to the cgroup v2 root {root}, or an absolute path below it)")]
@@ -78,7 +81,10 @@ impl CliError {
     /// The exit code this error ends the tool with.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Usage(_) | Self::NoSuchProcess(_) | Self::NoSuchCgroup { .. } => EXIT_USAGE,
+            Self::Usage(_)
+            | Self::NoSuchProcess(_)
+            | Self::NoSuchCgroup { .. }
+            | Self::NoSuchPod(_) => EXIT_USAGE,
             Self::Probes(ProbeError::MissingCapability { .. }) => EXIT_NO_PERMISSION,
             Self::CommandNotFound(_) | Self::NoSuchFile(_) => EXIT_NOT_FOUND,
             Self::Interrupted => 130,

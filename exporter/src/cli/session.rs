@@ -1,6 +1,7 @@
 //! The target of a command-line tool and its lifetime: a command run in a fresh cgroup v2 of
-//! its own (`-- CMD`; its children follow it there), a process (`--pid`), or a cgroup and its
-//! descendants (`--cgroup`).
+//! its own (`-- CMD`; its children follow it there), a process (`--pid`), a cgroup and its
+//! descendants (`--cgroup`), or a pod of this node or one of its containers (`--pod`, resolved
+//! to its cgroup by [`super::pod`]).
 //!
 //! A command's cgroup is created under the v2 root before the probes load, and the command is
 //! spawned only once they are attached, straight into the cgroup (`clone3` with
@@ -27,8 +28,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{parse_duration, signals, CliError};
+use super::{parse_duration, pod::PodTarget, signals, CliError};
 use crate::{
+    config::KubernetesConfig,
     kernel::LoadOptions,
     metadata::cgroups::{self, id_of},
 };
@@ -45,6 +47,16 @@ pub struct TargetArgs {
     /// the cgroup v2 root (e.g. /system.slice/nginx.service) or an absolute path below it.
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
+
+    /// Measure every container of a pod on this node: NAMESPACE/NAME (resolved through the
+    /// Kubernetes API when credentials are there, else the kubelet's log directories) or the
+    /// pod's UID.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub pod: Option<String>,
+
+    /// With --pod: only this container of the pod.
+    #[arg(long, value_name = "NAME", requires = "pod")]
+    pub container: Option<String>,
 
     /// Stop after this long (e.g. 500ms, 10s, 2m). Without it: until the command (and all its
     /// children) exit, or until Ctrl-C.
@@ -99,6 +111,8 @@ pub(crate) enum Target {
     Cgroup {
         dir: PathBuf,
         rel: String,
+        /// The pod (or container) the cgroup was resolved from, for `--pod`.
+        pod: Option<PodTarget>,
     },
 }
 
@@ -182,6 +196,17 @@ impl OwnedCgroup {
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                // A container's view of the host's hierarchy (the DaemonSet mounts it
+                // read-only): a running target needs no cgroup of its own.
+                Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+                    return Err(CliError::Usage(format!(
+                        "cannot run a command here: the cgroup v2 hierarchy at {} is \
+                         read-only (as in the sysscope DaemonSet's pod), and `-- CMD` runs the \
+                         command in a cgroup of its own; measure what runs already with --pod \
+                         NAMESPACE/NAME, --pid or --cgroup",
+                        root.display()
+                    )))
+                }
                 Err(e) => {
                     return Err(CliError::io(
                         format!("creating cgroup {}", dir.display()),
@@ -326,12 +351,17 @@ const REFRESH_EVERY: Duration = Duration::from_millis(500);
 impl Session {
     /// Validates the target and, for a command, creates its cgroup (nothing runs yet).
     /// Ctrl-C is caught from here on, so an interrupted start still removes the cgroup.
-    pub(crate) fn new(args: &TargetArgs, tool: &str) -> Result<Self, CliError> {
+    pub(crate) fn new(
+        args: &TargetArgs,
+        tool: &str,
+        kubernetes: &KubernetesConfig,
+    ) -> Result<Self, CliError> {
         signals::install();
         let signals_at_start = signals::count();
         let given = [
             args.pid.is_some(),
             args.cgroup.is_some(),
+            args.pod.is_some(),
             !args.command.is_empty(),
         ]
         .iter()
@@ -339,8 +369,8 @@ impl Session {
         .count();
         if given != 1 {
             return Err(CliError::Usage(format!(
-                "give exactly one target: `sysscope {tool} -- CMD [ARGS...]`, `--pid PID` or \
-                 `--cgroup PATH` (see `sysscope {tool} --help`)"
+                "give exactly one target: `sysscope {tool} -- CMD [ARGS...]`, `--pid PID`, \
+                 `--cgroup PATH` or `--pod NAMESPACE/NAME` (see `sysscope {tool} --help`)"
             )));
         }
         let (target, filter) = if let Some(pid) = args.pid {
@@ -364,6 +394,20 @@ impl Session {
                 Target::Cgroup {
                     dir: dir.clone(),
                     rel,
+                    pod: None,
+                },
+                Filter::Cgroups { dir, ids },
+            )
+        } else if let Some(pod) = &args.pod {
+            let root = cgroups::v2_mount()?;
+            let pod = super::pod::resolve(pod, args.container.as_deref(), &root, kubernetes)?;
+            let dir = pod.dir.clone();
+            let ids = descendant_ids(&dir);
+            (
+                Target::Cgroup {
+                    dir: dir.clone(),
+                    rel: pod.rel.clone(),
+                    pod: Some(pod),
                 },
                 Filter::Cgroups { dir, ids },
             )
@@ -558,7 +602,10 @@ impl Session {
                 }
             }
             Target::Pid { pid, comm } => format!("pid {pid} ({comm})"),
-            Target::Cgroup { rel, .. } => format!("cgroup {rel}"),
+            Target::Cgroup { rel, pod: None, .. } => format!("cgroup {rel}"),
+            Target::Cgroup {
+                rel, pod: Some(p), ..
+            } => format!("{} (cgroup {rel})", p.describe()),
         }
     }
 
@@ -574,9 +621,10 @@ impl Session {
             Target::Pid { pid, comm } => serde_json::json!({
                 "kind": "pid", "pid": pid, "comm": comm,
             }),
-            Target::Cgroup { rel, .. } => serde_json::json!({
+            Target::Cgroup { rel, pod: None, .. } => serde_json::json!({
                 "kind": "cgroup", "cgroup": rel,
             }),
+            Target::Cgroup { pod: Some(p), .. } => p.describe_json(),
         }
     }
 }

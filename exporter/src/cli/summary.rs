@@ -249,7 +249,7 @@ pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
     measure::preflight()?;
     // Fail on an unwritable output before running anything.
     let mut out = open_output(args.output.as_ref())?;
-    let mut session = Session::new(&args.target, "summary")?;
+    let mut session = Session::new(&args.target, "summary", &config.kubernetes)?;
     let wants = Wants {
         profile: true,
         events: false,

@@ -1,5 +1,6 @@
-//! `sysscope top`: a live view of the busiest cgroups (or processes) by syscall time over the
-//! last interval, with their top syscalls.
+//! `sysscope top`: a live view of the busiest cgroups (or processes, process names, pods,
+//! containers) by syscall time over the last interval, with their top syscalls; `--pod`
+//! narrows it to one pod of the node (or one container, `--container`).
 //!
 //! It loads the syscall probes itself and reads `SYSCALL_STATS`/`SYSCALL_ERRORS` each interval
 //! through the same reader as `summary` (exited processes reclaimed), or, with `--from URL`,
@@ -8,24 +9,41 @@
 //! HTTP or HTTPS (reqwest; `--from-ca-file` or the system's roots) with basic auth when the
 //! exporter's web config asks for it (`--from-user`, the password from `SYSSCOPE_FROM_PASSWORD`
 //! or `--from-password-file`, never from the command line).
+//! Pods and containers are named by the cgroup path's ids and, when the Kubernetes API is
+//! reachable, by a watch of this node's pods (`metadata::kubernetes`), as the exporter names
+//! them; with `--from`, by the exporter's `namespace`/`pod`/`container` (or `pod_uid`/
+//! `container_id`) labels.
 //! On a terminal it redraws in place (ANSI) and quits on `q` or Ctrl-C; otherwise it prints
 //! one frame per interval.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     io::{Read, Write},
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use super::{
-    is_tty, parse_duration, profile::ProfileReader, progress::thousands, render::units::secs,
+    is_tty, parse_duration,
+    pod::{self, PodRef},
+    profile::ProfileReader,
+    progress::thousands,
+    render::units::secs,
+    session::descendant_ids,
     signals, CliError,
 };
 use crate::{
     config::Config,
     kernel::{self, LoadOptions, Probes},
-    metadata::{cgroups, Labeler},
+    metadata::{
+        cgroups,
+        kubernetes::{
+            watch::{ClientSource, Watch},
+            KubernetesLabels, PodStore, CONTAINER, CONTAINER_ID, NAMESPACE, POD, POD_UID,
+        },
+        Labeler,
+    },
     openmetrics, syscall_table,
 };
 
@@ -33,6 +51,8 @@ const EXAMPLES: &str = "\
 Examples:
   sysscope top                         # busiest cgroups, refreshed every second
   sysscope top --by process -n 20      # busiest processes
+  sysscope top --by pod                # busiest pods of this node
+  sysscope top --pod ml/trainer-0 --by container   # one pod, by container
   sysscope top --count 3 > frames.txt  # three frames, no terminal needed
   sysscope top --from http://127.0.0.1:9812/metrics   # from a running exporter, no root
   SYSSCOPE_FROM_PASSWORD=... sysscope top --from https://node-1:9812/metrics \\
@@ -50,6 +70,51 @@ pub enum GroupBy {
     Cgroup,
     /// One row per process (pid; by name with --from, where pids are not exported by default).
     Process,
+    /// One row per process name, all its processes summed.
+    Comm,
+    /// One row per pod (namespace/name when known, else its UID); one row for everything
+    /// outside pods.
+    Pod,
+    /// One row per container of a pod.
+    Container,
+}
+
+impl GroupBy {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Cgroup => "cgroup",
+            Self::Process => "process",
+            Self::Comm => "comm",
+            Self::Pod => "pod",
+            Self::Container => "container",
+        }
+    }
+
+    fn needs_pods(self) -> bool {
+        matches!(self, Self::Pod | Self::Container)
+    }
+}
+
+/// The row of usage outside any pod, with `--by pod` or `--by container`.
+const NOT_IN_A_POD: &str = "(not in a pod)";
+
+/// The row label of a pod or container from its labels (the exporter's, or what the
+/// labeler derived): names when known, else ids, else [`NOT_IN_A_POD`].
+fn pod_row<'a>(by: GroupBy, label: impl Fn(&str) -> Option<&'a str>) -> String {
+    let pod = match (label(NAMESPACE), label(POD), label(POD_UID)) {
+        (Some(ns), Some(pod), _) => format!("{ns}/{pod}"),
+        (_, _, Some(uid)) => format!("pod {uid}"),
+        _ => return NOT_IN_A_POD.to_string(),
+    };
+    if by == GroupBy::Pod {
+        return pod;
+    }
+    match (label(CONTAINER), label(CONTAINER_ID)) {
+        (Some(c), _) if label(NAMESPACE).is_some() => format!("{pod}/{c}"),
+        (_, Some(id)) => format!("{pod}/{}", &id[..id.len().min(12)]),
+        // The pod's own cgroup: the sandbox, and processes of no container.
+        _ => format!("{pod} (pod cgroup)"),
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -59,9 +124,18 @@ pub struct TopArgs {
     #[arg(short = 'i', long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
     pub interval: Duration,
 
-    /// Rows by cgroup or by process.
+    /// What a row is: a cgroup, a process, a process name, a pod or a container.
     #[arg(long, value_enum, default_value_t = GroupBy::Cgroup)]
     pub by: GroupBy,
+
+    /// Only this pod of the node: NAMESPACE/NAME or its UID (with --from: the exporter's
+    /// namespace and pod labels, or pod_uid).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub pod: Option<String>,
+
+    /// With --pod: only this container.
+    #[arg(long, value_name = "NAME", requires = "pod")]
+    pub container: Option<String>,
 
     /// Rows to show.
     #[arg(short = 'n', long, value_name = "N", default_value_t = 15)]
@@ -133,13 +207,32 @@ struct ProbeSource {
     reader: ProfileReader,
     labeler: Labeler,
     by: GroupBy,
+    /// `--pod`: the cgroup directory and the ids of it and its descendants.
+    only: Option<(PathBuf, HashSet<u64>)>,
+    _pod_watch: Option<Watch>,
     _probes: Probes,
 }
 
 impl ProbeSource {
-    fn start(config: &Config, by: GroupBy) -> Result<Self, CliError> {
+    fn start(args: &TopArgs, config: &Config) -> Result<Self, CliError> {
         kernel::preflight()?;
         let root = cgroups::v2_mount()?;
+        let only = match &args.pod {
+            Some(p) => {
+                let target = pod::resolve(p, args.container.as_deref(), &root, &config.kubernetes)?;
+                let ids = descendant_ids(&target.dir);
+                Some((target.dir, ids))
+            }
+            None => None,
+        };
+        let mut labeler = Labeler::new(root, false);
+        let mut pod_watch = None;
+        if args.by.needs_pods() {
+            let store = Arc::new(PodStore::new(config.kubernetes.max_pods));
+            pod_watch = names_of_this_nodes_pods(config, store.clone());
+            let names = pod_watch.as_ref().map(|_| store);
+            labeler = labeler.with_metadata(Box::new(KubernetesLabels::new(true, names)));
+        }
         let mut probes = Probes::load(
             &super::measure::tool_config(config),
             &LoadOptions::default(),
@@ -147,28 +240,71 @@ impl ProbeSource {
         let reader = ProfileReader::attach(&mut probes, "top")?;
         Ok(Self {
             reader,
-            labeler: Labeler::new(root, false),
-            by,
+            labeler,
+            by: args.by,
+            only,
+            _pod_watch: pod_watch,
             _probes: probes,
         })
     }
 }
 
+/// A watch of this node's pods for their names, as the exporter runs it, unless the
+/// configuration turns it off or no API credentials are found (rows then show pod UIDs).
+fn names_of_this_nodes_pods(config: &Config, store: Arc<PodStore>) -> Option<Watch> {
+    if config.kubernetes.pod_watch == "off" {
+        return None;
+    }
+    let node = pod::this_node(&config.kubernetes)?;
+    Watch::start(
+        ClientSource::Infer,
+        node,
+        store,
+        kube::runtime::watcher::DefaultBackoff::default(),
+    )
+    .map_err(|e| {
+        tracing::debug!(error = %crate::util::error::Chain(&e), "no pod names: rows show pod UIDs");
+    })
+    .ok()
+}
+
 impl Source for ProbeSource {
     fn sample(&mut self) -> Result<Vec<GroupUsage>, CliError> {
-        let d = self.reader.poll(|_, _| true);
+        if let Some((dir, ids)) = &mut self.only {
+            // Containers started since the last frame.
+            ids.extend(descendant_ids(dir));
+        }
+        let only = self.only.as_ref().map(|(_, ids)| ids);
+        let d = self
+            .reader
+            .poll(|cgroup, _| only.is_none_or(|ids| ids.contains(&cgroup)));
         self.labeler.new_cycle();
         for (tgid, comm) in &d.exited {
             self.labeler.comms.set_exited(*tgid, comm);
         }
         let mut groups: HashMap<String, GroupUsage> = HashMap::new();
         let key_of = |labeler: &mut Labeler, cgroup_id: u64, tgid: u32| {
-            let cg = labeler.cgroup(cgroup_id).path.to_string();
+            let labels = labeler.cgroup(cgroup_id);
+            let cg = labels.path.to_string();
             match self.by {
                 GroupBy::Cgroup => (cg.clone(), cg, String::new()),
                 GroupBy::Process => {
                     let comm = labeler.comms.resolve(tgid);
                     (format!("{tgid}"), format!("{tgid} {comm}"), cg)
+                }
+                GroupBy::Comm => {
+                    let comm = labeler.comms.resolve(tgid).to_string();
+                    (comm.clone(), comm, String::new())
+                }
+                GroupBy::Pod | GroupBy::Container => {
+                    let row = pod_row(self.by, |k| {
+                        labels
+                            .extra
+                            .iter()
+                            .find(|(name, _)| *name == k)
+                            .map(|(_, v)| &**v)
+                    });
+                    (row.clone(), row, String::new())
                 }
             }
         };
@@ -211,7 +347,31 @@ struct MetricsSource {
     url: String,
     credentials: Option<(String, String)>,
     by: GroupBy,
+    only: Option<PodFilter>,
     last: Option<HashMap<(String, String, String), Usage>>,
+}
+
+/// `--pod` (and `--container`) with `--from`: which series are the pod's, by their labels.
+#[derive(Debug, Clone)]
+struct PodFilter {
+    pod: PodRef,
+    container: Option<String>,
+}
+
+impl PodFilter {
+    fn keeps(&self, label: impl Fn(&str) -> Option<String>) -> bool {
+        let pod = match &self.pod {
+            PodRef::Named { namespace, name } => {
+                label(NAMESPACE).as_deref() == Some(namespace)
+                    && label(POD).as_deref() == Some(name)
+            }
+            PodRef::Uid(uid) => label(POD_UID).as_deref() == Some(uid),
+        };
+        pod && self
+            .container
+            .as_ref()
+            .is_none_or(|c| label(CONTAINER).as_deref() == Some(c))
+    }
 }
 
 impl MetricsSource {
@@ -250,6 +410,13 @@ impl MetricsSource {
             url,
             credentials: credentials(args)?,
             by: args.by,
+            only: match &args.pod {
+                Some(p) => Some(PodFilter {
+                    pod: PodRef::parse(p)?,
+                    container: args.container.clone(),
+                }),
+                None => None,
+            },
             last: None,
         })
     }
@@ -302,10 +469,18 @@ fn credentials(args: &TopArgs) -> Result<Option<(String, String)>, CliError> {
     Ok(Some((user.clone(), password)))
 }
 
-/// Cumulative usage per (group key, detail, syscall) from an exposition.
-fn cumulative(text: &str, by: GroupBy) -> HashMap<(String, String, String), Usage> {
+/// Cumulative usage per (group key, detail, syscall) from an exposition, of the series
+/// `only` keeps.
+fn cumulative(
+    text: &str,
+    by: GroupBy,
+    only: Option<&PodFilter>,
+) -> HashMap<(String, String, String), Usage> {
     let mut out: HashMap<(String, String, String), Usage> = HashMap::new();
     for sample in openmetrics::sample_lines(text).filter_map(|(_, s)| s) {
+        if only.is_some_and(|f| !f.keeps(|k| sample.label(k).map(|v| v.to_string()))) {
+            continue;
+        }
         let get = |k: &str| sample.label(k).unwrap_or_default().to_string();
         let (group, detail) = match by {
             GroupBy::Cgroup => (get("cgroup"), String::new()),
@@ -313,6 +488,21 @@ fn cumulative(text: &str, by: GroupBy) -> HashMap<(String, String, String), Usag
                 Some(pid) => (format!("{pid} {}", get("comm")), get("cgroup")),
                 None => (get("comm"), get("cgroup")),
             },
+            GroupBy::Comm => (get("comm"), String::new()),
+            GroupBy::Pod | GroupBy::Container => {
+                let labels: Vec<(String, String)> =
+                    [NAMESPACE, POD, CONTAINER, POD_UID, CONTAINER_ID]
+                        .iter()
+                        .filter_map(|k| Some((k.to_string(), sample.label(k)?.to_string())))
+                        .collect();
+                let row = pod_row(by, |k| {
+                    labels
+                        .iter()
+                        .find(|(name, _)| name == k)
+                        .map(|(_, v)| v.as_str())
+                });
+                (row, String::new())
+            }
         };
         let key = (group, detail, get("syscall"));
         let value = sample.value;
@@ -359,7 +549,7 @@ fn usage_delta(
 impl Source for MetricsSource {
     fn sample(&mut self) -> Result<Vec<GroupUsage>, CliError> {
         let text = self.fetch()?;
-        let cur = cumulative(&text, self.by);
+        let cur = cumulative(&text, self.by, self.only.as_ref());
         let out = match &self.last {
             Some(prev) => usage_delta(prev, &cur),
             None => Vec::new(),
@@ -426,10 +616,7 @@ pub(crate) fn render_frame(
             now / 60 % 60,
             now % 60,
             secs(interval.as_nanos() as f64),
-            match by {
-                GroupBy::Cgroup => "cgroup",
-                GroupBy::Process => "process",
-            },
+            by.name(),
             thousands((all.calls as f64 / secs_f) as u64),
             secs(all.time_ns as f64),
             note
@@ -440,6 +627,9 @@ pub(crate) fn render_frame(
     let (label_head, detail_head) = match by {
         GroupBy::Cgroup => ("CGROUP", ""),
         GroupBy::Process => ("PROCESS", "CGROUP"),
+        GroupBy::Comm => ("COMM", ""),
+        GroupBy::Pod => ("POD", ""),
+        GroupBy::Container => ("CONTAINER", ""),
     };
     // Columns as wide as the longest label shown (cgroup paths can be long), within limits.
     let shown = sorted.iter().take(limit);
@@ -584,7 +774,7 @@ pub fn run(args: &TopArgs, config: &Config) -> Result<u8, CliError> {
             s.sample()?;
             Box::new(s)
         }
-        None => Box::new(ProbeSource::start(config, args.by)?),
+        None => Box::new(ProbeSource::start(args, config)?),
     };
     signals::install();
     let signals_at_start = signals::count();
@@ -695,8 +885,8 @@ mod tests {
         let b = "sysscope_syscalls_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 25\n\
                  sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 0.75\n\
                  sysscope_syscall_errors_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\",errno=\"EAGAIN\"} 3\n";
-        let pa = cumulative(a, GroupBy::Cgroup);
-        let pb = cumulative(b, GroupBy::Cgroup);
+        let pa = cumulative(a, GroupBy::Cgroup, None);
+        let pb = cumulative(b, GroupBy::Cgroup, None);
         let d = usage_delta(&pa, &pb);
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].label, "/a");
@@ -708,17 +898,92 @@ mod tests {
                 time_ns: 250_000_000
             }
         );
-        let by_proc = cumulative(b, GroupBy::Process);
+        let by_proc = cumulative(b, GroupBy::Process, None);
         assert!(by_proc.keys().any(|k| k.0 == "x" && k.1 == "/a"));
     }
 
     #[test]
     fn label_escapes() {
         let text = "sysscope_syscalls_total{cgroup=\"/x\\\"y\",comm=\"1\\n2\",syscall=\"read\"} 4 1700000000\n";
-        let by_proc = cumulative(text, GroupBy::Process);
+        let by_proc = cumulative(text, GroupBy::Process, None);
         assert_eq!(
             by_proc[&("1\n2".into(), "/x\"y".into(), "read".into())].calls,
             4
         );
+    }
+
+    #[test]
+    fn rows_by_pod_container_and_comm_from_an_exposition() {
+        let text = "\
+sysscope_syscalls_total{cgroup=\"/k/a\",namespace=\"ml\",pod=\"t-0\",container=\"torch\",pod_uid=\"u1\",container_id=\"c1c1c1c1c1c1c1c1\",comm=\"python3\",syscall=\"read\"} 5
+sysscope_syscalls_total{cgroup=\"/k/b\",namespace=\"ml\",pod=\"t-0\",container=\"side\",pod_uid=\"u1\",container_id=\"c2\",comm=\"envoy\",syscall=\"read\"} 7
+sysscope_syscalls_total{cgroup=\"/k\",namespace=\"ml\",pod=\"t-0\",pod_uid=\"u1\",comm=\"pause\",syscall=\"read\"} 1
+sysscope_syscalls_total{cgroup=\"/k2/x\",pod_uid=\"u2\",container_id=\"d4d4d4d4d4d4d4d4d4\",comm=\"python3\",syscall=\"read\"} 11
+sysscope_syscalls_total{cgroup=\"/system.slice/cron.service\",comm=\"cron\",syscall=\"read\"} 13
+";
+        let calls = |by, only: Option<&PodFilter>| {
+            let mut rows: Vec<(String, u64)> = cumulative(text, by, only)
+                .into_iter()
+                .map(|(k, u)| (k.0, u.calls))
+                .collect();
+            rows.sort();
+            rows
+        };
+        let own = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        // Pods: the pod cgroup's and every container's calls under one row.
+        let mut pods: HashMap<String, u64> = HashMap::new();
+        for (k, n) in calls(GroupBy::Pod, None) {
+            *pods.entry(k).or_default() += n;
+        }
+        assert_eq!(pods["ml/t-0"], 13);
+        assert_eq!(pods["pod u2"], 11);
+        assert_eq!(pods[NOT_IN_A_POD], 13);
+        assert_eq!(
+            calls(GroupBy::Container, None),
+            own(&[
+                (NOT_IN_A_POD, 13),
+                ("ml/t-0 (pod cgroup)", 1),
+                ("ml/t-0/side", 7),
+                ("ml/t-0/torch", 5),
+                ("pod u2/d4d4d4d4d4d4", 11),
+            ])
+        );
+        let mut comms: Vec<(String, u64)> = Vec::new();
+        for (k, n) in calls(GroupBy::Comm, None) {
+            match comms.iter_mut().find(|(c, _)| *c == k) {
+                Some((_, m)) => *m += n,
+                None => comms.push((k, n)),
+            }
+        }
+        comms.sort();
+        assert_eq!(
+            comms,
+            own(&[("cron", 13), ("envoy", 7), ("pause", 1), ("python3", 16)])
+        );
+        // --pod: by names, by UID, with a container.
+        let named = PodFilter {
+            pod: PodRef::parse("ml/t-0").unwrap(),
+            container: None,
+        };
+        assert_eq!(
+            calls(GroupBy::Container, Some(&named)).len(),
+            3,
+            "the pod's rows only"
+        );
+        let torch = PodFilter {
+            container: Some("torch".into()),
+            ..named
+        };
+        assert_eq!(calls(GroupBy::Cgroup, Some(&torch)), own(&[("/k/a", 5)]));
+        let uid = "0d1e5f3a-8b2c-4d6e-9f10-1a2b3c4d5e6f";
+        let by_uid = PodFilter {
+            pod: PodRef::parse(uid).unwrap(),
+            container: None,
+        };
+        assert!(calls(GroupBy::Cgroup, Some(&by_uid)).is_empty());
+        let f = render_frame(&[], Duration::from_secs(1), GroupBy::Pod, 5, 200, "");
+        assert!(f.contains("by pod") && f.contains("POD"), "{f}");
     }
 }

@@ -109,7 +109,7 @@ pub fn run(args: &TraceArgs, config: &Config) -> Result<u8, CliError> {
         })
     });
     let out = open_output(Some(&path))?;
-    let mut session = Session::new(&args.target, "trace")?;
+    let mut session = Session::new(&args.target, "trace", &config.kubernetes)?;
     let mut writer = TraceWriter::new(
         out,
         format,

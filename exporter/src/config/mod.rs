@@ -48,6 +48,7 @@ pub struct Config {
 mod block_io;
 mod collection;
 mod cpu;
+mod flags;
 mod gpu;
 mod kubernetes;
 mod labels;
@@ -62,6 +63,7 @@ pub(crate) use self::{
 // What the binaries and the integration tests name.
 pub use self::{
     collection::{CollectionConfig, ProbeStatsMode},
+    flags::{CollectorFlags, COLLECTORS},
     kubernetes::KubernetesConfig,
     syscalls::HistogramResolution,
 };
@@ -246,6 +248,21 @@ impl Config {
             .validate()
             .map_err(|(key, problem)| invalid(&key, problem))?;
         Ok(())
+    }
+
+    /// Sets the key of every collector switched on the command line (`--collector.<name>`,
+    /// `--no-collector.<name>`): the flags win over the file.
+    pub fn apply_collector_flags(&mut self, flags: &CollectorFlags) {
+        for (name, on) in flags.switches() {
+            match name {
+                "syscalls" => self.syscalls.enabled = on,
+                "block_io" => self.block_io.enabled = on,
+                "cpu" => self.cpu.enabled = on,
+                "gpu" => self.gpu.enabled = on,
+                "kubernetes" => self.kubernetes.pod_watch = if on { "on" } else { "off" }.into(),
+                other => unreachable!("collector {other} has no key"),
+            }
+        }
     }
 
     /// The slow-call threshold for every syscall number, in ns (0: never sampled).

@@ -18,6 +18,10 @@
 //! [`HELPER_ARG`], which keeps CAP_SYS_ADMIN and nothing else, reads one byte at a time from a
 //! pipe only the exporter holds (`1`: statistics on, `0`: off), answers on another, and exits
 //! when the exporter goes away (the pipe closes).
+//!
+//! Where sysscope may not switch them (no CAP_SYS_ADMIN, as in the Kubernetes DaemonSet), the
+//! node's `kernel.bpf_stats_enabled = 1` keeps them on for every program: both modes then read
+//! them as if sysscope held them (sampled windows, or the exact counters).
 
 use std::{
     collections::HashMap,
@@ -169,11 +173,19 @@ impl Drop for StatsHelper {
     }
 }
 
+/// Whether the node keeps statistics on for every program (`sysctl kernel.bpf_stats_enabled=1`,
+/// readable without privileges, in a container too).
+fn on_system_wide() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|v| v.trim() == "1")
+}
+
 fn enable() -> Option<OwnedFd> {
     match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
         Ok(fd) => Some(fd),
         Err(e) => {
-            tracing::warn!(error = %Chain(&e), "cannot enable BPF run-time statistics; probe cost metrics will read 0");
+            if !on_system_wide() {
+                tracing::warn!(error = %Chain(&e), "cannot enable BPF run-time statistics (set kernel.bpf_stats_enabled = 1 on the node where sysscope may not); probe cost metrics will read 0");
+            }
             None
         }
     }
@@ -199,9 +211,10 @@ fn sample(shared: &Shared, started: Instant, mut helper: StatsHelper) {
     let mut last_end = started;
     let mut warned = false;
     loop {
-        if !helper.switch(true) {
+        // Either switch will do: the helper's, or the node's sysctl holding them on.
+        if !helper.switch(true) && !on_system_wide() {
             if !warned {
-                tracing::warn!("the statistics helper cannot enable BPF run-time statistics (it needs CAP_SYS_ADMIN); probe cost metrics will read 0");
+                tracing::warn!("the statistics helper cannot enable BPF run-time statistics (it needs CAP_SYS_ADMIN, or kernel.bpf_stats_enabled = 1 on the node); probe cost metrics will read 0");
                 warned = true;
             }
             if shared.sleep(PERIOD) {
@@ -272,7 +285,7 @@ impl RunTimeStats {
     /// Fraction of sysscope's run time that statistics were on.
     pub(crate) fn coverage(&self) -> f64 {
         match self.mode {
-            ProbeStatsMode::Always if self._always.is_some() => 1.0,
+            ProbeStatsMode::Always if self._always.is_some() || on_system_wide() => 1.0,
             ProbeStatsMode::Sampled => {
                 let on = self.shared.on_ns.load(Ordering::Relaxed) as f64;
                 on / (self.started.elapsed().as_nanos() as f64).max(1.0)

@@ -138,7 +138,8 @@ fn systemd_driver_ids_on_syscall_series() {
 }
 
 /// A minimal Kubernetes API: `GET /api/v1/pods` answers `pods` (a PodList), a watch stays
-/// open without events. Records request paths.
+/// open without events, `GET /api/v1/namespaces/<namespace>/pods/<name>` answers that pod of
+/// the list (404 otherwise). Records request paths.
 pub(crate) struct FakeApi {
     port: u16,
     pub(crate) requests: Arc<Mutex<Vec<String>>>,
@@ -202,6 +203,24 @@ fn serve(stream: TcpStream, pod_list: &str, log: &Mutex<Vec<String>>) {
             .unwrap_or("")
             .to_string();
         log.lock().unwrap().push(path.clone());
+        if let Some(rest) = path.strip_prefix("/api/v1/namespaces/") {
+            let (status, body) = match one_pod(pod_list, rest.split('?').next().unwrap_or("")) {
+                Some(pod) => ("200 OK", pod),
+                None => (
+                    "404 Not Found",
+                    serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                        "message": format!("pods not found: {rest}"), "reason": "NotFound",
+                        "code": 404})
+                    .to_string(),
+                ),
+            };
+            let _ = write!(
+                out,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            continue;
+        }
         if path.contains("watch=true") {
             let _ = out.write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -218,6 +237,17 @@ fn serve(stream: TcpStream, pod_list: &str, log: &Mutex<Vec<String>>) {
             pod_list
         );
     }
+}
+
+/// `<namespace>/pods/<name>` of the list, as JSON.
+fn one_pod(pod_list: &str, path: &str) -> Option<String> {
+    let (namespace, name) = path.split_once("/pods/")?;
+    let list: serde_json::Value = serde_json::from_str(pod_list).ok()?;
+    let pod = list["items"]
+        .as_array()?
+        .iter()
+        .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)?;
+    Some(pod.to_string())
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod kubernetes;
 mod metric_catalogue;
 mod nvml_standin;
 mod performance;
+mod pods;
 mod prometheus_e2e;
 mod reload;
 mod robustness;

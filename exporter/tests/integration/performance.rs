@@ -293,6 +293,66 @@ fn probe_stats_sampled_and_off() {
     );
 }
 
+/// Without CAP_SYS_ADMIN, as the Kubernetes DaemonSet runs it (CAP_BPF and CAP_PERFMON only,
+/// no_new_privs), sysscope cannot switch the kernel's run-time statistics on: the cost counters
+/// stay 0 and the coverage ratio says they are off. With the node's `kernel.bpf_stats_enabled
+/// = 1` they count, sampled by default and exact with "always" (the sysctl is restored after).
+#[test]
+fn probe_stats_without_cap_sys_admin_come_from_the_nodes_sysctl() {
+    if !require_root("probe_stats_without_cap_sys_admin_come_from_the_nodes_sysctl") {
+        return;
+    }
+    const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    struct Restore(String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(SYSCTL, &self.0);
+        }
+    }
+    let _restore = Restore(std::fs::read_to_string(SYSCTL).expect("kernel.bpf_stats_enabled"));
+    let daemonset = [
+        "setpriv",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all,+bpf,+perfmon",
+    ];
+    let start = |config: &str| {
+        let mut e = Exporter::spawn_wrapped(free_port(), config, &[], &[], &daemonset);
+        e.wait_ready(Duration::from_secs(30));
+        e
+    };
+    let stats = |e: &Exporter| {
+        let samples = parse_samples(&e.scrape());
+        let (runs, _) = program_runs(&samples, "sys_enter");
+        let coverage = sum(&samples, "sysscope_probe_stats_coverage_ratio", &[]);
+        (runs, coverage)
+    };
+
+    std::fs::write(SYSCTL, "0").unwrap();
+    let off = start(TEST_CONFIG);
+    // Past the first sampling window the helper would have opened.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(stats(&off), (0.0, 0.0), "statistics without CAP_SYS_ADMIN");
+    drop(off);
+
+    std::fs::write(SYSCTL, "1").unwrap();
+    let sampled = start(TEST_CONFIG);
+    let always = start(&format!("{TEST_CONFIG}probe_stats = \"always\"\n"));
+    let cg = TestCgroup::new("sysscope-test-stats-sysctl");
+    let measured = eventually(Duration::from_secs(15), || {
+        run_workload(&cg, &["getppid", "2000"]);
+        let (runs, coverage) = stats(&sampled);
+        (runs > 0.0 && coverage > 0.0).then_some(coverage)
+    });
+    let coverage = measured.expect("no sampled run counts from the node's statistics");
+    assert!(coverage < 1.0, "sampled coverage {coverage}");
+    let before = stats(&always);
+    assert_eq!(before.1, 1.0, "always: exact counters");
+    run_workload(&cg, &["getppid", "5000"]);
+    let after = stats(&always);
+    assert!(after.0 - before.0 >= 5000.0, "{before:?} -> {after:?}");
+}
+
 /// The exported kernel memory of each map is what the kernel accounts for it (bpftool's
 /// bytes_memlock of the map the exporter holds).
 #[test]

@@ -290,3 +290,48 @@ fn web_config_changes_apply_without_restart() {
     assert!(fixed.is_some(), "the fixed web config was not applied");
     assert_eq!(get_as(port, "/-/ready", Some(("ops", "new"))).0, 401);
 }
+
+/// `--collector.<name>` / `--no-collector.<name>` win over the file's keys, at start and at
+/// every reload: a file that turns the CPU collector off and block I/O and the GPU on runs with
+/// CPU on and block I/O and the GPU off (no `gpu` row at all, where an enabled GPU collector
+/// without NVML reports 0), and reloading it (or a version that flips those keys) changes
+/// nothing.
+#[test]
+fn collector_flags_win_over_the_file_across_reloads() {
+    if !require_root("collector_flags_win_over_the_file_across_reloads") {
+        return;
+    }
+    let file = |cpu: bool, block_io: bool| {
+        config(&format!(
+            "[cpu]\nenabled = {cpu}\n[block_io]\nenabled = {block_io}\n[gpu]\nenabled = true\n"
+        ))
+    };
+    let exporter = Exporter::start(
+        &file(false, true),
+        &[
+            "--collector.cpu",
+            "--no-collector.block_io",
+            "--no-collector.gpu",
+        ],
+    );
+    let collectors = || {
+        let mut up: Vec<(String, f64)> = parse_samples(&exporter.scrape())
+            .into_iter()
+            .filter(|s| s.name == "sysscope_collector_up")
+            .map(|s| (s.labels["collector"].clone(), s.value))
+            .collect();
+        up.sort_by(|a, b| a.0.cmp(&b.0));
+        up
+    };
+    let want = vec![("cpu".to_string(), 1.0), ("syscalls".to_string(), 1.0)];
+    assert_eq!(collectors(), want);
+    // The same file again, then one whose collector keys say the opposite: the flags still
+    // decide, so neither is a change (which would need a restart).
+    for (cpu, block_io) in [(false, true), (true, false), (false, true)] {
+        std::fs::write(&exporter.config, file(cpu, block_io)).unwrap();
+        let (status, body) = post(exporter.port, "/-/reload", None);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(collectors(), want);
+    }
+    assert_eq!(reloads(&exporter, "success"), 3.0);
+}

@@ -67,7 +67,7 @@ pub fn run(args: &DiagnoseArgs, config: &Config) -> Result<u8, CliError> {
     measure::preflight()?;
     let ring_bytes = check_buffer_size(args.buffer_size)?;
     let mut out = open_output(args.output.as_ref())?;
-    let mut session = Session::new(&args.target, "diagnose")?;
+    let mut session = Session::new(&args.target, "diagnose", &config.kubernetes)?;
     let mut features = Features::default();
     let wants = Wants {
         profile: true,

@@ -76,7 +76,7 @@ fn pod_component(before: &[&str], part: &str) -> Option<String> {
 
 /// A pod UID in the form the API uses: a dashed UUID, or the 32 hex digits of a static pod's
 /// config hash. Anything else is not a pod UID.
-fn normalize_uid(uid: &str) -> Option<String> {
+pub(crate) fn normalize_uid(uid: &str) -> Option<String> {
     let hex_only: String = uid.chars().filter(|c| *c != '-').collect();
     if hex_only.len() != 32 || !hex_only.chars().all(|c| c.is_ascii_hexdigit()) {
         return None;

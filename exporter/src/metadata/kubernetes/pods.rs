@@ -221,6 +221,16 @@ fn purge_expired(inner: &mut Inner, now: Instant, grace: Duration) {
     });
 }
 
+/// (container id, container name) of every instance of a pod's containers.
+pub(crate) type ContainerIds = Vec<(Arc<str>, Arc<str>)>;
+
+/// The UID a pod's cgroups carry (a static pod's is its mirror annotation) and its
+/// containers' (id, name), current and previous instances, for the command-line tools'
+/// `--pod`.
+pub(crate) fn cgroup_identity(pod: &Pod) -> Option<(Arc<str>, ContainerIds)> {
+    describe(pod).map(|(uid, meta)| (uid, meta.containers))
+}
+
 /// The UID the pod's cgroups carry and what the cache keeps of it.
 fn describe(pod: &Pod) -> Option<(Arc<str>, PodMeta)> {
     let md = &pod.metadata;
