@@ -71,7 +71,7 @@ fi
 pip_install() {
   local missing=() spec
   for spec in "$@"; do
-    python3 -m pip show -q "${spec%%==*}" 2>/dev/null | grep -qx "Version: ${spec#*==}" \
+    python3 -m pip show "${spec%%==*}" 2>/dev/null | grep -qx "Version: ${spec#*==}" \
       || missing+=("$spec")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -96,7 +96,7 @@ if [ "$want_test_tools" -eq 1 ]; then
     e2fsprogs python3-pip openssl curl
   # The release check (scripts/checks/release.sh): the image runs under podman with runc, rpm
   # reads the .rpm, man renders the page, bash-completion loads the completions.
-  apt_install podman runc rpm man-db bash-completion libcap2-bin
+  apt_install podman runc rpm man-db bash-completion systemd iproute2 bsdextrautils procps
   # The VM matrix (scripts/vm/run.sh, scripts/checks/vm-matrix.sh): qemu (TCG), busybox and
   # cpio for the guest, and the arm64 cross toolchain; arm64 kernel packages and busybox are
   # downloaded by the runner once the arm64 architecture is known to apt.
