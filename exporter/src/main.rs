@@ -25,7 +25,7 @@ use tracing_subscriber::EnvFilter;
 /// http://127.0.0.1:9812/metrics. The subcommands answer what strace -c, strace -f -T and
 /// bpftrace are used for, for one command, process or cgroup (see `sysscope help summary`).
 #[derive(Debug, Parser)]
-#[command(name = "sysscope", version, about, long_about = None)]
+#[command(name = "sysscope", version, long_version = sysscope::build_info::LONG_VERSION, about, long_about = None)]
 struct Cli {
     /// Address to serve metrics on (host:port). Loopback by default: expose it deliberately.
     // The web flags only concern the exporter: not global, so the tools' help stays short.
@@ -83,6 +83,28 @@ enum Command {
     Diagnose(cli::diagnose::DiagnoseArgs),
     /// Live view of the busiest cgroups or processes by syscall time.
     Top(cli::top::TopArgs),
+    /// Print the shell completion script for SHELL (e.g. `source <(sysscope completions bash)`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), as packages install it: `sysscope man | man -l -`.
+    #[command(hide = true)]
+    Man,
+}
+
+/// Answers `completions` and `man`, which need neither logging nor a configuration.
+fn print_generated(command: Option<&Command>) -> Option<std::io::Result<()>> {
+    use clap::CommandFactory;
+    let mut out = std::io::stdout().lock();
+    match command? {
+        Command::Completions { shell } => {
+            clap_complete::generate(*shell, &mut Cli::command(), "sysscope", &mut out);
+            Some(Ok(()))
+        }
+        Command::Man => Some(clap_mangen::Man::new(Cli::command()).render(&mut out)),
+        _ => None,
+    }
 }
 
 fn init_logging(level: &str, format: &str) -> anyhow::Result<()> {
@@ -176,6 +198,15 @@ fn main() -> ExitCode {
         return ExitCode::from(status as u8);
     }
     let cli = Cli::parse();
+    if let Some(printed) = print_generated(cli.command.as_ref()) {
+        return match printed {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sysscope: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if cli.command.is_some() || cli.config_check || cli.print_default_config {
         // The tools keep the default actions (Ctrl-C stops them), as a signal noted meanwhile.
         catch_early_shutdown(false);
@@ -235,6 +266,7 @@ fn main() -> ExitCode {
         Some(Command::Trace(args)) => ("trace", cli::trace::run(args, &config)),
         Some(Command::Diagnose(args)) => ("diagnose", cli::diagnose::run(args, &config)),
         Some(Command::Top(args)) => ("top", cli::top::run(args, &config)),
+        Some(Command::Completions { .. } | Command::Man) => unreachable!("answered above"),
     };
     match tool {
         (_, Ok(code)) => ExitCode::from(code),

@@ -1,24 +1,32 @@
-//! `[collection]`: how often the kernel maps are read, series retention, run-time statistics. Serde types and defaults
-//! only; validation is in the parent module.
+//! `[collection]`: how often the kernel maps are read, series retention, run-time statistics.
+//! Serde types and defaults only; validation is in the parent module.
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::util::duration as humantime_serde_compat;
 
-/// How often the kernel maps are read.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// How often the kernel maps are read, how long idle series stay, and the kernel's run-time
+/// statistics of the probes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct CollectionConfig {
     /// Scrapes closer together than this share one read of the maps (e.g. "1s").
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "String", extend("x-type" = "duration", "x-max" = "60s"))]
     pub min_interval: Duration,
     /// Maps are also read (and exited processes reclaimed) this often without scrapes.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(with = "String", extend("x-type" = "duration", "x-min" = "100ms", "x-max" = "1h"))]
     pub background_interval: Duration,
     /// A series with no activity and no live process behind it is dropped after this long.
     #[serde(with = "humantime_serde_compat")]
+    #[schemars(
+        with = "String",
+        extend("x-type" = "duration", "x-constraint" = "at least collection.background_interval")
+    )]
     pub(crate) series_retention: Duration,
     /// Kernel BPF run-time statistics behind `sysscope_probe_run_seconds_total` and
     /// `sysscope_probe_runs_total`: "sampled" (1 s in every 30 s, extrapolated), "always"
@@ -28,7 +36,7 @@ pub struct CollectionConfig {
 }
 
 /// How the kernel's BPF run-time statistics are kept on (`collection.probe_stats`).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ProbeStatsMode {
     /// On for a short window at a fixed period; the counters are extrapolated.

@@ -54,6 +54,7 @@ mod kubernetes;
 mod labels;
 mod limits;
 pub mod otlp;
+mod reference;
 mod slow_calls;
 mod syscalls;
 
@@ -359,13 +360,20 @@ fn describe_toml_error(text: &str, e: &toml::de::Error) -> String {
     }
 }
 
-/// The default configuration as TOML, every key with its default. The `[otlp]` keys have no
-/// default of their own (unset, they come from `OTEL_*` variables or the OTLP defaults), so
-/// they are listed commented out, with example values.
+/// The default configuration as TOML: every key with its default, its meaning, type, allowed
+/// values and whether a reload changes it (the reference of docs/configuration.md, as
+/// comments). The `[otlp]` keys have no default of their own (unset, they come from `OTEL_*`
+/// variables or the OTLP defaults), so they are listed commented out, with example values.
 pub fn default_config_toml() -> String {
-    let text = toml::to_string_pretty(&Config::default()).expect("default config serializes");
-    let otlp = "[otlp]\n";
-    let examples = "\
+    let mut text = String::from(
+        "# sysscope configuration (TOML): every key with its default. Keys marked \"reload: live\"\n\
+         # change on SIGHUP or POST /-/reload; the others need a restart. The same reference is\n\
+         # docs/configuration.md.\n",
+    );
+    text.push_str(&reference::commented_sections());
+    text.push_str("\n[otlp]\n");
+    text.push_str(
+        "\
 # Unset keys take their value from the matching OTEL_* variable, or the OTLP default.
 # OTEL_* variables, when set, win over these keys (docs/spans.md).
 # endpoint = \"http://otel-collector:4318\"        # OTEL_EXPORTER_OTLP_ENDPOINT
@@ -389,14 +397,9 @@ pub fn default_config_toml() -> String {
 # authorization = \"Bearer ...\"
 # [otlp.resource_attributes]
 # \"deployment.environment\" = \"production\"
-";
-    match text.find(otlp) {
-        Some(at) => {
-            let end = at + otlp.len();
-            format!("{}{examples}{}", &text[..end], &text[end..])
-        }
-        None => text,
-    }
+",
+    );
+    text
 }
 
 #[cfg(test)]
@@ -440,10 +443,29 @@ mod tests {
         parsed
             .validate("printed defaults")
             .expect("printed defaults are valid");
+        assert_eq!(parsed, Config::default());
+        // Every documented key is there, set or (unset by default) commented out.
+        for section in reference::sections() {
+            for key in section.keys {
+                let set = format!("\n{} = ", key.name);
+                let unset = format!("\n# {} = ", key.name);
+                assert!(
+                    text.contains(&set) || text.contains(&unset),
+                    "{} missing from the printed defaults",
+                    key.path
+                );
+            }
+        }
         let uncommented: String = text
             .lines()
             .map(|l| match l.strip_prefix("# ") {
-                Some(rest) if rest.contains(" = ") || rest.starts_with("[otlp.") => {
+                // `# key = value`, not a sentence of a key's description.
+                Some(rest)
+                    if rest.split_once(" = ").is_some_and(|(k, _)| {
+                        k.starts_with('"')
+                            || k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    }) || rest.starts_with("[otlp.") =>
+                {
                     rest.split(" # ").next().unwrap().trim_end().to_string()
                 }
                 _ => l.to_string(),

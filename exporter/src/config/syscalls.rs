@@ -1,10 +1,11 @@
-//! `[syscalls]`: the syscall collector (histogram resolution, the descriptor split). Serde types and defaults
-//! only; validation is in the parent module.
+//! `[syscalls]`: the syscall collector (histogram resolution, the descriptor split). Serde types
+//! and defaults only; validation is in the parent module.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Histogram resolution of `sysscope_syscall_duration_seconds` (the kernel always keeps log2).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HistogramResolution {
     /// Bucket bounds at powers of 4 ns from 1.024 µs to 17.2 s (13 bounds + Inf).
@@ -14,10 +15,14 @@ pub enum HistogramResolution {
     Log2,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// Every syscall of every process: counts, errors by errno and a latency histogram, per
+/// cgroup, process and syscall.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct SyscallsConfig {
+    /// Loads the syscall probes and exports `sysscope_syscall*`.
     pub(crate) enabled: bool,
+    /// Bucket bounds of `sysscope_syscall_duration_seconds`.
     pub(crate) histogram_resolution: HistogramResolution,
     /// Splits the read and write families and the socket calls by what their descriptor is
     /// (`fd_kind`, and `fs` for files), classified in the kernel at entry.
