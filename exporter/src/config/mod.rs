@@ -371,34 +371,6 @@ pub fn default_config_toml() -> String {
          # docs/configuration.md.\n",
     );
     text.push_str(&reference::commented_sections());
-    text.push_str("\n[otlp]\n");
-    text.push_str(
-        "\
-# Unset keys take their value from the matching OTEL_* variable, or the OTLP default.
-# OTEL_* variables, when set, win over these keys (docs/spans.md).
-# endpoint = \"http://otel-collector:4318\"        # OTEL_EXPORTER_OTLP_ENDPOINT
-# traces_endpoint = \"http://tempo:4318/v1/traces\" # OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
-# metrics_endpoint = \"http://otel-collector:4318/v1/metrics\"
-# protocol = \"http/protobuf\"                     # or \"grpc\", \"http/json\"
-# timeout = \"10s\"
-# insecure = false                                # scheme-less gRPC endpoints only
-# certificate = \"/etc/sysscope/ca.pem\"            # CA of the collector's certificate
-# client_certificate = \"/etc/sysscope/client.pem\" # mutual TLS
-# client_key = \"/etc/sysscope/client-key.pem\"
-# service_name = \"sysscope\"
-# traces = true
-# metrics = true
-# metrics_interval = \"60s\"
-# metrics_timeout = \"30s\"
-# span_batch_delay = \"5s\"
-# span_batch_size = 512
-# compression = \"none\"                          # or \"gzip\" (OTEL_EXPORTER_OTLP_COMPRESSION)
-# [otlp.headers]
-# authorization = \"Bearer ...\"
-# [otlp.resource_attributes]
-# \"deployment.environment\" = \"production\"
-",
-    );
     text
 }
 

@@ -185,53 +185,84 @@ const METRICS: Signal = Signal {
 // The `[otlp]` section of the config file.
 
 /// `[otlp]` in the config file: the same settings as the `OTEL_*` variables, which win when
-/// set. Durations are written like "10s" or "500ms"; every key is optional.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// set. Durations are written like "10s" or "500ms"; every key is optional, and unset keys take
+/// the matching `OTEL_*` variable, or the OTLP default (docs/spans.md).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct OtlpConfig {
     /// Base URL for both signals (`OTEL_EXPORTER_OTLP_ENDPOINT`), e.g.
     /// "https://otel-collector:4318"; with HTTP, `/v1/traces` and `/v1/metrics` are appended.
+    #[schemars(example = "http://otel-collector:4318")]
     pub endpoint: Option<String>,
     /// URL of the traces, used as is (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`).
+    #[schemars(example = "http://tempo:4318/v1/traces")]
     pub(crate) traces_endpoint: Option<String>,
     /// URL of the metrics, used as is (`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`).
+    #[schemars(example = "http://otel-collector:4318/v1/metrics")]
     pub(crate) metrics_endpoint: Option<String>,
     /// "grpc", "http/protobuf" (the default) or "http/json" (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+    #[schemars(
+        example = "http/protobuf",
+        extend("enum" = ["grpc", "http/protobuf", "http/json"])
+    )]
     pub protocol: Option<String>,
     /// Headers (HTTP) or metadata (gRPC) of every request (`OTEL_EXPORTER_OTLP_HEADERS`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(example = [("authorization", "Bearer ...")].into_iter().collect::<BTreeMap<_, _>>())]
     pub headers: BTreeMap<String, String>,
     /// Timeout of one request (`OTEL_EXPORTER_OTLP_TIMEOUT`), default "10s".
+    #[schemars(example = "10s", extend("x-type" = "duration", "x-min" = "1ms"))]
     pub timeout: Option<String>,
     /// A scheme-less gRPC endpoint is plain text when true (`OTEL_EXPORTER_OTLP_INSECURE`).
+    #[schemars(example = false)]
     pub(crate) insecure: Option<bool>,
     /// `gzip` or `none` (`OTEL_EXPORTER_OTLP_COMPRESSION`), default none.
+    #[schemars(example = &"gzip", extend("enum" = ["gzip", "none"]))]
     pub(crate) compression: Option<String>,
     /// PEM file of the CA certificates that sign the collector's certificate, trusted instead
     /// of the system roots (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    #[schemars(example = "/etc/sysscope/ca.pem", extend("x-constraint" = "a readable file"))]
     pub certificate: Option<String>,
     /// PEM file of the client certificate chain for mutual TLS
     /// (`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`).
+    #[schemars(
+        example = "/etc/sysscope/client.pem",
+        extend("x-constraint" = "a readable file; set with otlp.client_key")
+    )]
     pub(crate) client_certificate: Option<String>,
     /// PEM file of the client's private key (`OTEL_EXPORTER_OTLP_CLIENT_KEY`).
+    #[schemars(
+        example = "/etc/sysscope/client-key.pem",
+        extend("x-constraint" = "a readable file; set with otlp.client_certificate")
+    )]
     pub client_key: Option<String>,
     /// `service.name` (`OTEL_SERVICE_NAME`), default "sysscope".
+    #[schemars(example = &"sysscope", length(min = 1))]
     pub service_name: Option<String>,
     /// More resource attributes (`OTEL_RESOURCE_ATTRIBUTES`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(
+        example = [("deployment.environment", "production")].into_iter().collect::<BTreeMap<_, _>>()
+    )]
     pub resource_attributes: BTreeMap<String, String>,
     /// Exports spans when an endpoint is set; false turns them off (`OTEL_TRACES_EXPORTER`).
+    #[schemars(example = true)]
     pub traces: Option<bool>,
     /// Pushes metrics when an endpoint is set; false turns them off (`OTEL_METRICS_EXPORTER`).
+    #[schemars(example = true)]
     pub metrics: Option<bool>,
     /// Time between two metric pushes (`OTEL_METRIC_EXPORT_INTERVAL`), default "60s".
+    #[schemars(example = "60s", extend("x-type" = "duration", "x-min" = "100ms"))]
     pub(crate) metrics_interval: Option<String>,
     /// Time one push may take, retries included (`OTEL_METRIC_EXPORT_TIMEOUT`), default "30s".
+    #[schemars(example = "30s", extend("x-type" = "duration", "x-min" = "1ms"))]
     pub(crate) metrics_timeout: Option<String>,
     /// Longest wait before a partial batch of spans is sent (`OTEL_BSP_SCHEDULE_DELAY`),
     /// default "5s".
+    #[schemars(example = "5s", extend("x-type" = "duration", "x-min" = "1ms"))]
     pub span_batch_delay: Option<String>,
     /// Spans per export request at most (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`), default 512.
+    #[schemars(example = 512, range(min = 1, max = 100_000))]
     pub(crate) span_batch_size: Option<usize>,
 }
 
