@@ -285,6 +285,15 @@ pub(crate) fn markdown() -> String {
          refused and names the key, which needs a restart ([operations](operations.md)).\n\
          Durations are written like `\"250ms\"`, `\"10s\"`, `\"5m\"` or `\"1h\"`.\n",
     );
+    out.push_str(
+        "\n**Flags**: `--collector.<name>` and `--no-collector.<name>` set a collector's key\n\
+         and win over the file, at start and at every reload:",
+    );
+    for (name, key) in super::flags::COLLECTORS {
+        out.push_str(&format!(" `{name}` sets `{key}`;"));
+    }
+    out.pop();
+    out.push_str(".\n");
     for section in sections() {
         out.push_str(&format!("\n## `[{}]`\n\n", section.name));
         if !section.doc.is_empty() {
