@@ -1,6 +1,7 @@
 //! Kernel latency histograms to exported Prometheus buckets: the bounds a resolution exports
-//! and the folding of the probes' log2 buckets onto them. Shared by every collector that
-//! exports a kernel histogram (syscalls, block I/O).
+//! and the folding of the probes' buckets (one per power of two of a second,
+//! `sysscope_abi::hist`) onto them. Shared by every collector that exports a kernel histogram
+//! (syscalls, block I/O).
 
 use prometheus_client::encoding::{MetricEncoder, NoLabelSet};
 use sysscope_abi::{hist, LatencyHistogram};
@@ -23,6 +24,11 @@ pub(crate) fn encode_histogram(
     )
 }
 
+/// The upper bound of kernel bucket `k` in seconds (a power of two, exact as an `f64`).
+pub(crate) fn upper_bound_seconds(k: usize) -> Option<f64> {
+    hist::upper_bound_log2_s(k).map(|e| 2f64.powi(e))
+}
+
 /// Exported histogram bounds: (kernel bucket index, upper bound in seconds).
 pub fn exported_bounds(resolution: HistogramResolution) -> Vec<(usize, f64)> {
     let step = match resolution {
@@ -31,7 +37,7 @@ pub fn exported_bounds(resolution: HistogramResolution) -> Vec<(usize, f64)> {
     };
     (0..hist::HIST_BUCKETS)
         .step_by(step)
-        .filter_map(|k| hist::upper_bound_ns(k).map(|ns| (k, ns as f64 / 1e9)))
+        .filter_map(|k| upper_bound_seconds(k).map(|s| (k, s)))
         .collect()
 }
 
@@ -56,14 +62,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log4_bounds_are_powers_of_four_ns() {
+    fn log4_bounds_are_powers_of_four_seconds() {
         let b = exported_bounds(HistogramResolution::Log4);
         assert_eq!(b.len(), 13);
-        assert_eq!(b[0], (0, 1.024e-6));
-        assert_eq!(b[1], (2, 4.096e-6));
-        assert_eq!(b[12].0, 24);
-        assert!((b[12].1 - 17.179869184).abs() < 1e-9);
+        assert_eq!(b[0], (0, 2f64.powi(-20)));
+        assert_eq!(b[1], (2, 2f64.powi(-18)));
+        assert_eq!(b[12], (24, 16.0));
         assert_eq!(exported_bounds(HistogramResolution::Log2).len(), 25);
+        assert_eq!(exported_bounds(HistogramResolution::Log2)[20], (20, 1.0));
     }
 
     #[test]
@@ -82,11 +88,11 @@ mod tests {
             );
             assert_eq!(folded.last().unwrap().0, f64::INFINITY);
         }
-        // 20 ms lands below the 67 ms bound and above the 16.8 ms bound.
+        // 20 ms lands below the 62.5 ms bound (4^-2 s) and above the 15.6 ms one (4^-3 s).
         let mut one = [0u64; hist::HIST_BUCKETS];
         one[hist::bucket_index(20_000_000)] = 1;
         let folded = fold_buckets(&one, &exported_bounds(HistogramResolution::Log4));
         let (le, _) = folded.iter().find(|(_, n)| *n == 1).unwrap();
-        assert!((*le - 0.067108864).abs() < 1e-12, "{le}");
+        assert_eq!(*le, 0.0625);
     }
 }

@@ -15,6 +15,8 @@ use std::{
     sync::Mutex,
 };
 
+use sysscope_abi::hist;
+
 use super::event::SlowCall;
 use crate::openmetrics::{label_key, parse_sample};
 
@@ -73,12 +75,12 @@ impl ExemplarStore {
         let inner = &mut *inner;
         match inner.series.get_mut(&key) {
             Some(entries) => {
-                // Keep one per log2 bucket, newest last: a new call replaces an older one of
-                // the same magnitude, else the oldest.
-                let magnitude = |ns: u64| 64 - ns.leading_zeros();
+                // Keep one per kernel bucket, newest last: a new call replaces an older one of
+                // the same bucket, else the oldest.
+                let bucket = hist::bucket_index;
                 if let Some(i) = entries
                     .iter()
-                    .position(|e| magnitude(e.duration_ns) == magnitude(entry.duration_ns))
+                    .position(|e| bucket(e.duration_ns) == bucket(entry.duration_ns))
                 {
                     entries.remove(i);
                 } else if entries.len() >= PER_SERIES {
@@ -136,13 +138,13 @@ impl ExemplarStore {
             );
             let lower = match &current {
                 Some((k, prev_le)) if *k == key => *prev_le,
-                _ => 0.0,
+                _ => f64::NEG_INFINITY,
             };
-            // The kernel's buckets hold [lower, upper) in ns; `le` is the upper bound.
+            // A bucket holds (lower, le]: the kernel's bounds are inclusive, as `le` is.
             let chosen = inner.series.get(&key).and_then(|entries| {
                 entries.iter().rev().find(|e| {
                     let s = e.duration_ns as f64 / 1e9;
-                    s >= lower && s < le
+                    s > lower && s <= le
                 })
             });
             match chosen {
@@ -194,10 +196,10 @@ mod tests {
 
     const TEXT: &str = "# TYPE sysscope_syscall_duration_seconds histogram\n\
 sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 1.0\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.016777216\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 3\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.067108864\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 13\n\
+sysscope_syscall_duration_seconds_bucket{le=\"0.015625\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 3\n\
+sysscope_syscall_duration_seconds_bucket{le=\"0.0625\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 13\n\
 sysscope_syscall_duration_seconds_bucket{le=\"+Inf\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 13\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.016777216\",cgroup=\"/a\",comm=\"y\",syscall=\"read\"} 0\n\
+sysscope_syscall_duration_seconds_bucket{le=\"0.015625\",cgroup=\"/a\",comm=\"y\",syscall=\"read\"} 0\n\
 # EOF\n";
 
     #[test]
@@ -211,7 +213,7 @@ sysscope_syscall_duration_seconds_bucket{le=\"0.016777216\",cgroup=\"/a\",comm=\
         assert_eq!(
             lines[3],
             format!(
-                "sysscope_syscall_duration_seconds_bucket{{le=\"0.067108864\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"}} 13 # {{trace_id=\"{}\",span_id=\"{}\"}} 0.03 1700000000.030000000",
+                "sysscope_syscall_duration_seconds_bucket{{le=\"0.0625\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"}} 13 # {{trace_id=\"{}\",span_id=\"{}\"}} 0.03 1700000000.030000000",
                 "ab".repeat(16),
                 "ab".repeat(8)
             )
