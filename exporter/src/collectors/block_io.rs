@@ -34,7 +34,7 @@ use sysscope_abi::{block_op, maps, BlockKey, BlockLatency, BlockLatencyKey, Bloc
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
-    config::Config,
+    config::{Config, HistogramResolution},
     hist::{encode_histogram, exported_bounds},
     kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps, Inflight},
     kernel::cumulative::HashReader,
@@ -99,6 +99,8 @@ pub(crate) struct BlockIoCollector {
     budget: Budget<IoKey>,
     lat_budget: Budget<LatKey>,
     bounds: Vec<(usize, f64)>,
+    /// Sets the native histogram's schema.
+    resolution: HistogramResolution,
     by_cgroup: bool,
     retention: Duration,
     /// Cgroup ids found gone at the previous check: reclaimed if still gone.
@@ -148,6 +150,7 @@ impl BlockIoCollector {
             budget: Budget::new(max_series),
             lat_budget: Budget::new(max_series),
             bounds: exported_bounds(config.syscalls.histogram_resolution),
+            resolution: config.syscalls.histogram_resolution,
             by_cgroup: block.latency_by_cgroup,
             retention: config.collection.series_retention,
             gone_cgroups: HashSet::new(),
@@ -361,7 +364,12 @@ impl Collector for BlockIoCollector {
                 }
                 labels.push(("device", Cow::Borrowed(device)));
                 labels.push(("op", Cow::Borrowed(op_name(*op))));
-                encode_histogram(family.encode_family(&labels)?, &series.sum, &self.bounds)?;
+                encode_histogram(
+                    family.encode_family(&labels)?,
+                    &series.sum,
+                    &self.bounds,
+                    self.resolution,
+                )?;
             }
         }
         Ok(())

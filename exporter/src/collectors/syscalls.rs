@@ -31,7 +31,7 @@ use sysscope_abi::{maps, ErrnoKey, FdClass, SyscallKey, SyscallStats, FOLDED_TGI
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
-    config::Config,
+    config::{Config, HistogramResolution},
     hist::{encode_histogram, exported_bounds},
     kernel::cumulative::Counters,
     kernel::fd_class,
@@ -64,6 +64,8 @@ pub(crate) struct SyscallCollector {
     budget: Budget<SeriesKey>,
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
     bounds: Vec<(usize, f64)>,
+    /// Sets the native histogram's schema.
+    resolution: HistogramResolution,
     retention: Duration,
     last_orphan_scan: Instant,
     /// Occupancy of `SYSCALL_STATS` (slots held), `SYSCALL_ERRORS` and `PROCESS_EXITS`.
@@ -100,6 +102,7 @@ impl SyscallCollector {
             errors: SeriesTable::following_renames(),
             budget: Budget::new(limits.max_series),
             bounds: exported_bounds(config.syscalls.histogram_resolution),
+            resolution: config.syscalls.histogram_resolution,
             retention: config.collection.series_retention,
             last_orphan_scan: Instant::now(),
             stats_usage: MapUsage::new(maps::SYSCALL_STATS, limits.max_syscall_entries),
@@ -380,7 +383,12 @@ impl Collector for SyscallCollector {
             )?;
             for ((workload, nr, fd), series) in self.stats.series() {
                 series_labels(&mut labels, workload, *nr, fd);
-                encode_histogram(family.encode_family(&labels)?, &series.sum, &self.bounds)?;
+                encode_histogram(
+                    family.encode_family(&labels)?,
+                    &series.sum,
+                    &self.bounds,
+                    self.resolution,
+                )?;
             }
         }
         Ok(())

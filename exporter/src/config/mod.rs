@@ -41,6 +41,7 @@ pub struct Config {
     pub(crate) gpu: GpuConfig,
     pub(crate) slow_calls: SlowCallsConfig,
     pub kubernetes: KubernetesConfig,
+    pub(crate) exposition: ExpositionConfig,
     /// OTLP export (spans and metrics push); `OTEL_*` environment variables win when set.
     pub otlp: otlp::OtlpConfig,
 }
@@ -48,6 +49,7 @@ pub struct Config {
 mod block_io;
 mod collection;
 mod cpu;
+mod exposition;
 mod gpu;
 mod kubernetes;
 mod labels;
@@ -57,7 +59,7 @@ mod slow_calls;
 mod syscalls;
 
 pub(crate) use self::{
-    block_io::*, cpu::*, gpu::*, labels::*, limits::*, slow_calls::*, syscalls::*,
+    block_io::*, cpu::*, exposition::*, gpu::*, labels::*, limits::*, slow_calls::*, syscalls::*,
 };
 // What the binaries and the integration tests name.
 pub use self::{
@@ -242,6 +244,13 @@ impl Config {
             1,
             1_000_000,
         )?;
+        let e = &self.exposition;
+        if !e.native_histograms && !e.classic_histograms {
+            return Err(invalid(
+                "exposition.native_histograms",
+                "with exposition.classic_histograms also false, the protobuf exposition would carry no histogram; set one of them".into(),
+            ));
+        }
         self.otlp
             .validate()
             .map_err(|(key, problem)| invalid(&key, problem))?;
@@ -551,6 +560,14 @@ mod tests {
         assert_eq!(c.otlp.endpoint.as_deref(), Some("https://collector:4318"));
         assert_eq!(c.otlp.traces, Some(false));
         assert_eq!(c.otlp.resource_attributes["team"], "infra");
+    }
+
+    #[test]
+    fn exposition_keys_are_validated() {
+        let e = err("[exposition]\nnative_histograms = false\nclassic_histograms = false\n");
+        assert!(e.contains("exposition.native_histograms"), "{e}");
+        let c = Config::parse("[exposition]\nclassic_histograms = true\n", "x").unwrap();
+        assert!(c.exposition.native_histograms && c.exposition.classic_histograms);
     }
 
     #[test]

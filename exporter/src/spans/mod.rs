@@ -120,15 +120,6 @@ impl SpanSink for exemplars::ExemplarStore {
     }
 }
 
-/// What adds the exemplars to an OpenMetrics exposition after it was encoded.
-pub(crate) type Annotator = Arc<dyn Fn(&mut String) + Send + Sync>;
-
-/// The annotator of `store`'s exemplars.
-pub(crate) fn annotator(store: &Arc<exemplars::ExemplarStore>) -> Annotator {
-    let store = store.clone();
-    Arc::new(move |om: &mut String| store.annotate(om))
-}
-
 /// Hands one enriched call to every sink, in order.
 pub(crate) fn deliver(sinks: &[Arc<dyn SpanSink>], enriched: event::Enriched) {
     let call = Arc::new(enriched.call);
