@@ -251,6 +251,29 @@ impl Config {
                 "with exposition.classic_histograms also false, the protobuf exposition would carry no histogram; set one of them".into(),
             ));
         }
+        for name in &self.labels.syscalls {
+            if !syscall_table::is_known_anywhere(name) {
+                return Err(invalid(
+                    "labels.syscalls",
+                    format!("unknown syscall `{name}`"),
+                ));
+            }
+        }
+        for name in &self.labels.syscall_families {
+            if syscall_table::family(name).is_none() {
+                return Err(invalid(
+                    "labels.syscall_families",
+                    format!(
+                        "unknown family `{name}` (one of {})",
+                        syscall_table::FAMILIES
+                            .iter()
+                            .map(|(f, _)| *f)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
         self.otlp
             .validate()
             .map_err(|(key, problem)| invalid(&key, problem))?;
@@ -563,11 +586,27 @@ mod tests {
     }
 
     #[test]
-    fn exposition_keys_are_validated() {
+    fn label_control_and_exposition_keys_are_validated() {
+        let e = err("[labels]\nsyscalls = [\"read\", \"raed\"]\n");
+        assert!(e.contains("labels.syscalls") && e.contains("raed"), "{e}");
+        let e = err("[labels]\nsyscall_families = [\"reads\"]\n");
+        assert!(
+            e.contains("labels.syscall_families") && e.contains("reads") && e.contains("metadata"),
+            "{e}"
+        );
+        let e = err("[labels]\ncgroup = \"never\"\n");
+        assert!(e.contains("never") && e.contains("unless_pod_known"), "{e}");
         let e = err("[exposition]\nnative_histograms = false\nclassic_histograms = false\n");
         assert!(e.contains("exposition.native_histograms"), "{e}");
-        let c = Config::parse("[exposition]\nclassic_histograms = true\n", "x").unwrap();
-        assert!(c.exposition.native_histograms && c.exposition.classic_histograms);
+        let c = Config::parse(
+            "[labels]\ncgroup = \"unless_pod_known\"\ncomm = false\nsyscalls = [\"getppid\"]\nsyscall_families = [\"sync\"]\n[exposition]\nclassic_histograms = true\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.labels.cgroup, CgroupLabel::UnlessPodKnown);
+        assert!(
+            !c.labels.comm && c.exposition.native_histograms && c.exposition.classic_histograms
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::{
 
 use crate::{
     collectors::self_metrics::SpanCounters, config::Config, kernel::slow_events::SlowEvents,
-    metadata::SharedLabeler, util::error::Chain,
+    metadata::SharedLabeler, series::LabelControl, util::error::Chain,
 };
 
 /// Series remembered for exemplars at most.
@@ -77,7 +77,8 @@ impl SlowCalls {
         let runtime = tokio::runtime::Handle::try_current().ok();
         let reader = match (ring, runtime) {
             (Some(ring), Some(rt)) if config.slow_calls.enabled => {
-                let enricher = event::Enricher::new(labeler, config.slow_calls.resolve_file_paths);
+                let enricher = event::Enricher::new(labeler, config.slow_calls.resolve_file_paths)
+                    .with_label_control(LabelControl::new(&config.labels));
                 let _guard = rt.enter();
                 match reader::spawn(
                     ring,
