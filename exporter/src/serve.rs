@@ -200,6 +200,8 @@ where
                     interval: otlp_settings.metric_interval,
                     export_timeout: otlp_settings.metric_export_timeout,
                     started: std::time::SystemTime::now(),
+                    temporality: otlp_settings.metric_temporality,
+                    histograms: otlp_settings.metric_histograms,
                 },
                 scraper.clone(),
                 otlp_stats.clone(),

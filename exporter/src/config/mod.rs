@@ -397,6 +397,8 @@ pub fn default_config_toml() -> String {
 # metrics = true
 # metrics_interval = \"60s\"
 # metrics_timeout = \"30s\"
+# metrics_temporality = \"cumulative\"              # or \"delta\", \"lowmemory\"
+# metrics_histogram_aggregation = \"explicit_bucket_histogram\" # or \"base2_exponential_bucket_histogram\"
 # span_batch_delay = \"5s\"
 # span_batch_size = 512
 # compression = \"none\"                          # or \"gzip\" (OTEL_EXPORTER_OTLP_COMPRESSION)

@@ -29,6 +29,14 @@ pub struct HistogramForms {
     pub classic: bool,
 }
 
+impl HistogramForms {
+    /// Both forms, for consumers that pick one themselves (the OTLP push).
+    pub(crate) const BOTH: Self = Self {
+        native: true,
+        classic: true,
+    };
+}
+
 /// Whether a histogram message carries a native histogram: a zero bucket or any span (an
 /// empty native histogram has the no-op span).
 fn is_native(h: &Histogram) -> bool {
@@ -210,7 +218,7 @@ mod tests {
         let h = f[0].metric[0].histogram.as_ref().unwrap();
         assert!(!is_native(h) && h.bucket.len() == 2 && h.schema == 0);
         let mut f = vec![family(both(), "h")];
-        finish(&mut f, forms(true, true), None);
+        finish(&mut f, HistogramForms::BOTH, None);
         assert_eq!(f[0].metric[0].histogram.as_ref().unwrap(), &both());
         // A classic-only histogram keeps its buckets whatever is asked.
         let mut classic = both();
@@ -220,7 +228,7 @@ mod tests {
         assert_eq!(f[0].metric[0].histogram.as_ref().unwrap(), &classic);
         // Families without a metric are left out.
         let mut f = vec![MetricFamily::default()];
-        finish(&mut f, forms(true, true), None);
+        finish(&mut f, HistogramForms::BOTH, None);
         assert!(f.is_empty());
     }
 

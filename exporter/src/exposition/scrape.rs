@@ -2,7 +2,8 @@
 //! Concurrent scrapes inside that interval share one read of the maps and one encoding per
 //! format, so a burst of scrapers costs the kernel nothing extra. The text formats are
 //! prometheus-client's text encoding (OpenMetrics, rewritten for 0.0.4); the protobuf
-//! exposition takes the same families typed. The background refresh also gives freed heap pages back to the kernel (`util::memory`).
+//! exposition and the OTLP push take the same families typed ([`Scraper::families`]). The
+//! background refresh also gives freed heap pages back to the kernel (`util::memory`).
 
 use std::{
     collections::HashMap,
@@ -139,6 +140,19 @@ impl Scraper {
             .set_last_scrape(started.elapsed());
         cache.bodies.insert(format, body.clone());
         body
+    }
+
+    /// Every family typed, with both forms of the duration histograms and their exemplars,
+    /// refreshed as a scrape would be (the OTLP push). Blocking, as [`Self::scrape`].
+    pub(crate) fn families(&self) -> Vec<MetricFamily> {
+        let mut cache = self.cache.lock().expect("scrape cache lock");
+        let fresh = cache
+            .refreshed_at
+            .is_some_and(|t| t.elapsed() < self.min_interval);
+        if !fresh {
+            self.refresh_agent(&mut cache);
+        }
+        self.typed(HistogramForms::BOTH)
     }
 
     fn refresh_agent(&self, cache: &mut Cache) {
