@@ -8,6 +8,11 @@
 //! once and for good, to `comm="other"` in its cgroup, then to `cgroup="other"`, and counted.
 //! Routing is sticky so a counter never moves between series.
 //!
+//! Label control (`[labels]`: `cgroup`, `comm`, `syscalls`, `syscall_families`) reduces a
+//! label set before the budget routes it ([`LabelControl`]): the labels it drops are gone from
+//! the key, so every entry that differed only by them is routed to one series and their values
+//! add up there exactly (counts, sums and buckets), as folding does; no value is picked.
+//!
 //! A [`SeriesTable`] is that path for one map (the syscall statistics and errors, block bytes
 //! and latency, and the command-line tools' totals): each read is *observed* entry by entry
 //! ([`crate::kernel::cumulative`] gives each entry's change since what was settled), an entry is
@@ -29,10 +34,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::kernel::cumulative::{Counters, Snapshot, Tracker};
+use crate::{
+    config::{CgroupLabel, LabelsConfig},
+    kernel::cumulative::{Counters, Snapshot, Tracker},
+    syscall_table,
+};
 
 /// Label value of folded series.
 pub(crate) const OTHER: &str = "other";
+
+/// Extra cgroup labels on Kubernetes nodes (see `metadata::kubernetes`): the pod UID and the
+/// container id parsed from the cgroup path, and the pod watch's names.
+pub(crate) const POD_UID: &str = "pod_uid";
+pub(crate) const CONTAINER_ID: &str = "container_id";
+pub(crate) const NAMESPACE: &str = "namespace";
+pub(crate) const POD: &str = "pod";
+pub(crate) const CONTAINER: &str = "container";
 
 /// Labels derived from a cgroup: its path plus, on Kubernetes, pod and container identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -64,7 +81,8 @@ impl CgroupLabels {
     }
 }
 
-/// What a per-process series is labelled with.
+/// What a per-process series is labelled with. An empty cgroup path or comm is a label that
+/// label control dropped, and is not exported (a cgroup path is never empty: the root is `/`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Workload {
     pub cgroup: Arc<CgroupLabels>,
@@ -75,21 +93,29 @@ pub struct Workload {
 impl Workload {
     /// Appends `cgroup`, the cgroup's extra labels, `comm` and `pid` to `out`.
     pub(crate) fn push_labels<'a>(&'a self, out: &mut Vec<(&'static str, Cow<'a, str>)>) {
-        out.push(("cgroup", Cow::Borrowed(&self.cgroup.path)));
+        if !self.cgroup.path.is_empty() {
+            out.push(("cgroup", Cow::Borrowed(&self.cgroup.path)));
+        }
         for (k, v) in &self.cgroup.extra {
             out.push((k, Cow::Borrowed(v)));
         }
-        out.push(("comm", Cow::Borrowed(&self.comm)));
+        if !self.comm.is_empty() {
+            out.push(("comm", Cow::Borrowed(&self.comm)));
+        }
         if let Some(pid) = self.pid {
             out.push(("pid", Cow::Owned(pid.to_string())));
         }
     }
 
-    /// The same cgroup with the process folded away.
+    /// The same cgroup with the process folded away (a dropped `comm` stays dropped).
     pub fn fold_comm(&self) -> Self {
         Self {
             cgroup: self.cgroup.clone(),
-            comm: Arc::from(OTHER),
+            comm: if self.comm.is_empty() {
+                self.comm.clone()
+            } else {
+                Arc::from(OTHER)
+            },
             pid: None,
         }
     }
@@ -100,6 +126,84 @@ impl Workload {
             cgroup: Arc::new(CgroupLabels::other()),
             comm: Arc::from(OTHER),
             pid: None,
+        }
+    }
+}
+
+/// Label control (config `[labels]`): what a label set keeps before the budget routes it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LabelControl {
+    /// Drop `cgroup` and `container_id` where the pod and container are named.
+    cgroup_unless_pod_known: bool,
+    drop_comm: bool,
+    /// Syscall numbers exported by name (`None`: all).
+    syscalls: Option<HashSet<u32>>,
+}
+
+impl LabelControl {
+    pub(crate) fn new(labels: &LabelsConfig) -> Self {
+        let mut names: Vec<&str> = labels.syscalls.iter().map(String::as_str).collect();
+        for family in &labels.syscall_families {
+            names.extend(syscall_table::family(family).unwrap_or_default());
+        }
+        Self {
+            cgroup_unless_pod_known: labels.cgroup == CgroupLabel::UnlessPodKnown,
+            drop_comm: !labels.comm,
+            // Names this architecture lacks (listed for another) number nothing.
+            syscalls: (!names.is_empty()).then(|| {
+                names
+                    .into_iter()
+                    .filter_map(syscall_table::number)
+                    .collect()
+            }),
+        }
+    }
+
+    /// Whether it changes any label set.
+    pub(crate) fn is_identity(&self) -> bool {
+        !self.cgroup_unless_pod_known && !self.drop_comm && self.syscalls.is_none()
+    }
+
+    /// The workload with the labels control drops left empty (not exported).
+    pub(crate) fn workload(&self, workload: Workload) -> Workload {
+        if self.is_identity() {
+            return workload;
+        }
+        Workload {
+            cgroup: self.cgroup(&workload.cgroup),
+            comm: if self.drop_comm {
+                Arc::from("")
+            } else {
+                workload.comm
+            },
+            pid: workload.pid,
+        }
+    }
+
+    /// A cgroup's labels without `cgroup` (left empty) and `container_id` where control drops
+    /// them: the pod and container are named.
+    pub(crate) fn cgroup(&self, cgroup: &Arc<CgroupLabels>) -> Arc<CgroupLabels> {
+        let named = |label: &str| cgroup.extra.iter().any(|(k, _)| *k == label);
+        if !(self.cgroup_unless_pod_known && named(POD) && named(CONTAINER)) {
+            return cgroup.clone();
+        }
+        Arc::new(CgroupLabels {
+            path: Arc::from(""),
+            extra: cgroup
+                .extra
+                .iter()
+                .filter(|(k, _)| *k != CONTAINER_ID)
+                .cloned()
+                .collect(),
+        })
+    }
+
+    /// The syscall number a series is labelled with: `nr`, or [`syscall_table::FOLDED_NR`]
+    /// (`syscall="other"`) when it is not among those exported by name.
+    pub(crate) fn syscall(&self, nr: u32) -> u32 {
+        match &self.syscalls {
+            Some(kept) if !kept.contains(&nr) => syscall_table::FOLDED_NR,
+            _ => nr,
         }
     }
 }
@@ -624,6 +728,76 @@ mod tests {
         assert!(!table.retire(start + Duration::from_secs(30), retention));
         assert!(table.retire(start + Duration::from_secs(61), retention));
         assert!(table.has_series(&"kept") && !table.has_series(&"gone"));
+    }
+
+    fn named(cg: &str, comm: &str, pod: bool) -> Workload {
+        let mut labels = CgroupLabels::plain(cg);
+        labels.extra.push((POD_UID, Arc::from("u1")));
+        labels.extra.push((CONTAINER_ID, Arc::from(cg)));
+        if pod {
+            labels.extra.push((NAMESPACE, Arc::from("ns")));
+            labels.extra.push((POD, Arc::from("p")));
+            labels.extra.push((CONTAINER, Arc::from("c")));
+        }
+        Workload {
+            cgroup: Arc::new(labels),
+            comm: Arc::from(comm),
+            pid: None,
+        }
+    }
+
+    fn exported(w: &Workload) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        w.push_labels(&mut out);
+        out.into_iter().map(|(k, v)| (k, v.into_owned())).collect()
+    }
+
+    #[test]
+    fn label_control_drops_cgroup_only_where_the_pod_is_named() {
+        let control = LabelControl::new(&LabelsConfig {
+            cgroup: CgroupLabel::UnlessPodKnown,
+            ..LabelsConfig::default()
+        });
+        // Two restarts of one container: two cgroups, one label set.
+        let a = control.workload(named("/kubepods/pod1/aaa", "python", true));
+        let b = control.workload(named("/kubepods/pod1/bbb", "python", true));
+        assert_eq!(a, b);
+        assert_eq!(
+            exported(&a),
+            [
+                ("pod_uid", "u1".to_string()),
+                ("namespace", "ns".to_string()),
+                ("pod", "p".to_string()),
+                ("container", "c".to_string()),
+                ("comm", "python".to_string())
+            ]
+        );
+        // Not named by the pod watch: the cgroup stays.
+        let plain = control.workload(named("/system.slice/x", "x", false));
+        assert_eq!(
+            exported(&plain)[0],
+            ("cgroup", "/system.slice/x".to_string())
+        );
+        assert!(LabelControl::new(&LabelsConfig::default()).is_identity());
+    }
+
+    #[test]
+    fn label_control_drops_comm_and_folds_syscalls() {
+        let control = LabelControl::new(&LabelsConfig {
+            comm: false,
+            syscalls: vec!["getppid".into()],
+            syscall_families: vec!["sync".into()],
+            ..LabelsConfig::default()
+        });
+        let a = control.workload(named("/a", "x", false));
+        assert_eq!(a, control.workload(named("/a", "y", false)));
+        assert!(exported(&a).iter().all(|(k, _)| *k != "comm"));
+        // A dropped comm is not folded back into one.
+        assert!(a.fold_comm().comm.is_empty());
+        let nr = |n| syscall_table::number(n).unwrap();
+        assert_eq!(control.syscall(nr("getppid")), nr("getppid"));
+        assert_eq!(control.syscall(nr("fdatasync")), nr("fdatasync"));
+        assert_eq!(control.syscall(nr("read")), syscall_table::FOLDED_NR);
     }
 
     #[test]

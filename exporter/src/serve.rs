@@ -27,6 +27,7 @@ use crate::{
             metrics::MetricPushError,
             traces::{SpanExport, TraceExportError},
         },
+        protobuf::HistogramForms,
         scrape::Scraper,
         web_config::WebConfigFile,
     },
@@ -160,8 +161,15 @@ where
             agent.clone(),
             reload_stats,
         ));
-        let scraper = Arc::new(Scraper::new(agent.clone(), config.collection.min_interval));
-        scraper.set_openmetrics_annotator(spans::annotator(&exemplars));
+        let scraper = Arc::new(
+            Scraper::new(agent.clone(), config.collection.min_interval).with_histogram_forms(
+                HistogramForms {
+                    native: config.exposition.native_histograms,
+                    classic: config.exposition.classic_histograms,
+                },
+            ),
+        );
+        scraper.set_exemplars(exemplars.clone());
         let mut routes = BTreeMap::new();
         routes.insert(
             spans::recent::ROUTE.to_string(),
@@ -196,6 +204,8 @@ where
                     interval: otlp_settings.metric_interval,
                     export_timeout: otlp_settings.metric_export_timeout,
                     started: std::time::SystemTime::now(),
+                    temporality: otlp_settings.metric_temporality,
+                    histograms: otlp_settings.metric_histograms,
                 },
                 scraper.clone(),
                 otlp_stats.clone(),

@@ -28,6 +28,9 @@ pub(crate) fn is_known_anywhere(name: &str) -> bool {
 /// for the one number the probes count every out-of-range number as
 /// ([`sysscope_abi::INVALID_NR`]), so the label has at most `MAX_SYSCALL_NR` values.
 pub(crate) fn label(nr: u32) -> std::borrow::Cow<'static, str> {
+    if nr == FOLDED_NR {
+        return FOLDED.into();
+    }
     if nr >= sysscope_abi::INVALID_NR {
         return INVALID.into();
     }
@@ -39,6 +42,174 @@ pub(crate) fn label(nr: u32) -> std::borrow::Cow<'static, str> {
 
 /// The label of out-of-range syscall numbers.
 pub(crate) const INVALID: &str = "invalid";
+
+/// The number label control counts every syscall it does not export by name as
+/// (`labels.syscalls`, `labels.syscall_families`): labelled `other`.
+pub(crate) const FOLDED_NR: u32 = u32::MAX;
+
+/// The label of [`FOLDED_NR`].
+pub(crate) const FOLDED: &str = "other";
+
+/// Syscall families by name, as the recording rules of deploy/prometheus group syscalls (a
+/// unit test holds the two together); names of other architectures (including 32-bit ones,
+/// such as `fstatat64`) are listed too, and number nothing here.
+/// The rules also count reads and writes of sockets as `net`: that split is by descriptor,
+/// not by syscall, and is theirs alone.
+pub(crate) const FAMILIES: &[(&str, &[&str])] = &[
+    ("read", &["read", "readv", "pread64", "preadv", "preadv2"]),
+    (
+        "write",
+        &["write", "writev", "pwrite64", "pwritev", "pwritev2"],
+    ),
+    (
+        "metadata",
+        &[
+            "open",
+            "openat",
+            "openat2",
+            "creat",
+            "close",
+            "close_range",
+            "stat",
+            "lstat",
+            "fstat",
+            "newfstatat",
+            "fstatat64",
+            "statx",
+            "statfs",
+            "fstatfs",
+            "access",
+            "faccessat",
+            "faccessat2",
+            "getdents",
+            "getdents64",
+            "readlink",
+            "readlinkat",
+            "lseek",
+            "getcwd",
+            "chdir",
+            "fchdir",
+            "mkdir",
+            "mkdirat",
+            "rmdir",
+            "unlink",
+            "unlinkat",
+            "rename",
+            "renameat",
+            "renameat2",
+            "link",
+            "linkat",
+            "symlink",
+            "symlinkat",
+            "chmod",
+            "fchmod",
+            "fchmodat",
+            "chown",
+            "fchown",
+            "lchown",
+            "fchownat",
+            "truncate",
+            "ftruncate",
+            "utime",
+            "utimes",
+            "utimensat",
+            "getxattr",
+            "lgetxattr",
+            "fgetxattr",
+            "listxattr",
+            "llistxattr",
+            "flistxattr",
+            "setxattr",
+            "lsetxattr",
+            "fsetxattr",
+            "removexattr",
+            "lremovexattr",
+            "fremovexattr",
+            "dup",
+            "dup2",
+            "dup3",
+            "fcntl",
+            "inotify_add_watch",
+            "name_to_handle_at",
+            "open_by_handle_at",
+        ],
+    ),
+    (
+        "sync",
+        &[
+            "fsync",
+            "fdatasync",
+            "sync",
+            "syncfs",
+            "sync_file_range",
+            "msync",
+        ],
+    ),
+    ("lock", &["futex", "futex_waitv", "flock"]),
+    (
+        "wait",
+        &[
+            "poll",
+            "ppoll",
+            "select",
+            "pselect6",
+            "epoll_wait",
+            "epoll_pwait",
+            "epoll_pwait2",
+            "nanosleep",
+            "clock_nanosleep",
+            "wait4",
+            "waitid",
+            "pause",
+            "accept",
+            "accept4",
+            "rt_sigsuspend",
+            "rt_sigtimedwait",
+        ],
+    ),
+    (
+        "mmap",
+        &[
+            "mmap",
+            "munmap",
+            "mprotect",
+            "pkey_mprotect",
+            "brk",
+            "madvise",
+            "mremap",
+            "mlock",
+            "mlock2",
+            "munlock",
+            "mincore",
+        ],
+    ),
+    (
+        "net",
+        &[
+            "socket",
+            "socketpair",
+            "connect",
+            "bind",
+            "listen",
+            "shutdown",
+            "recvfrom",
+            "recvmsg",
+            "recvmmsg",
+            "sendto",
+            "sendmsg",
+            "sendmmsg",
+            "getsockopt",
+            "setsockopt",
+            "getsockname",
+            "getpeername",
+        ],
+    ),
+];
+
+/// The syscalls of family `name`.
+pub(crate) fn family(name: &str) -> Option<&'static [&'static str]> {
+    FAMILIES.iter().find(|(f, _)| *f == name).map(|(_, s)| *s)
+}
 
 /// Symbolic name of a positive errno value (`ENOENT`), or `E<n>` when unknown.
 pub(crate) fn errno_label(errno: u16) -> std::borrow::Cow<'static, str> {
@@ -100,6 +271,47 @@ mod tests {
         assert_eq!(label(500), "syscall_500");
         assert_eq!(label(sysscope_abi::INVALID_NR), "invalid");
         assert_eq!(label(9999), "invalid");
+    }
+
+    #[test]
+    fn folded_syscalls_are_other() {
+        assert_eq!(label(FOLDED_NR), "other");
+    }
+
+    /// The families are the recording rules' (`label_replace(..., "family", NAME, "syscall",
+    /// REGEX)`), name for name.
+    #[test]
+    fn families_are_the_recording_rules() {
+        let rules = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/prometheus/sysscope-rules.yml"),
+        )
+        .unwrap();
+        let mut in_rules = std::collections::BTreeMap::new();
+        for line in rules.lines() {
+            let Some(rest) = line.trim().strip_prefix("\"family\", \"") else {
+                continue;
+            };
+            let Some((family, rest)) = rest.split_once('"') else {
+                continue;
+            };
+            let Some(regex) = rest.strip_prefix(", \"syscall\", \"") else {
+                continue;
+            };
+            let regex = regex.split('"').next().unwrap();
+            let mut names: Vec<&str> = regex.split('|').collect();
+            names.sort_unstable();
+            in_rules.insert(family.to_string(), names);
+        }
+        let mut in_table = std::collections::BTreeMap::new();
+        for (family, names) in FAMILIES {
+            let mut names = names.to_vec();
+            names.sort_unstable();
+            in_table.insert(family.to_string(), names);
+        }
+        assert_eq!(in_table, in_rules);
+        assert!(family("sync").unwrap().contains(&"fdatasync"));
+        assert!(family("other").is_none());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Smoke check of the benchmarks in bench/: runs the overhead benchmark's --quick --smoke mode
-# (1 round of 0.2 s cells over every configuration and workload) and the scrape benchmark's
-# --smoke mode on the debug build, then checks that each printed a well-formed table and wrote
-# well-formed JSON. Timing is never checked here: costs are measured, not asserted.
+# (1 round of 0.2 s cells over every configuration and workload), the scrape benchmark's and the
+# fleet sizing's --smoke modes on the debug build, then checks that each printed a well-formed
+# table and wrote well-formed JSON. Timing is never checked here: costs are measured, not asserted.
 # Needs root (the benchmarks load eBPF programs); skipped without it unless CI=true.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,6 +35,12 @@ timeout 60 bench/overhead.sh --quick --smoke --out "$out" >"$out/overhead.txt" 2
 timeout 60 bench/scrape.sh --smoke --out "$out" >"$out/scrape.txt" 2>"$out/scrape.err" || {
   echo "bench-smoke: bench/scrape.sh failed:" >&2
   tail -n 20 "$out/scrape.err" "$out/scrape.txt" >&2
+  exit 1
+}
+
+timeout 60 bench/fleet.sh --smoke --out "$out" >"$out/fleet.txt" 2>"$out/fleet.err" || {
+  echo "bench-smoke: bench/fleet.sh failed:" >&2
+  tail -n 20 "$out/fleet.err" "$out/fleet.txt" >&2
   exit 1
 }
 
@@ -86,6 +92,19 @@ if doc:
             problems.append(f"fewer samples than series: {r}")
     if not doc.get("cpu"):
         problems.append("scrape results lack the CPU measurement")
+
+text = open(f"{out}/fleet.txt").read()
+for needle in ("classic series", "native series", "results:"):
+    if needle not in text:
+        problems.append(f"fleet table lacks {needle!r}")
+doc = one("fleet-*-smoke.json")
+if doc:
+    if doc.get("schema") != "sysscope-bench-fleet/1":
+        problems.append(f"fleet schema {doc.get('schema')!r}")
+    for r in doc.get("rows", []):
+        # Every process makes calls: its series are there, fewer in the native form.
+        if not 0 < r["native"]["series"] < r["classic"]["series"]:
+            problems.append(f"fleet series: {r}")
 
 if problems:
     print("bench-smoke: " + "\n  ".join(problems), file=sys.stderr)

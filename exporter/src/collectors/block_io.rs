@@ -34,13 +34,13 @@ use sysscope_abi::{block_op, maps, BlockKey, BlockLatency, BlockLatencyKey, Bloc
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
-    config::Config,
+    config::{Config, HistogramResolution},
     hist::{encode_histogram, exported_bounds},
     kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps, Inflight},
     kernel::cumulative::HashReader,
     kernel::Probes,
     metadata::{cgroups::UNRESOLVED, devices::DeviceResolver, SharedLabeler},
-    series::{Budget, CgroupLabels, Folded, Named, SeriesTable, Workload, OTHER},
+    series::{Budget, CgroupLabels, Folded, LabelControl, Named, SeriesTable, Workload, OTHER},
 };
 
 pub(crate) const NAME: &str = "block_io";
@@ -99,6 +99,10 @@ pub(crate) struct BlockIoCollector {
     budget: Budget<IoKey>,
     lat_budget: Budget<LatKey>,
     bounds: Vec<(usize, f64)>,
+    /// Sets the native histogram's schema.
+    resolution: HistogramResolution,
+    /// What the series keep of their labels (`[labels]`).
+    control: LabelControl,
     by_cgroup: bool,
     retention: Duration,
     /// Cgroup ids found gone at the previous check: reclaimed if still gone.
@@ -148,6 +152,8 @@ impl BlockIoCollector {
             budget: Budget::new(max_series),
             lat_budget: Budget::new(max_series),
             bounds: exported_bounds(config.syscalls.histogram_resolution),
+            resolution: config.syscalls.histogram_resolution,
+            control: LabelControl::new(&config.labels),
             by_cgroup: block.latency_by_cgroup,
             retention: config.collection.series_retention,
             gone_cgroups: HashSet::new(),
@@ -228,7 +234,7 @@ impl BlockIoCollector {
         let seen_at = snapshot.read_at;
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.stats_usage.seen(snapshot.entries.len() as u64);
-        let (budget, devices) = (&mut self.budget, &mut self.devices);
+        let (budget, devices, control) = (&mut self.budget, &mut self.devices, &self.control);
         self.io.fold(
             snapshot,
             now,
@@ -237,7 +243,14 @@ impl BlockIoCollector {
                 let workload =
                     labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm));
                 let labels = (workload, devices.resolve(key.dev), key.op);
-                let series = budget.route(&labels, 2, Self::io_fold);
+                // Named with its cgroup's path (reclaim looks it up), routed with what label
+                // control keeps.
+                let kept = (
+                    control.workload(labels.0.clone()),
+                    labels.1.clone(),
+                    labels.2,
+                );
+                let series = budget.route(&kept, 2, Self::io_fold);
                 Named::As(labels, series)
             },
             |key, _| dead.contains(&key.tgid) || gone.contains(&key.cgroup_id),
@@ -252,20 +265,17 @@ impl BlockIoCollector {
         let mut labeler = self.labeler.lock().expect("labeler lock");
         let by_cgroup = self.by_cgroup;
         self.latency_usage.seen(snapshot.entries.len() as u64);
-        let (budget, devices) = (&mut self.lat_budget, &mut self.devices);
+        let (budget, devices, control) = (&mut self.lat_budget, &mut self.devices, &self.control);
         self.latency_series.fold(
             snapshot,
             now,
             |key, _| {
                 let device = devices.resolve(key.dev);
                 if by_cgroup {
-                    let labels = (
-                        Some(labeler.cgroup_seen(key.cgroup_id, seen_at)),
-                        device,
-                        key.op,
-                    );
-                    let series = budget.route(&labels, cost, Self::lat_fold);
-                    Named::As(labels, series)
+                    let cgroup = labeler.cgroup_seen(key.cgroup_id, seen_at);
+                    let kept = (Some(control.cgroup(&cgroup)), device.clone(), key.op);
+                    let series = budget.route(&kept, cost, Self::lat_fold);
+                    Named::As((Some(cgroup), device, key.op), series)
                 } else {
                     let labels = (None, device, key.op);
                     Named::As(labels.clone(), labels)
@@ -354,14 +364,22 @@ impl Collector for BlockIoCollector {
             for ((cgroup, device, op), series) in self.latency_series.series() {
                 labels.clear();
                 if let Some(cgroup) = cgroup {
-                    labels.push(("cgroup", Cow::Borrowed(&cgroup.path)));
+                    // An empty path is a `cgroup` label that label control dropped.
+                    if !cgroup.path.is_empty() {
+                        labels.push(("cgroup", Cow::Borrowed(&cgroup.path)));
+                    }
                     for (k, v) in &cgroup.extra {
                         labels.push((k, Cow::Borrowed(v)));
                     }
                 }
                 labels.push(("device", Cow::Borrowed(device)));
                 labels.push(("op", Cow::Borrowed(op_name(*op))));
-                encode_histogram(family.encode_family(&labels)?, &series.sum, &self.bounds)?;
+                encode_histogram(
+                    family.encode_family(&labels)?,
+                    &series.sum,
+                    &self.bounds,
+                    self.resolution,
+                )?;
             }
         }
         Ok(())

@@ -31,14 +31,14 @@ use sysscope_abi::{maps, ErrnoKey, FdClass, SyscallKey, SyscallStats, FOLDED_TGI
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
-    config::Config,
+    config::{Config, HistogramResolution},
     hist::{encode_histogram, exported_bounds},
     kernel::cumulative::Counters,
     kernel::fd_class,
     kernel::syscalls::{SlowThresholds, SyscallMaps},
     kernel::{ProbeError, Probes},
     metadata::{Labeler, SharedLabeler, Sighting},
-    series::{Budget, Folded, Named, SeriesTable, Workload, OTHER},
+    series::{Budget, Folded, LabelControl, Named, SeriesTable, Workload, OTHER},
     syscall_table,
 };
 
@@ -64,6 +64,10 @@ pub(crate) struct SyscallCollector {
     budget: Budget<SeriesKey>,
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
     bounds: Vec<(usize, f64)>,
+    /// Sets the native histogram's schema.
+    resolution: HistogramResolution,
+    /// What the series keep of their labels (`[labels]`), applied before the budget.
+    control: LabelControl,
     retention: Duration,
     last_orphan_scan: Instant,
     /// Occupancy of `SYSCALL_STATS` (slots held), `SYSCALL_ERRORS` and `PROCESS_EXITS`.
@@ -100,6 +104,8 @@ impl SyscallCollector {
             errors: SeriesTable::following_renames(),
             budget: Budget::new(limits.max_series),
             bounds: exported_bounds(config.syscalls.histogram_resolution),
+            resolution: config.syscalls.histogram_resolution,
+            control: LabelControl::new(&config.labels),
             retention: config.collection.series_retention,
             last_orphan_scan: Instant::now(),
             stats_usage: MapUsage::new(maps::SYSCALL_STATS, limits.max_syscall_entries),
@@ -174,7 +180,7 @@ impl SyscallCollector {
             reclaim,
         };
         let mut labeler = self.labeler.lock().expect("labeler lock");
-        let budget = &mut self.budget;
+        let (budget, control) = (&mut self.budget, &self.control);
         let folded = self.stats.fold(
             snapshot,
             now,
@@ -182,7 +188,7 @@ impl SyscallCollector {
             // the next cycle (and the entry in the kernel) rather than go to a placeholder.
             |key, first| match names.of(&mut labeler, key.cgroup_id, key.tgid, first) {
                 Some(workload) => {
-                    let labels = (workload, key.nr, key.fd);
+                    let labels = series_key(control, workload, key.nr, key.fd);
                     let series = budget.route(&labels, cost, Self::coarser);
                     Named::As(labels, series)
                 }
@@ -210,13 +216,13 @@ impl SyscallCollector {
         };
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.errors_usage.seen(snapshot.entries.len() as u64);
-        let budget = &mut self.budget;
+        let (budget, control) = (&mut self.budget, &self.control);
         self.errors.fold(
             snapshot,
             now,
             |key, first| match names.of(&mut labeler, key.cgroup_id, key.tgid, first) {
                 Some(workload) => {
-                    let labels = (workload, key.nr as u32, key.fd);
+                    let labels = series_key(control, workload, key.nr as u32, key.fd);
                     let (w, nr, fd) = budget.route(&labels, cost, Self::coarser);
                     Named::As(labels, (w, nr, fd, key.errno))
                 }
@@ -238,6 +244,14 @@ impl SyscallCollector {
             labeler.retain_cgroups(|id| ids.contains(&id));
         }
     }
+}
+
+/// The label set a kernel entry counts in, as label control keeps it: a syscall it does not
+/// export by name counts as `syscall="other"`, without the descriptor's labels.
+fn series_key(control: &LabelControl, workload: Workload, nr: u32, fd: FdClass) -> SeriesKey {
+    let kept = control.syscall(nr);
+    let fd = if kept == nr { fd } else { FdClass::NONE };
+    (control.workload(workload), kept, fd)
 }
 
 /// The labels of a syscall series: the workload's, `syscall`, and the descriptor's.
@@ -380,7 +394,12 @@ impl Collector for SyscallCollector {
             )?;
             for ((workload, nr, fd), series) in self.stats.series() {
                 series_labels(&mut labels, workload, *nr, fd);
-                encode_histogram(family.encode_family(&labels)?, &series.sum, &self.bounds)?;
+                encode_histogram(
+                    family.encode_family(&labels)?,
+                    &series.sum,
+                    &self.bounds,
+                    self.resolution,
+                )?;
             }
         }
         Ok(())

@@ -41,6 +41,7 @@ pub struct Config {
     pub(crate) gpu: GpuConfig,
     pub(crate) slow_calls: SlowCallsConfig,
     pub kubernetes: KubernetesConfig,
+    pub(crate) exposition: ExpositionConfig,
     /// OTLP export (spans and metrics push); `OTEL_*` environment variables win when set.
     pub otlp: otlp::OtlpConfig,
 }
@@ -48,6 +49,7 @@ pub struct Config {
 mod block_io;
 mod collection;
 mod cpu;
+mod exposition;
 mod flags;
 mod gpu;
 mod kubernetes;
@@ -59,7 +61,7 @@ mod slow_calls;
 mod syscalls;
 
 pub(crate) use self::{
-    block_io::*, cpu::*, gpu::*, labels::*, limits::*, slow_calls::*, syscalls::*,
+    block_io::*, cpu::*, exposition::*, gpu::*, labels::*, limits::*, slow_calls::*, syscalls::*,
 };
 // What the binaries and the integration tests name.
 pub use self::{
@@ -245,6 +247,36 @@ impl Config {
             1,
             1_000_000,
         )?;
+        let e = &self.exposition;
+        if !e.native_histograms && !e.classic_histograms {
+            return Err(invalid(
+                "exposition.native_histograms",
+                "with exposition.classic_histograms also false, the protobuf exposition would carry no histogram; set one of them".into(),
+            ));
+        }
+        for name in &self.labels.syscalls {
+            if !syscall_table::is_known_anywhere(name) {
+                return Err(invalid(
+                    "labels.syscalls",
+                    format!("unknown syscall `{name}`"),
+                ));
+            }
+        }
+        for name in &self.labels.syscall_families {
+            if syscall_table::family(name).is_none() {
+                return Err(invalid(
+                    "labels.syscall_families",
+                    format!(
+                        "unknown family `{name}` (one of {})",
+                        syscall_table::FAMILIES
+                            .iter()
+                            .map(|(f, _)| *f)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
         self.otlp
             .validate()
             .map_err(|(key, problem)| invalid(&key, problem))?;
@@ -562,6 +594,30 @@ mod tests {
         assert_eq!(c.otlp.endpoint.as_deref(), Some("https://collector:4318"));
         assert_eq!(c.otlp.traces, Some(false));
         assert_eq!(c.otlp.resource_attributes["team"], "infra");
+    }
+
+    #[test]
+    fn label_control_and_exposition_keys_are_validated() {
+        let e = err("[labels]\nsyscalls = [\"read\", \"raed\"]\n");
+        assert!(e.contains("labels.syscalls") && e.contains("raed"), "{e}");
+        let e = err("[labels]\nsyscall_families = [\"reads\"]\n");
+        assert!(
+            e.contains("labels.syscall_families") && e.contains("reads") && e.contains("metadata"),
+            "{e}"
+        );
+        let e = err("[labels]\ncgroup = \"never\"\n");
+        assert!(e.contains("never") && e.contains("unless_pod_known"), "{e}");
+        let e = err("[exposition]\nnative_histograms = false\nclassic_histograms = false\n");
+        assert!(e.contains("exposition.native_histograms"), "{e}");
+        let c = Config::parse(
+            "[labels]\ncgroup = \"unless_pod_known\"\ncomm = false\nsyscalls = [\"getppid\"]\nsyscall_families = [\"sync\"]\n[exposition]\nclassic_histograms = true\n",
+            "x",
+        )
+        .unwrap();
+        assert_eq!(c.labels.cgroup, CgroupLabel::UnlessPodKnown);
+        assert!(
+            !c.labels.comm && c.exposition.native_histograms && c.exposition.classic_histograms
+        );
     }
 
     #[test]

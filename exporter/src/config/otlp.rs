@@ -109,6 +109,65 @@ pub struct Settings {
     pub metric_interval: Duration,
     /// `OTEL_METRIC_EXPORT_TIMEOUT`: time one push may take, retries included.
     pub metric_export_timeout: Duration,
+    /// `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`.
+    pub metric_temporality: Temporality,
+    /// `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`.
+    pub metric_histograms: HistogramAggregation,
+}
+
+/// The aggregation temporality preference of the metrics push, as the OpenTelemetry exporter
+/// specification defines it per instrument kind. sysscope's counters are read from the kernel
+/// (observed cumulative values: asynchronous counters) and its histograms are histograms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Temporality {
+    /// Everything cumulative.
+    #[default]
+    Cumulative,
+    /// Counters and histograms as deltas since the previous push.
+    Delta,
+    /// Histograms as deltas, counters (asynchronous) cumulative.
+    LowMemory,
+}
+
+impl Temporality {
+    fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cumulative" => Some(Self::Cumulative),
+            "delta" => Some(Self::Delta),
+            "lowmemory" => Some(Self::LowMemory),
+            _ => None,
+        }
+    }
+
+    /// Whether monotonic sums are sent as deltas.
+    pub fn delta_sums(self) -> bool {
+        self == Self::Delta
+    }
+
+    /// Whether histograms are sent as deltas.
+    pub fn delta_histograms(self) -> bool {
+        self != Self::Cumulative
+    }
+}
+
+/// How the duration histograms are pushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HistogramAggregation {
+    /// Explicit bounds: the classic buckets.
+    #[default]
+    ExplicitBucket,
+    /// Base-2 exponential buckets: the kernel's, at scale 0 (`log2`) or -1 (`log4`).
+    Base2Exponential,
+}
+
+impl HistogramAggregation {
+    fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "explicit_bucket_histogram" => Some(Self::ExplicitBucket),
+            "base2_exponential_bucket_histogram" => Some(Self::Base2Exponential),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -257,6 +316,20 @@ pub struct OtlpConfig {
     /// Time one push may take, retries included (`OTEL_METRIC_EXPORT_TIMEOUT`), default "30s".
     #[schemars(example = "30s", extend("x-type" = "duration", "x-min" = "1ms"))]
     pub(crate) metrics_timeout: Option<String>,
+    /// "cumulative" (the default), "delta" or "lowmemory"
+    /// (`OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`).
+    #[schemars(
+        example = &"cumulative",
+        extend("enum" = ["cumulative", "delta", "lowmemory"])
+    )]
+    pub(crate) metrics_temporality: Option<String>,
+    /// "explicit_bucket_histogram" (the default) or "base2_exponential_bucket_histogram"
+    /// (`OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`).
+    #[schemars(
+        example = &"explicit_bucket_histogram",
+        extend("enum" = ["explicit_bucket_histogram", "base2_exponential_bucket_histogram"])
+    )]
+    pub(crate) metrics_histogram_aggregation: Option<String>,
     /// Longest wait before a partial batch of spans is sent (`OTEL_BSP_SCHEDULE_DELAY`),
     /// default "5s".
     #[schemars(example = "5s", extend("x-type" = "duration", "x-min" = "1ms"))]
@@ -455,6 +528,16 @@ impl OtlpConfig {
                 ms("otlp.metrics_timeout", &self.metrics_timeout, MS)?,
             ),
             (
+                "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+                "otlp.metrics_temporality",
+                self.metrics_temporality.clone(),
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
+                "otlp.metrics_histogram_aggregation",
+                self.metrics_histogram_aggregation.clone(),
+            ),
+            (
                 "OTEL_BSP_SCHEDULE_DELAY",
                 "otlp.span_batch_delay",
                 ms("otlp.span_batch_delay", &self.span_batch_delay, MS)?,
@@ -576,6 +659,21 @@ impl Settings {
         let schedule_delay = ms("OTEL_BSP_SCHEDULE_DELAY", 5000, 1)?;
         let metric_interval = ms("OTEL_METRIC_EXPORT_INTERVAL", 60_000, 100)?;
         let metric_export_timeout = ms("OTEL_METRIC_EXPORT_TIMEOUT", 30_000, 1)?;
+        let metric_temporality = match get("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") {
+            None => Temporality::default(),
+            Some(f) => Temporality::parse(&f.value)
+                .ok_or_else(|| invalid(&f, "expected cumulative, delta or lowmemory"))?,
+        };
+        let metric_histograms =
+            match get("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION") {
+                None => HistogramAggregation::default(),
+                Some(f) => HistogramAggregation::parse(&f.value).ok_or_else(|| {
+                    invalid(
+                        &f,
+                        "expected explicit_bucket_histogram or base2_exponential_bucket_histogram",
+                    )
+                })?,
+            };
         let max_batch = match get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
             None => 512,
             Some(f) => match f.value.trim().parse::<usize>() {
@@ -596,6 +694,8 @@ impl Settings {
             max_batch,
             metric_interval,
             metric_export_timeout,
+            metric_temporality,
+            metric_histograms,
         })
     }
 
@@ -1471,6 +1571,63 @@ x-file = "1"
             e.contains("config key otlp.certificate") && e.contains("/nonexistent/ca.pem"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn temporality_and_histogram_aggregation() {
+        let s = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:4318")]).unwrap();
+        assert_eq!(
+            (s.metric_temporality, s.metric_histograms),
+            (
+                Temporality::Cumulative,
+                HistogramAggregation::ExplicitBucket
+            )
+        );
+        // Case-insensitive, as the specification's enum values are.
+        let s = settings(&[
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+                "LowMemory",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
+                "base2_exponential_bucket_histogram",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(s.metric_temporality, Temporality::LowMemory);
+        assert!(s.metric_temporality.delta_histograms() && !s.metric_temporality.delta_sums());
+        assert_eq!(s.metric_histograms, HistogramAggregation::Base2Exponential);
+        let e = settings(&[(
+            "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+            "sometimes",
+        )])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE")
+                && e.contains("lowmemory"),
+            "{e}"
+        );
+        // The file's keys, and the environment over them.
+        let f = file("metrics_temporality = \"delta\"\nmetrics_histogram_aggregation = \"base2_exponential_bucket_histogram\"\n");
+        let s = merged(&f, &[]).unwrap();
+        assert_eq!(s.metric_temporality, Temporality::Delta);
+        assert_eq!(s.metric_histograms, HistogramAggregation::Base2Exponential);
+        let s = merged(
+            &f,
+            &[(
+                "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE",
+                "cumulative",
+            )],
+        )
+        .unwrap();
+        assert_eq!(s.metric_temporality, Temporality::Cumulative);
+        let bad: OtlpConfig =
+            toml::from_str("metrics_histogram_aggregation = \"exponential\"\n").unwrap();
+        let (key, problem) = bad.validate().unwrap_err();
+        assert_eq!(key, "otlp.metrics_histogram_aggregation");
+        assert!(problem.contains("exponential"), "{problem}");
     }
 
     #[test]

@@ -12,8 +12,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::Value;
 
 use super::{
-    is_live, BlockIoConfig, CollectionConfig, Config, CpuConfig, GpuConfig, KubernetesConfig,
-    LabelsConfig, LimitsConfig, SlowCallsConfig, SyscallsConfig,
+    is_live, BlockIoConfig, CollectionConfig, Config, CpuConfig, ExpositionConfig, GpuConfig,
+    KubernetesConfig, LabelsConfig, LimitsConfig, SlowCallsConfig, SyscallsConfig,
 };
 
 /// One `[section]` of the file.
@@ -76,6 +76,7 @@ fn section_schemas() -> Vec<(&'static str, Schema)> {
         ("gpu", schema_of::<GpuConfig>()),
         ("slow_calls", schema_of::<SlowCallsConfig>()),
         ("kubernetes", schema_of::<KubernetesConfig>()),
+        ("exposition", schema_of::<ExpositionConfig>()),
         ("otlp", schema_of_field(|c: &Config| &c.otlp)),
     ]
 }

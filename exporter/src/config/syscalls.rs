@@ -4,14 +4,17 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Histogram resolution of `sysscope_syscall_duration_seconds` (the kernel always keeps log2).
+/// Histogram resolution of `sysscope_syscall_duration_seconds` and
+/// `sysscope_block_io_duration_seconds` (the kernel always keeps one bucket per power of two of
+/// a second).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HistogramResolution {
-    /// Bucket bounds at powers of 4 ns from 1.024 µs to 17.2 s (13 bounds + Inf).
+    /// Bucket bounds at powers of 4 of a second from 2^-20 s (953.67 ns) to 16 s (13 bounds +
+    /// Inf).
     #[default]
     Log4,
-    /// Bucket bounds at powers of 2 ns from 1.024 µs to 17.2 s (25 bounds + Inf).
+    /// Bucket bounds at powers of 2 of a second from 2^-20 s to 16 s (25 bounds + Inf).
     Log2,
 }
 

@@ -1,4 +1,8 @@
-//! Content negotiation between OpenMetrics 1.0 and the Prometheus text format 0.0.4.
+//! Content negotiation between the Prometheus protobuf exposition (what Prometheus asks for
+//! with native histograms enabled), OpenMetrics 1.0 and the Prometheus text format 0.0.4.
+//!
+//! The protobuf exposition is prometheus-client's own encoding of the same families
+//! (`exposition::protobuf`); the text formats are not touched by it.
 //!
 //! prometheus-client writes OpenMetrics. The 0.0.4 text format carries the same samples and
 //! differs only in the metadata lines the encoder writes for each family, which
@@ -16,48 +20,82 @@ use crate::openmetrics::parse_descriptor;
 pub enum Format {
     OpenMetrics,
     PrometheusText,
+    /// Length-delimited `io.prometheus.client.MetricFamily` messages.
+    Protobuf,
 }
+
+/// The media type of the Prometheus protobuf exposition, and its two required parameters.
+const PROTOBUF_MEDIA: &str = "application/vnd.google.protobuf";
+const PROTOBUF_PROTO: &str = "io.prometheus.client.MetricFamily";
+const PROTOBUF_ENCODING: &str = "delimited";
 
 impl Format {
     pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Format::PrometheusText => "text/plain; version=0.0.4; charset=utf-8",
+            Format::Protobuf => "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited",
         }
     }
 
-    /// Picks the format from an `Accept` header: OpenMetrics when the client lists it with a
-    /// q-value at least as high as any text/plain entry, the 0.0.4 text otherwise.
+    /// Picks the format from an `Accept` header: the entry with the highest q-value among the
+    /// protobuf exposition (only as length-delimited `io.prometheus.client.MetricFamily`),
+    /// OpenMetrics and text/plain, preferring them in that order on a tie; the 0.0.4 text
+    /// when none is listed.
     pub fn negotiate(accept: Option<&str>) -> Format {
         let Some(accept) = accept else {
             return Format::PrometheusText;
         };
+        let mut best_pb: Option<f32> = None;
         let mut best_om: Option<f32> = None;
         let mut best_text: Option<f32> = None;
         for part in accept.split(',') {
             let mut params = part.split(';').map(str::trim);
             let media = params.next().unwrap_or("").to_ascii_lowercase();
             let mut q = 1.0f32;
+            let (mut proto, mut encoding) = (None, None);
             for p in params {
-                if let Some(v) = p.strip_prefix("q=") {
-                    q = v.parse().unwrap_or(0.0);
+                let Some((key, value)) = p.split_once('=') else {
+                    continue;
+                };
+                let value = value.trim().trim_matches('"');
+                match key.trim().to_ascii_lowercase().as_str() {
+                    "q" => q = value.parse().unwrap_or(0.0),
+                    "proto" => proto = Some(value.to_string()),
+                    "encoding" => encoding = Some(value.to_string()),
+                    _ => {}
                 }
             }
             if q <= 0.0 {
                 continue;
             }
             let slot = match media.as_str() {
+                PROTOBUF_MEDIA
+                    if proto.as_deref() == Some(PROTOBUF_PROTO)
+                        && encoding.as_deref() == Some(PROTOBUF_ENCODING) =>
+                {
+                    &mut best_pb
+                }
                 "application/openmetrics-text" => &mut best_om,
                 "text/plain" | "*/*" | "text/*" => &mut best_text,
                 _ => continue,
             };
             *slot = Some(slot.map_or(q, |old: f32| old.max(q)));
         }
-        match (best_om, best_text) {
-            (Some(om), Some(text)) if om >= text => Format::OpenMetrics,
-            (Some(_), None) => Format::OpenMetrics,
-            _ => Format::PrometheusText,
+        let ranked = [
+            (best_pb, Format::Protobuf),
+            (best_om, Format::OpenMetrics),
+            (best_text, Format::PrometheusText),
+        ];
+        let mut best: Option<(f32, Format)> = None;
+        for (q, format) in ranked {
+            if let Some(q) = q {
+                if best.is_none_or(|(b, _)| q > b) {
+                    best = Some((q, format));
+                }
+            }
         }
+        best.map_or(Format::PrometheusText, |(_, f)| f)
     }
 }
 
@@ -123,6 +161,44 @@ mod tests {
             PrometheusText
         );
         assert_eq!(Format::negotiate(Some("garbage;;;q=x")), PrometheusText);
+    }
+
+    #[test]
+    fn protobuf_negotiation() {
+        use Format::*;
+        // What Prometheus sends with native histograms enabled (2.42 and later).
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited,application/openmetrics-text;version=1.0.0;q=0.8,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")),
+            Protobuf
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited")),
+            Protobuf
+        );
+        // Only the delimited encoding of MetricFamily messages.
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=text,text/plain;q=0.1")),
+            PrometheusText
+        );
+        assert_eq!(
+            Format::negotiate(Some(
+                "application/vnd.google.protobuf;proto=other.Message;encoding=delimited"
+            )),
+            PrometheusText
+        );
+        // A higher q-value wins; a tie goes to protobuf.
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.4,application/openmetrics-text;q=0.5")),
+            OpenMetrics
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,application/openmetrics-text;q=0.5")),
+            Protobuf
+        );
+        assert_eq!(
+            Format::negotiate(Some("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0")),
+            PrometheusText
+        );
     }
 
     #[test]

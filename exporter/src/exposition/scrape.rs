@@ -1,7 +1,9 @@
 //! One scrape: refresh the collectors (at most once per `collection.min_interval`) and encode.
 //! Concurrent scrapes inside that interval share one read of the maps and one encoding per
-//! format, so a burst of scrapers costs the kernel nothing extra. The background refresh also
-//! gives freed heap pages back to the kernel (`util::memory`).
+//! format, so a burst of scrapers costs the kernel nothing extra. The text formats are
+//! prometheus-client's text encoding (OpenMetrics, rewritten for 0.0.4); the protobuf
+//! exposition and the OTLP push take the same families typed ([`Scraper::families`]). The
+//! background refresh also gives freed heap pages back to the kernel (`util::memory`).
 
 use std::{
     collections::HashMap,
@@ -11,11 +13,19 @@ use std::{
 
 use bytes::Bytes;
 use prometheus_client::{
-    collector::Collector as PromCollector, encoding::DescriptorEncoder, registry::Registry,
+    collector::Collector as PromCollector,
+    encoding::{
+        prometheus_protobuf::{self, prometheus_data_model::MetricFamily},
+        DescriptorEncoder,
+    },
+    registry::Registry,
 };
 
-use super::format::{openmetrics_to_prometheus_text, Format};
-use crate::{agent::Agent, util::memory::HeapTrimmer};
+use super::{
+    format::{openmetrics_to_prometheus_text, Format},
+    protobuf::{self, HistogramForms},
+};
+use crate::{agent::Agent, spans::exemplars::ExemplarStore, util::memory::HeapTrimmer};
 
 /// How often at most the background refresh hands freed heap pages back to the kernel.
 const HEAP_TRIM_GAP: Duration = Duration::from_secs(10);
@@ -30,9 +40,6 @@ impl PromCollector for AgentView {
     }
 }
 
-/// Rewrites the OpenMetrics text after encoding (adds exemplars the encoder cannot build).
-pub(crate) type Annotator = Arc<dyn Fn(&mut String) + Send + Sync>;
-
 #[derive(Default)]
 struct Cache {
     refreshed_at: Option<Instant>,
@@ -44,7 +51,9 @@ pub struct Scraper {
     registry: Registry,
     min_interval: Duration,
     cache: Mutex<Cache>,
-    annotator: OnceLock<Annotator>,
+    exemplars: OnceLock<Arc<ExemplarStore>>,
+    /// What the protobuf exposition carries of the duration histograms.
+    forms: HistogramForms,
     trimmer: Mutex<HeapTrimmer>,
 }
 
@@ -65,14 +74,26 @@ impl Scraper {
             registry,
             min_interval,
             cache: Mutex::new(Cache::default()),
-            annotator: OnceLock::new(),
+            exemplars: OnceLock::new(),
+            forms: HistogramForms {
+                native: true,
+                classic: false,
+            },
             trimmer: Mutex::new(HeapTrimmer::new(HEAP_TRIM_GAP)),
         }
     }
 
-    /// Sets the annotator applied to OpenMetrics bodies (once; later calls are ignored).
-    pub fn set_openmetrics_annotator(&self, annotator: Annotator) {
-        let _ = self.annotator.set(annotator);
+    /// The forms of the duration histograms the protobuf exposition carries (native only by
+    /// default).
+    pub fn with_histogram_forms(mut self, forms: HistogramForms) -> Self {
+        self.forms = forms;
+        self
+    }
+
+    /// Sets the store whose slow calls are the exemplars of every format that carries them
+    /// (once; later calls are ignored).
+    pub(crate) fn set_exemplars(&self, store: Arc<ExemplarStore>) {
+        let _ = self.exemplars.set(store);
     }
 
     pub fn agent(&self) -> &Arc<Mutex<Agent>> {
@@ -98,21 +119,20 @@ impl Scraper {
         }
         let started = Instant::now();
         if !fresh {
-            self.agent.lock().expect("agent lock").refresh();
-            cache.refreshed_at = Some(Instant::now());
-            cache.bodies.clear();
+            self.refresh_agent(&mut cache);
         }
-        let mut om = String::new();
-        // Encoding into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut om, &self.registry);
         let body = match format {
             Format::OpenMetrics => {
-                if let Some(annotate) = self.annotator.get() {
-                    annotate(&mut om);
+                let mut om = self.openmetrics();
+                if let Some(store) = self.exemplars.get() {
+                    store.annotate(&mut om);
                 }
                 Bytes::from(om)
             }
-            Format::PrometheusText => Bytes::from(openmetrics_to_prometheus_text(&om)),
+            Format::PrometheusText => {
+                Bytes::from(openmetrics_to_prometheus_text(&self.openmetrics()))
+            }
+            Format::Protobuf => Bytes::from(protobuf::encode_delimited(&self.typed(self.forms))),
         };
         self.agent
             .lock()
@@ -122,15 +142,53 @@ impl Scraper {
         body
     }
 
+    /// Every family typed, with both forms of the duration histograms and their exemplars,
+    /// refreshed as a scrape would be (the OTLP push). Blocking, as [`Self::scrape`].
+    pub(crate) fn families(&self) -> Vec<MetricFamily> {
+        let mut cache = self.cache.lock().expect("scrape cache lock");
+        let fresh = cache
+            .refreshed_at
+            .is_some_and(|t| t.elapsed() < self.min_interval);
+        if !fresh {
+            self.refresh_agent(&mut cache);
+        }
+        self.typed(HistogramForms::BOTH)
+    }
+
+    fn refresh_agent(&self, cache: &mut Cache) {
+        self.agent.lock().expect("agent lock").refresh();
+        cache.refreshed_at = Some(Instant::now());
+        cache.bodies.clear();
+    }
+
+    fn openmetrics(&self) -> String {
+        let mut om = String::new();
+        // Encoding into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut om, &self.registry);
+        om
+    }
+
+    fn typed(&self, forms: HistogramForms) -> Vec<MetricFamily> {
+        // The protobuf encoder fails only where a collector's own encoding does, and then
+        // leaves nothing to serve: say so rather than serve an empty body unexplained.
+        let mut families = match prometheus_protobuf::encode(&self.registry) {
+            Ok(families) => families,
+            Err(_) => {
+                tracing::error!("a collector failed to encode its families as protobuf");
+                Vec::new()
+            }
+        };
+        protobuf::finish(&mut families, forms, self.exemplars.get().map(|s| &**s));
+        families
+    }
+
     /// Refreshes without encoding (the background tick that reclaims exited processes), then
     /// gives the heap pages freed since the last tick back to the kernel: process churn
     /// leaves the tables of a cycle freed but resident otherwise.
     pub fn refresh(&self) {
         {
             let mut cache = self.cache.lock().expect("scrape cache lock");
-            self.agent.lock().expect("agent lock").refresh();
-            cache.refreshed_at = Some(Instant::now());
-            cache.bodies.clear();
+            self.refresh_agent(&mut cache);
         }
         if let Some(took) = self.trimmer.lock().expect("trimmer lock").maybe_trim() {
             tracing::debug!(?took, "freed heap pages given back to the kernel");

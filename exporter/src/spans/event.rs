@@ -28,6 +28,7 @@ use crate::{
         processes::{comm_from_bytes, UNKNOWN_COMM},
         SharedLabeler,
     },
+    series::LabelControl,
     syscall_table,
 };
 
@@ -306,6 +307,8 @@ pub(crate) struct Enriched {
 /// when enabled, the path behind the file descriptor.
 pub(crate) struct Enricher {
     labeler: SharedLabeler,
+    /// What the latency series keep of their labels: the exemplar's series is the call's.
+    control: LabelControl,
     clock: WallClock,
     resolve_paths: bool,
     proc_root: PathBuf,
@@ -332,10 +335,17 @@ impl Enricher {
     ) -> Self {
         Self {
             labeler,
+            control: LabelControl::default(),
             clock,
             resolve_paths,
             proc_root,
         }
+    }
+
+    /// Names the call's latency series as label control (`[labels]`) names it.
+    pub(crate) fn with_label_control(mut self, control: LabelControl) -> Self {
+        self.control = control;
+        self
     }
 
     /// Captures the `/proc` context now and enriches (for callers with nothing to wait on).
@@ -447,11 +457,15 @@ impl Enricher {
         let mut series_labels: Vec<(&'static str, String)> = Vec::with_capacity(8);
         {
             let mut labels = Vec::with_capacity(8);
-            workload.push_labels(&mut labels);
+            let kept = self.control.workload(workload);
+            kept.push_labels(&mut labels);
             series_labels.extend(labels.into_iter().map(|(k, v)| (k, v.into_owned())));
         }
-        series_labels.push(("syscall", name.to_string()));
-        series_labels.extend(fd_labels.into_iter().map(|(k, v)| (k, v.into_owned())));
+        let series_nr = self.control.syscall(ev.nr);
+        series_labels.push(("syscall", syscall_table::label(series_nr).into_owned()));
+        if series_nr == ev.nr {
+            series_labels.extend(fd_labels.into_iter().map(|(k, v)| (k, v.into_owned())));
+        }
 
         let mut rng = rand::rng();
         let call = SlowCall {
@@ -529,6 +543,25 @@ mod tests {
             comm,
             file: FileIdentity::NONE,
         }
+    }
+
+    /// The exemplar's series is the one label control counts the call in: no `comm` when it
+    /// is dropped, `syscall="other"` for a syscall not exported by name; the span keeps both.
+    #[test]
+    fn series_labels_follow_label_control() {
+        let control = LabelControl::new(&crate::config::LabelsConfig {
+            comm: false,
+            syscalls: vec!["getppid".into()],
+            ..Default::default()
+        });
+        let mut e = enricher(false).with_label_control(control);
+        let out = e.enrich(&event("read", [0; 6], 1));
+        assert!(out.series_labels.iter().all(|(k, _)| *k != "comm"));
+        assert!(out
+            .series_labels
+            .contains(&("syscall", "other".to_string())));
+        assert_eq!(out.call.name, "read");
+        assert!(out.call.attribute("process.executable.name").is_some());
     }
 
     #[test]

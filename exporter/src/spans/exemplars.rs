@@ -7,34 +7,42 @@
 //! it makes itself. Instead, each slow call is remembered under the label set of the series it
 //! was counted in (computed with the same labeler as the collector), and the OpenMetrics text
 //! is annotated after encoding: the bucket line whose range holds the call's duration gets
-//! ` # {trace_id="…",span_id="…"} <seconds> <timestamp>`. Series the cardinality budget folded
-//! into "other" get none. The 0.0.4 text format drops exemplars, as it must.
+//! ` # {trace_id="…",span_id="…"} <seconds> <timestamp>`. The protobuf exposition and the OTLP
+//! push take the same calls by label set ([`ExemplarStore::of_series`]) as typed exemplars.
+//! Series the cardinality budget folded into "other" get none. The 0.0.4 text format drops
+//! exemplars, as it must.
 
 use std::{
     collections::{HashMap, VecDeque},
     sync::Mutex,
 };
 
+use sysscope_abi::hist;
+
 use super::event::SlowCall;
 use crate::openmetrics::{label_key, parse_sample};
 
-/// The bucket lines that receive exemplars.
+/// The histogram family whose series receive exemplars.
+pub(crate) const EXEMPLAR_FAMILY: &str = "sysscope_syscall_duration_seconds";
+
+/// Its bucket lines in the OpenMetrics text.
 pub(crate) const BUCKET_PREFIX: &str = "sysscope_syscall_duration_seconds_bucket{";
 
 /// Slow calls remembered per series (the most recent, of distinct buckets where possible).
 const PER_SERIES: usize = 4;
 
+/// A remembered slow call: its duration, when it ended, and its span's ids (lowercase hex).
 #[derive(Debug, Clone, PartialEq)]
-struct Entry {
-    duration_ns: u64,
-    end_unix_ns: u64,
-    trace_id: String,
-    span_id: String,
+pub(crate) struct RecentCall {
+    pub(crate) duration_ns: u64,
+    pub(crate) end_unix_ns: u64,
+    pub(crate) trace_id: String,
+    pub(crate) span_id: String,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    series: HashMap<String, Vec<Entry>>,
+    series: HashMap<String, Vec<RecentCall>>,
     /// Series keys in the order they were first seen: the oldest is evicted first (a busy
     /// series evicted this way comes back with its next slow call).
     order: VecDeque<String>,
@@ -63,7 +71,7 @@ impl ExemplarStore {
     /// Remembers `call` as an exemplar of the series labelled `labels`.
     pub(crate) fn record(&self, labels: &[(&'static str, String)], call: &SlowCall) {
         let key = label_key(labels.iter().map(|(k, v)| (*k, v.as_str())));
-        let entry = Entry {
+        let entry = RecentCall {
             duration_ns: call.duration_ns,
             end_unix_ns: call.end_unix_ns,
             trace_id: call.trace_id_hex(),
@@ -73,12 +81,12 @@ impl ExemplarStore {
         let inner = &mut *inner;
         match inner.series.get_mut(&key) {
             Some(entries) => {
-                // Keep one per log2 bucket, newest last: a new call replaces an older one of
-                // the same magnitude, else the oldest.
-                let magnitude = |ns: u64| 64 - ns.leading_zeros();
+                // Keep one per kernel bucket, newest last: a new call replaces an older one of
+                // the same bucket, else the oldest.
+                let bucket = hist::bucket_index;
                 if let Some(i) = entries
                     .iter()
-                    .position(|e| magnitude(e.duration_ns) == magnitude(entry.duration_ns))
+                    .position(|e| bucket(e.duration_ns) == bucket(entry.duration_ns))
                 {
                     entries.remove(i);
                 } else if entries.len() >= PER_SERIES {
@@ -99,6 +107,22 @@ impl ExemplarStore {
                 inner.order.push_back(key);
             }
         }
+    }
+
+    /// The calls remembered for the series labelled `labels` (in any order), oldest first.
+    pub(crate) fn of_series<'a>(
+        &self,
+        labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Vec<RecentCall> {
+        let inner = self.inner.lock().expect("exemplar lock");
+        if inner.series.is_empty() {
+            return Vec::new();
+        }
+        inner
+            .series
+            .get(&label_key(labels))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Adds exemplars to the latency bucket lines of an OpenMetrics exposition.
@@ -136,13 +160,13 @@ impl ExemplarStore {
             );
             let lower = match &current {
                 Some((k, prev_le)) if *k == key => *prev_le,
-                _ => 0.0,
+                _ => f64::NEG_INFINITY,
             };
-            // The kernel's buckets hold [lower, upper) in ns; `le` is the upper bound.
+            // A bucket holds (lower, le]: the kernel's bounds are inclusive, as `le` is.
             let chosen = inner.series.get(&key).and_then(|entries| {
                 entries.iter().rev().find(|e| {
                     let s = e.duration_ns as f64 / 1e9;
-                    s >= lower && s < le
+                    s > lower && s <= le
                 })
             });
             match chosen {
@@ -194,10 +218,10 @@ mod tests {
 
     const TEXT: &str = "# TYPE sysscope_syscall_duration_seconds histogram\n\
 sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 1.0\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.016777216\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 3\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.067108864\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 13\n\
+sysscope_syscall_duration_seconds_bucket{le=\"0.015625\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 3\n\
+sysscope_syscall_duration_seconds_bucket{le=\"0.0625\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 13\n\
 sysscope_syscall_duration_seconds_bucket{le=\"+Inf\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 13\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.016777216\",cgroup=\"/a\",comm=\"y\",syscall=\"read\"} 0\n\
+sysscope_syscall_duration_seconds_bucket{le=\"0.015625\",cgroup=\"/a\",comm=\"y\",syscall=\"read\"} 0\n\
 # EOF\n";
 
     #[test]
@@ -211,7 +235,7 @@ sysscope_syscall_duration_seconds_bucket{le=\"0.016777216\",cgroup=\"/a\",comm=\
         assert_eq!(
             lines[3],
             format!(
-                "sysscope_syscall_duration_seconds_bucket{{le=\"0.067108864\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"}} 13 # {{trace_id=\"{}\",span_id=\"{}\"}} 0.03 1700000000.030000000",
+                "sysscope_syscall_duration_seconds_bucket{{le=\"0.0625\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"}} 13 # {{trace_id=\"{}\",span_id=\"{}\"}} 0.03 1700000000.030000000",
                 "ab".repeat(16),
                 "ab".repeat(8)
             )
@@ -237,6 +261,21 @@ sysscope_syscall_duration_seconds_bucket{le=\"0.016777216\",cgroup=\"/a\",comm=\
         let inner = store.inner.lock().unwrap();
         let key = label_key(labels("c").iter().map(|(k, v)| (*k, v.as_str())));
         assert_eq!(inner.series[&key].len(), PER_SERIES);
+    }
+
+    #[test]
+    fn calls_are_found_by_label_set_in_any_order() {
+        let store = ExemplarStore::new(10);
+        store.record(&labels("x"), &call(30_000_000, 0xab));
+        let mut reversed = labels("x");
+        reversed.reverse();
+        let found = store.of_series(reversed.iter().map(|(k, v)| (*k, v.as_str())));
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].duration_ns, 30_000_000);
+        assert_eq!(found[0].trace_id, "ab".repeat(16));
+        assert!(store
+            .of_series(labels("y").iter().map(|(k, v)| (*k, v.as_str())))
+            .is_empty());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::{
 
 use crate::{
     collectors::self_metrics::SpanCounters, config::Config, kernel::slow_events::SlowEvents,
-    metadata::SharedLabeler, util::error::Chain,
+    metadata::SharedLabeler, series::LabelControl, util::error::Chain,
 };
 
 /// Series remembered for exemplars at most.
@@ -77,7 +77,8 @@ impl SlowCalls {
         let runtime = tokio::runtime::Handle::try_current().ok();
         let reader = match (ring, runtime) {
             (Some(ring), Some(rt)) if config.slow_calls.enabled => {
-                let enricher = event::Enricher::new(labeler, config.slow_calls.resolve_file_paths);
+                let enricher = event::Enricher::new(labeler, config.slow_calls.resolve_file_paths)
+                    .with_label_control(LabelControl::new(&config.labels));
                 let _guard = rt.enter();
                 match reader::spawn(
                     ring,
@@ -118,15 +119,6 @@ impl SpanSink for exemplars::ExemplarStore {
     fn deliver(&self, call: &Arc<event::SlowCall>, series_labels: &[(&'static str, String)]) {
         self.record(series_labels, call);
     }
-}
-
-/// What adds the exemplars to an OpenMetrics exposition after it was encoded.
-pub(crate) type Annotator = Arc<dyn Fn(&mut String) + Send + Sync>;
-
-/// The annotator of `store`'s exemplars.
-pub(crate) fn annotator(store: &Arc<exemplars::ExemplarStore>) -> Annotator {
-    let store = store.clone();
-    Arc::new(move |om: &mut String| store.annotate(om))
 }
 
 /// Hands one enriched call to every sink, in order.

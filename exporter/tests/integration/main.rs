@@ -17,6 +17,7 @@ mod hostile_names;
 mod http_hardening;
 mod kernels;
 mod kubernetes;
+mod label_control;
 mod metric_catalogue;
 mod nvml_standin;
 mod performance;

@@ -28,7 +28,7 @@ use opentelemetry_proto::tonic::{
         },
     },
     common::v1::{any_value::Value, AnyValue, KeyValue},
-    metrics::v1::{metric::Data, number_data_point},
+    metrics::v1::{metric::Data, number_data_point, AggregationTemporality},
 };
 use prost::Message;
 
@@ -223,6 +223,36 @@ impl Received {
 
     /// (attributes, value) of the `sysscope_syscalls` getppid points in the latest request
     /// (for failure messages).
+    /// Every exponential-histogram point of `name` matching `want`, in arrival order, with
+    /// its temporality.
+    fn exponential_points(
+        &self,
+        name: &str,
+        want: &[(&str, &str)],
+    ) -> Vec<(
+        i32,
+        opentelemetry_proto::tonic::metrics::v1::ExponentialHistogramDataPoint,
+    )> {
+        let metrics = self.metrics.lock().unwrap();
+        let mut out = Vec::new();
+        for m in metrics
+            .iter()
+            .flat_map(|r| &r.resource_metrics)
+            .flat_map(|r| &r.scope_metrics)
+            .flat_map(|s| &s.metrics)
+            .filter(|m| m.name == name)
+        {
+            if let Some(Data::ExponentialHistogram(h)) = &m.data {
+                for p in &h.data_points {
+                    if matches_attrs(&p.attributes, want) {
+                        out.push((h.aggregation_temporality, p.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
     fn getppid_series(&self) -> Vec<(String, f64)> {
         let metrics = self.metrics.lock().unwrap();
         let Some(req) = metrics.last() else {
@@ -892,8 +922,13 @@ fn slow_reads_become_exact_spans_over_grpc_with_metrics_and_exemplars() {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     assert_eq!(s.resource_str("host.name"), Some(host.trim()));
 
-    // OTLP metrics carry the same catalogue: the exact call counts of the child.
-    let series = [("cgroup", cg.rel.as_str()), ("syscall", "getppid")];
+    // OTLP metrics carry the same catalogue: the exact call counts of the child, under the
+    // spans' attribute names (process.linux.cgroup as the spans write it).
+    let cgroup_attr = format!("0::{}", cg.rel);
+    let series = [
+        ("process.linux.cgroup", cgroup_attr.as_str()),
+        ("syscall", "getppid"),
+    ];
     let pushed = eventually(Duration::from_secs(20), || {
         (receiver.data.counter("sysscope_syscalls", &series) == Some(N_FAST as f64)).then_some(())
     });
@@ -902,10 +937,14 @@ fn slow_reads_become_exact_spans_over_grpc_with_metrics_and_exemplars() {
         "sysscope_syscalls for getppid: {:?}",
         receiver.data.counter("sysscope_syscalls", &series)
     );
+    let pushed_reads = [
+        ("process.linux.cgroup", cgroup_attr.as_str()),
+        ("syscall", "read"),
+    ];
     let reads = [("cgroup", cg.rel.as_str()), ("syscall", "read")];
     let (bounds, counts, count) = receiver
         .data
-        .histogram("sysscope_syscall_duration_seconds", &reads)
+        .histogram("sysscope_syscall_duration_seconds", &pushed_reads)
         .expect("read latency histogram pushed");
     assert_eq!(count, 10);
     assert_eq!(counts.iter().sum::<u64>(), 10);
@@ -1036,7 +1075,11 @@ fn http_protobuf_exports_spans_and_metrics() {
         check_pipe_read_span(span, ran.pid, &cg, *measured);
     }
     assert_eq!(spans[0].resource_str("service.name"), Some("sysscope"));
-    let series = [("cgroup", cg.rel.as_str()), ("syscall", "getppid")];
+    let cgroup_attr = format!("0::{}", cg.rel);
+    let series = [
+        ("process.linux.cgroup", cgroup_attr.as_str()),
+        ("syscall", "getppid"),
+    ];
     assert!(
         eventually(Duration::from_secs(20), || {
             (receiver.data.counter("sysscope_syscalls", &series) == Some(500.0)).then_some(())
@@ -1054,6 +1097,113 @@ fn http_protobuf_exports_spans_and_metrics() {
             "{requests:?}"
         );
     }
+}
+
+/// With `base2_exponential_bucket_histogram` and delta temporality, the pushed latency
+/// histogram of a child's known sleeps (100 of 2 ms, 50 of 40 ms) is the kernel's buckets: the
+/// deltas of every push add up to the exposition's classic buckets, bucket for bucket, at scale
+/// -1 (the default `log4`), OTLP bucket j covering (4^j, 4^(j+1)] s, the kernel's first bucket
+/// the zero bucket.
+#[test]
+fn exponential_delta_histograms_add_up_to_the_kernel_buckets() {
+    if !require_root("exponential_delta_histograms_add_up_to_the_kernel_buckets") {
+        return;
+    }
+    let _serial = serial();
+    let receiver = Receiver::grpc(0);
+    let url = receiver.url();
+    let exporter = Exporter::start_with_env(
+        TEST_CONFIG,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+            (
+                "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
+                "base2_exponential_bucket_histogram",
+            ),
+            ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+        ],
+    );
+    let cg = TestCgroup::new("sysscope-test-otlp-exponential");
+    run(Some(&cg), &["sleep", "100", "2", "sleep", "50", "40"]);
+    let cgroup_attr = format!("0::{}", cg.rel);
+    let want = [
+        ("process.linux.cgroup", cgroup_attr.as_str()),
+        ("syscall", "nanosleep"),
+    ];
+    let name = "sysscope_syscall_duration_seconds";
+    let total = |points: &[(i32, _)]| {
+        points
+            .iter()
+            .map(
+                |(_, p): &(
+                    i32,
+                    opentelemetry_proto::tonic::metrics::v1::ExponentialHistogramDataPoint,
+                )| p.count,
+            )
+            .sum::<u64>()
+    };
+    let arrived = eventually(Duration::from_secs(30), || {
+        (total(&receiver.data.exponential_points(name, &want)) == 150).then_some(())
+    });
+    let points = receiver.data.exponential_points(name, &want);
+    assert!(
+        arrived.is_some(),
+        "{} calls pushed: {points:?}",
+        total(&points)
+    );
+    // Summed deltas, by OTLP bucket index.
+    let mut summed: std::collections::BTreeMap<i32, u64> = Default::default();
+    let mut zero = 0;
+    for (temporality, p) in &points {
+        assert_eq!(*temporality, AggregationTemporality::Delta as i32);
+        assert_eq!(p.scale, -1);
+        assert_eq!(p.zero_threshold, 2f64.powi(-20));
+        zero += p.zero_count;
+        if let Some(b) = &p.positive {
+            for (i, n) in b.bucket_counts.iter().enumerate() {
+                *summed.entry(b.offset + i as i32).or_default() += n;
+            }
+        }
+    }
+    // The classic buckets of the same series, as differences.
+    let samples = parse_samples(&exporter.scrape());
+    let labels = [("cgroup", cg.rel.as_str()), ("syscall", "nanosleep")];
+    let mut classic: Vec<(f64, f64)> = select(
+        &samples,
+        "sysscope_syscall_duration_seconds_bucket",
+        &labels,
+    )
+    .iter()
+    .map(|s| (s.labels["le"].parse::<f64>().unwrap(), s.value))
+    .collect();
+    classic.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(classic.last().map(|b| b.1), Some(150.0));
+    let mut previous = 0.0;
+    for (n, (le, cumulative)) in classic.iter().enumerate() {
+        let count = (cumulative - previous) as u64;
+        previous = *cumulative;
+        let pushed = if n == 0 {
+            // The first classic bucket is the zero bucket (le = 2^-20 s).
+            zero
+        } else if le.is_finite() {
+            // (4^j, 4^(j+1)] ends at le = 4^(j+1) = 2^(2j+2).
+            let j = (le.log2() as i32 - 2) / 2;
+            assert_eq!(4f64.powi(j + 1), *le);
+            summed.remove(&j).unwrap_or(0)
+        } else {
+            // Above 16 s: the bucket just above it, (16, 64].
+            summed.remove(&2).unwrap_or(0)
+        };
+        assert_eq!(pushed, count, "bucket le={le}");
+    }
+    assert!(
+        summed.values().all(|n| *n == 0),
+        "pushed buckets the exposition lacks: {summed:?}"
+    );
 }
 
 #[test]
@@ -1468,9 +1618,14 @@ fn exact_spans_and_metrics(
     }
     // The OTLP push carries the child's exact count.
     let series = [("cgroup", cg.rel.as_str()), ("syscall", "getppid")];
+    let cgroup_attr = format!("0::{}", cg.rel);
+    let pushed = [
+        ("process.linux.cgroup", cgroup_attr.as_str()),
+        ("syscall", "getppid"),
+    ];
     // Generous: on a loaded machine a push can come several intervals late.
     let outcome = eventually(Duration::from_secs(60), || {
-        (receiver.data.counter("sysscope_syscalls", &series) == Some(fast as f64)).then_some(())
+        (receiver.data.counter("sysscope_syscalls", &pushed) == Some(fast as f64)).then_some(())
     });
     // Computed first: the failure message must not hold the receiver's lock while it runs.
     let requests = receiver.data.metrics.lock().unwrap().len();
@@ -1486,10 +1641,13 @@ fn exact_spans_and_metrics(
              ({fast} made, {scraped} scraped; a series folded by the series budget shows \
              in neither); getppid series in the last: {pushed_series:?}",
             cg.rel,
-            receiver.data.counter("sysscope_syscalls", &series),
+            receiver.data.counter("sysscope_syscalls", &pushed),
         );
     };
-    let reads = [("cgroup", cg.rel.as_str()), ("syscall", "read")];
+    let reads = [
+        ("process.linux.cgroup", cgroup_attr.as_str()),
+        ("syscall", "read"),
+    ];
     let (bounds, counts, count) = receiver
         .data
         .histogram("sysscope_syscall_duration_seconds", &reads)

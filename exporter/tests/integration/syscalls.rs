@@ -122,14 +122,15 @@ fn latency_histogram_of_known_sleeps() {
     );
     let asked = K as f64 * 0.020;
     assert!(total >= asked, "sum {total}s below the {asked}s asked for");
-    // 20 ms lies in (16.8 ms, 67.1 ms]: nothing at or below 16.8 ms, all at 67.1 ms.
+    // 20 ms lies in (2^-6 s, 2^-4 s] = (15.6 ms, 62.5 ms]: nothing at or below 15.6 ms, all at
+    // 62.5 ms.
     let bucket = |le: &str| {
         let mut l = labels.to_vec();
         l.push(("le", le));
         sum(&samples, "sysscope_syscall_duration_seconds_bucket", &l)
     };
-    assert_eq!(bucket("0.016777216"), 0.0);
-    assert_eq!(bucket("0.067108864"), K as f64);
+    assert_eq!(bucket("0.015625"), 0.0);
+    assert_eq!(bucket("0.0625"), K as f64);
     assert_eq!(bucket("+Inf"), K as f64);
 }
 
@@ -185,15 +186,15 @@ fn calls_switched_out_and_resumed_on_another_cpu_are_exact() {
         total <= truth,
         "sum {total}s above the {truth}s the child measured around its calls"
     );
-    // 30 ms lies in (16.8 ms, 67.1 ms].
+    // 30 ms lies in (15.6 ms, 62.5 ms].
     let mut le = labels.to_vec();
-    le.push(("le", "0.067108864"));
+    le.push(("le", "0.0625"));
     assert_eq!(
         sum(&samples, "sysscope_syscall_duration_seconds_bucket", &le),
         K as f64
     );
     le.pop();
-    le.push(("le", "0.016777216"));
+    le.push(("le", "0.015625"));
     assert_eq!(
         sum(&samples, "sysscope_syscall_duration_seconds_bucket", &le),
         0.0

@@ -1,7 +1,7 @@
-//! OTLP metrics push: every `OTEL_METRIC_EXPORT_INTERVAL`, the exposition Prometheus scrapes
-//! (OpenMetrics, from [`Scraper::scrape`]) is read back and sent as one OTLP request, over gRPC
-//! (tonic `MetricsService`) or OTLP/HTTP (`POST /v1/metrics`, protobuf or JSON body), with TLS
-//! for `https://` endpoints as `otlp::tls` builds it.
+//! OTLP metrics push: every `OTEL_METRIC_EXPORT_INTERVAL`, the families Prometheus scrapes
+//! (typed, as the protobuf exposition builds them: [`Scraper::families`]) are sent as one OTLP
+//! request, over gRPC (tonic `MetricsService`) or OTLP/HTTP (`POST /v1/metrics`, protobuf or
+//! JSON body), with TLS for `https://` endpoints as `otlp::tls` builds it.
 //!
 //! JSON bodies are opentelemetry-proto's serde encoding of the same request, which follows the
 //! OTLP/JSON mapping: lowerCamelCase field names, trace and span ids as hex strings, 64-bit
@@ -11,20 +11,34 @@
 //! Why not the OpenTelemetry SDK's instruments: the kernel aggregates latency into histograms,
 //! and the SDK can only build histograms from individual observations (its data types cannot
 //! be constructed outside the crate), so the request is built from `opentelemetry-proto`
-//! types. Why from the exposition rather than from the collectors: it is the one place every
-//! collector (present and future) already encodes its families, with its labels, cardinality
-//! budget and bucket bounds; reading it back keeps one data flow (probe → map → collector →
-//! exposition → Prometheus and OTLP) and guarantees both outputs agree.
+//! types. Why from the exposition's families rather than from each collector: it is the one
+//! place every collector (present and future) already encodes its families, with its labels,
+//! cardinality budget and buckets, as data (the client_model messages, never text); reading
+//! them keeps one data flow (probe → map → collector → exposition → Prometheus and OTLP) and
+//! guarantees both outputs agree.
 //!
-//! Mapping: counters become monotonic cumulative sums named like the OpenMetrics family (so
+//! Mapping: counters become monotonic sums named like the OpenMetrics family (so
 //! `sysscope_syscalls`, which OTLP-to-Prometheus bridges export as `sysscope_syscalls_total`),
-//! gauges become gauges, histograms become cumulative explicit-bucket histograms with exactly
-//! the exported bounds, and bucket exemplars become OTLP exemplars with trace and span ids.
-//! Cumulative start times are sysscope's start for series present from the first push, and
-//! the previous push for series that appeared (or went backwards, i.e. were re-created) since.
+//! gauges become gauges, histograms become explicit-bucket histograms with exactly the
+//! classic bounds, or with `base2_exponential_bucket_histogram` exponential histograms of the
+//! kernel's buckets (scale = the native schema: 0 for `log2`, -1 for `log4`; OTLP's bucket
+//! index is the native index minus one; the zero bucket is the kernel's first), and exemplars
+//! become OTLP exemplars with trace and span ids. Labels the slow-call spans name by an
+//! OpenTelemetry semantic convention take that name (`cgroup` is `process.linux.cgroup` with
+//! the spans' `0::` form, `comm` `process.executable.name`, `pid` `process.pid`, `errno`
+//! `error.type`, the Kubernetes labels `k8s.pod.name`, `k8s.namespace.name`,
+//! `k8s.container.name`, `k8s.pod.uid`, `container.id`); the others keep their names.
+//!
+//! Temporality follows `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`: cumulative,
+//! delta (sums and histograms as the change since the previous push, starting there), or
+//! lowmemory (histograms delta; the counters, read from the kernel as running totals, are
+//! asynchronous counters and stay cumulative, as the specification has it). Cumulative start
+//! times are sysscope's start for series present from the first push, and the previous push
+//! for series that appeared (or went backwards, i.e. were re-created) since; such a series'
+//! first delta is its whole value.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     sync::{mpsc, Arc},
     thread::JoinHandle,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -36,19 +50,26 @@ use opentelemetry_proto::tonic::{
     },
     common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
     metrics::v1::{
-        exemplar, metric, number_data_point, AggregationTemporality, Exemplar as OtlpExemplar,
-        Gauge, Histogram, HistogramDataPoint, Metric, NumberDataPoint, ResourceMetrics,
-        ScopeMetrics, Sum,
+        exemplar, exponential_histogram_data_point::Buckets, metric, number_data_point,
+        AggregationTemporality, Exemplar as OtlpExemplar, ExponentialHistogram,
+        ExponentialHistogramDataPoint, Gauge, Histogram as OtlpHistogram, HistogramDataPoint,
+        Metric, NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum,
     },
     resource::v1::Resource,
+};
+use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
+    Exemplar as PromExemplar, Histogram as PromHistogram, LabelPair, Metric as PromMetric,
+    MetricFamily, MetricType,
 };
 use prost::Message;
 
 use super::{grpc_metadata, http_headers, HeaderError, Stats};
 use crate::{
-    config::otlp::{Protocol, SignalSettings},
-    exposition::{format::Format, scrape::Scraper},
-    openmetrics::{self, Family, Kind, Sample},
+    config::otlp::{HistogramAggregation, Protocol, SignalSettings, Temporality},
+    exposition::scrape::Scraper,
+    hist::expand_spans,
+    metadata::kubernetes,
+    openmetrics,
     util::error::Chain,
 };
 
@@ -76,20 +97,46 @@ fn unix_ns(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-fn kv(key: &str, value: &str) -> KeyValue {
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
     KeyValue {
         key: key.to_string(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(value.to_string())),
-        }),
+        value: Some(AnyValue { value: Some(value) }),
         ..Default::default()
     }
 }
 
+fn string(key: &str, value: &str) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.to_string()))
+}
+
+/// A series label as an OTLP attribute. Labels the slow-call spans carry under an
+/// OpenTelemetry semantic-convention name (docs/spans.md) take that name and the spans' form
+/// of the value, so an OTLP backend joins a pod's metrics and spans; the others keep theirs.
+fn attribute(label: &str, value: &str) -> KeyValue {
+    match label {
+        // The cgroup v2 line of /proc/<pid>/cgroup, as the spans write it; a folded series'
+        // `other` is no path.
+        "cgroup" if value.starts_with('/') => {
+            string("process.linux.cgroup", &format!("0::{value}"))
+        }
+        "cgroup" => string("process.linux.cgroup", value),
+        "comm" => string("process.executable.name", value),
+        "pid" => match value.parse::<i64>() {
+            Ok(pid) => kv("process.pid", any_value::Value::IntValue(pid)),
+            Err(_) => string("process.pid", value),
+        },
+        "errno" => string("error.type", value),
+        _ => match kubernetes::span_attribute(label) {
+            Some(key) => string(key, value),
+            None => string(label, value),
+        },
+    }
+}
+
 /// The OTLP unit of a family: its declared unit, or the one its name ends with.
-fn unit_of(family: &Family) -> &'static str {
+fn unit_of(family: &MetricFamily, name: &str) -> &'static str {
     let unit = if family.unit.is_empty() {
-        family.name.rsplit('_').next().unwrap_or("")
+        name.rsplit('_').next().unwrap_or("")
     } else {
         family.unit.as_str()
     };
@@ -111,38 +158,92 @@ fn hex_bytes(s: &str) -> Vec<u8> {
         .collect()
 }
 
-fn otlp_exemplar(e: &openmetrics::Exemplar) -> OtlpExemplar {
+fn otlp_exemplar(e: &PromExemplar) -> OtlpExemplar {
     let mut out = OtlpExemplar {
         value: Some(exemplar::Value::AsDouble(e.value)),
-        time_unix_nano: e.timestamp.map_or(0, |t| (t * 1e9) as u64),
+        time_unix_nano: e
+            .timestamp
+            .as_ref()
+            .map_or(0, |t| t.seconds as u64 * 1_000_000_000 + t.nanos as u64),
         ..Default::default()
     };
-    for (k, v) in &e.labels {
-        match k.as_str() {
-            "trace_id" => out.trace_id = hex_bytes(v),
-            "span_id" => out.span_id = hex_bytes(v),
-            _ => out.filtered_attributes.push(kv(k, v)),
+    for l in &e.label {
+        match l.name.as_str() {
+            "trace_id" => out.trace_id = hex_bytes(&l.value),
+            "span_id" => out.span_id = hex_bytes(&l.value),
+            _ => out.filtered_attributes.push(string(&l.name, &l.value)),
         }
     }
     out
 }
 
-/// Turns expositions into OTLP requests, tracking cumulative start times per series.
+/// How the push turns the families into OTLP metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Conversion {
+    pub(crate) temporality: Temporality,
+    pub(crate) histograms: HistogramAggregation,
+}
+
+/// The cumulative values of one series at the previous push: what a delta is taken from, and
+/// what tells a reset (a value that went down: the series was re-created).
+#[derive(Debug, Clone, PartialEq)]
+enum Last {
+    Value(f64),
+    Explicit {
+        count: u64,
+        sum: f64,
+        counts: Vec<u64>,
+    },
+    Exponential {
+        count: u64,
+        sum: f64,
+        zero: u64,
+        /// Counts by OTLP bucket index.
+        counts: BTreeMap<i32, u64>,
+    },
+}
+
+impl Last {
+    fn total(&self) -> f64 {
+        match self {
+            Last::Value(v) => *v,
+            Last::Explicit { count, .. } | Last::Exponential { count, .. } => *count as f64,
+        }
+    }
+}
+
+/// One series as the previous push left it.
+#[derive(Debug)]
+struct Tracked {
+    /// Start of its cumulative values.
+    start: u64,
+    last: Last,
+}
+
+/// Turns the exposition's families into OTLP requests, tracking each series' start time and
+/// last values.
 #[derive(Debug)]
 pub(crate) struct Converter {
     resource: Resource,
     scope: InstrumentationScope,
+    conversion: Conversion,
     started_ns: u64,
     previous_push_ns: Option<u64>,
-    /// Series key -> (start time, last cumulative value).
-    series: HashMap<String, (u64, f64)>,
+    /// Series key (family and labels) -> the series as the previous push left it.
+    series: HashMap<String, Tracked>,
+    /// The series seen by the push under way (they replace `series` at its end).
+    seen: HashMap<String, Tracked>,
 }
 
 impl Converter {
-    pub(crate) fn new(resource: &[(String, String)], started: SystemTime) -> Self {
+    pub(crate) fn new(
+        resource: &[(String, String)],
+        started: SystemTime,
+        conversion: Conversion,
+    ) -> Self {
         Self {
             resource: Resource {
-                attributes: resource.iter().map(|(k, v)| kv(k, v)).collect(),
+                attributes: resource.iter().map(|(k, v)| string(k, v)).collect(),
                 ..Default::default()
             },
             scope: InstrumentationScope {
@@ -150,9 +251,11 @@ impl Converter {
                 version: crate::build_info::VERSION.into(),
                 ..Default::default()
             },
+            conversion,
             started_ns: unix_ns(started),
             previous_push_ns: None,
             series: HashMap::new(),
+            seen: HashMap::new(),
         }
     }
 
@@ -162,47 +265,61 @@ impl Converter {
         self.series.len()
     }
 
-    fn start_time(&mut self, seen: &mut HashSet<String>, key: String, value: f64) -> u64 {
+    /// Records `now` as the series' values and returns where its point starts and, for a
+    /// delta, the values it is taken from. A cumulative point starts where the series' values
+    /// do; a delta point at the previous push. A series new since the previous push, or whose
+    /// values went down (it was re-created), starts at the previous push (or sysscope's start)
+    /// and counts whole.
+    fn window(&mut self, key: String, now: Last, delta: bool) -> (u64, Option<Last>) {
         let fallback = self.previous_push_ns.unwrap_or(self.started_ns);
-        let start = match self.series.get(&key) {
-            Some((start, last)) if value >= *last => *start,
-            // Went backwards: the series was re-created after the previous push.
-            Some(_) => fallback,
-            None => fallback,
+        let (start, previous) = match self.series.remove(&key) {
+            Some(t) if now.total() >= t.last.total() => (t.start, Some(t.last)),
+            _ => (fallback, None),
         };
-        self.series.insert(key.clone(), (start, value));
-        seen.insert(key);
-        start
+        self.seen.insert(key, Tracked { start, last: now });
+        if delta {
+            (fallback, previous)
+        } else {
+            (start, None)
+        }
     }
 
-    /// One OTLP request for the families of an OpenMetrics exposition, as of `now`.
-    pub(crate) fn convert(&mut self, text: &str, now: SystemTime) -> ExportMetricsServiceRequest {
+    /// One OTLP request for `families` (typed, with both forms of the duration histograms),
+    /// as of `now`.
+    pub(crate) fn convert(
+        &mut self,
+        families: &[MetricFamily],
+        now: SystemTime,
+    ) -> ExportMetricsServiceRequest {
         let now_ns = unix_ns(now);
-        let families = openmetrics::parse_families(text);
-        let mut seen = HashSet::new();
         let mut metrics = Vec::with_capacity(families.len());
-        for family in &families {
-            let data = match family.kind {
-                Kind::Counter => self.sum(family, now_ns, &mut seen),
-                Kind::Histogram => self.histogram(family, now_ns, &mut seen),
-                Kind::Gauge | Kind::Info | Kind::Unknown => Self::gauge(family, now_ns),
+        for family in families {
+            let kind = MetricType::try_from(family.r#type).unwrap_or(MetricType::Untyped);
+            // Counters keep their OpenMetrics family name (`sysscope_syscalls`), which
+            // OTLP-to-Prometheus bridges export with `_total` again.
+            let name = match kind {
+                MetricType::Counter => family
+                    .name
+                    .strip_suffix("_total")
+                    .unwrap_or(&family.name)
+                    .to_string(),
+                _ => family.name.clone(),
             };
-            let Some(data) = data else { continue };
-            let name = if family.kind == Kind::Info {
-                format!("{}_info", family.name)
-            } else {
-                family.name.clone()
+            let data = match kind {
+                MetricType::Counter => self.sum(family, now_ns),
+                MetricType::Histogram => self.histogram(family, now_ns),
+                _ => Self::gauge(family, now_ns),
             };
             metrics.push(Metric {
+                unit: unit_of(family, &name).to_string(),
                 name,
                 description: family.help.clone(),
-                unit: unit_of(family).to_string(),
                 data: Some(data),
                 ..Default::default()
             });
         }
         // Series that disappeared start afresh if they come back.
-        self.series.retain(|k, _| seen.contains(k));
+        self.series = std::mem::take(&mut self.seen);
         self.previous_push_ns = Some(now_ns);
         ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
@@ -217,158 +334,237 @@ impl Converter {
         }
     }
 
-    fn attributes(sample: &Sample, skip: &str) -> Vec<KeyValue> {
-        sample
-            .labels
+    fn attributes(labels: &[LabelPair]) -> Vec<KeyValue> {
+        labels
             .iter()
-            .filter(|(k, _)| k != skip)
-            .map(|(k, v)| kv(k, v))
+            .map(|l| attribute(&l.name, &l.value))
             .collect()
     }
 
-    fn series_key(family: &str, sample: &Sample) -> String {
-        let key = openmetrics::label_key(
-            sample
-                .labels
-                .iter()
-                .filter(|(k, _)| k != "le")
-                .map(|(k, v)| (k.as_str(), v.as_str())),
-        );
+    fn series_key(family: &str, labels: &[LabelPair]) -> String {
+        let key = openmetrics::label_key(labels.iter().map(|l| (&*l.name, &*l.value)));
         format!("{family}{{{key}}}")
     }
 
-    fn sum(
-        &mut self,
-        family: &Family,
-        now_ns: u64,
-        seen: &mut HashSet<String>,
-    ) -> Option<metric::Data> {
-        let total = format!("{}_total", family.name);
-        let mut points = Vec::new();
-        for s in family.samples.iter().filter(|s| s.name == total) {
-            let start = self.start_time(seen, Self::series_key(&family.name, s), s.value);
+    fn temporality(delta: bool) -> i32 {
+        if delta {
+            AggregationTemporality::Delta as i32
+        } else {
+            AggregationTemporality::Cumulative as i32
+        }
+    }
+
+    fn sum(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
+        let delta = self.conversion.temporality.delta_sums();
+        let mut points = Vec::with_capacity(family.metric.len());
+        for m in &family.metric {
+            let Some(counter) = &m.counter else { continue };
+            let key = Self::series_key(&family.name, &m.label);
+            let (start, previous) = self.window(key, Last::Value(counter.value), delta);
+            let value = match previous {
+                Some(Last::Value(before)) => counter.value - before,
+                _ => counter.value,
+            };
             points.push(NumberDataPoint {
-                attributes: Self::attributes(s, ""),
+                attributes: Self::attributes(&m.label),
                 start_time_unix_nano: start,
                 time_unix_nano: now_ns,
-                exemplars: s.exemplar.iter().map(otlp_exemplar).collect(),
-                value: Some(number_data_point::Value::AsDouble(s.value)),
+                exemplars: counter.exemplar.iter().map(otlp_exemplar).collect(),
+                value: Some(number_data_point::Value::AsDouble(value)),
                 ..Default::default()
             });
         }
-        Some(metric::Data::Sum(Sum {
+        metric::Data::Sum(Sum {
             data_points: points,
-            aggregation_temporality: AggregationTemporality::Cumulative as i32,
+            aggregation_temporality: Self::temporality(delta),
             is_monotonic: true,
-        }))
+        })
     }
 
-    fn gauge(family: &Family, now_ns: u64) -> Option<metric::Data> {
+    fn gauge(family: &MetricFamily, now_ns: u64) -> metric::Data {
         let points = family
-            .samples
+            .metric
             .iter()
-            .map(|s| NumberDataPoint {
-                attributes: Self::attributes(s, ""),
-                time_unix_nano: now_ns,
-                value: Some(number_data_point::Value::AsDouble(s.value)),
-                ..Default::default()
+            .map(|m| {
+                let value = m
+                    .gauge
+                    .as_ref()
+                    .map(|g| g.value)
+                    .or_else(|| m.untyped.as_ref().map(|u| u.value))
+                    .unwrap_or(0.0);
+                NumberDataPoint {
+                    attributes: Self::attributes(&m.label),
+                    time_unix_nano: now_ns,
+                    value: Some(number_data_point::Value::AsDouble(value)),
+                    ..Default::default()
+                }
             })
             .collect();
-        Some(metric::Data::Gauge(Gauge {
+        metric::Data::Gauge(Gauge {
             data_points: points,
-        }))
+        })
     }
 
-    fn histogram(
-        &mut self,
-        family: &Family,
-        now_ns: u64,
-        seen: &mut HashSet<String>,
-    ) -> Option<metric::Data> {
-        #[derive(Default)]
-        struct Acc<'a> {
-            first: Option<&'a Sample>,
-            sum: f64,
-            count: Option<f64>,
-            buckets: Vec<(f64, f64, Option<&'a openmetrics::Exemplar>)>,
-        }
-        let (sum_name, count_name, bucket_name) = (
-            format!("{}_sum", family.name),
-            format!("{}_count", family.name),
-            format!("{}_bucket", family.name),
-        );
-        let mut order: Vec<String> = Vec::new();
-        let mut groups: HashMap<String, Acc<'_>> = HashMap::new();
-        for s in &family.samples {
-            let key = Self::series_key(&family.name, s);
-            let acc = groups.entry(key.clone()).or_insert_with(|| {
-                order.push(key);
-                Acc::default()
-            });
-            acc.first.get_or_insert(s);
-            if s.name == sum_name {
-                acc.sum = s.value;
-            } else if s.name == count_name {
-                acc.count = Some(s.value);
-            } else if s.name == bucket_name {
-                let le = match s.label("le") {
-                    Some("+Inf") => f64::INFINITY,
-                    Some(v) => match v.parse() {
-                        Ok(le) => le,
-                        Err(_) => continue,
-                    },
-                    None => continue,
-                };
-                acc.buckets.push((le, s.value, s.exemplar.as_ref()));
+    fn histogram(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
+        let delta = self.conversion.temporality.delta_histograms();
+        let histograms = || {
+            family
+                .metric
+                .iter()
+                .filter_map(|m| Some((m, m.histogram.as_ref()?)))
+        };
+        // Exponential only where every series has its native form (the kernel's histograms
+        // do); a family is one kind of data in OTLP.
+        let exponential = self.conversion.histograms == HistogramAggregation::Base2Exponential
+            && histograms().all(|(_, h)| h.zero_threshold > 0.0 || !h.positive_span.is_empty());
+        if exponential {
+            let mut points = Vec::with_capacity(family.metric.len());
+            for (m, h) in histograms() {
+                points.push(self.exponential_point(&family.name, m, h, now_ns, delta));
             }
-        }
-        let mut points = Vec::with_capacity(order.len());
-        for key in order {
-            let Some(acc) = groups.remove(&key) else {
-                continue;
-            };
-            let Some(first) = acc.first else { continue };
-            let mut buckets = acc.buckets;
-            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let count = acc
-                .count
-                .or_else(|| buckets.last().map(|b| b.1))
-                .unwrap_or(0.0);
-            let mut bounds = Vec::with_capacity(buckets.len());
-            let mut counts = Vec::with_capacity(buckets.len() + 1);
-            let mut previous = 0.0;
-            let mut exemplars = Vec::new();
-            for (le, cumulative, ex) in &buckets {
-                if le.is_finite() {
-                    bounds.push(*le);
-                }
-                counts.push((cumulative - previous).max(0.0) as u64);
-                previous = *cumulative;
-                if let Some(ex) = ex {
-                    exemplars.push(otlp_exemplar(ex));
-                }
-            }
-            if buckets.last().is_none_or(|b| b.0.is_finite()) {
-                // No +Inf bucket line: the overflow bucket holds what the bounds do not.
-                counts.push((count - previous).max(0.0) as u64);
-            }
-            let start = self.start_time(seen, key, count);
-            points.push(HistogramDataPoint {
-                attributes: Self::attributes(first, "le"),
-                start_time_unix_nano: start,
-                time_unix_nano: now_ns,
-                count: count as u64,
-                sum: Some(acc.sum),
-                bucket_counts: counts,
-                explicit_bounds: bounds,
-                exemplars,
-                ..Default::default()
+            return metric::Data::ExponentialHistogram(ExponentialHistogram {
+                data_points: points,
+                aggregation_temporality: Self::temporality(delta),
             });
         }
-        Some(metric::Data::Histogram(Histogram {
+        let mut points = Vec::with_capacity(family.metric.len());
+        for (m, h) in histograms() {
+            points.push(self.explicit_point(&family.name, m, h, now_ns, delta));
+        }
+        metric::Data::Histogram(OtlpHistogram {
             data_points: points,
-            aggregation_temporality: AggregationTemporality::Cumulative as i32,
-        }))
+            aggregation_temporality: Self::temporality(delta),
+        })
+    }
+
+    /// A point with the classic buckets' bounds and counts.
+    fn explicit_point(
+        &mut self,
+        family: &str,
+        m: &PromMetric,
+        h: &PromHistogram,
+        now_ns: u64,
+        delta: bool,
+    ) -> HistogramDataPoint {
+        let mut bounds = Vec::with_capacity(h.bucket.len());
+        let mut counts = Vec::with_capacity(h.bucket.len() + 1);
+        let mut previous = 0u64;
+        for b in &h.bucket {
+            if b.upper_bound.is_finite() {
+                bounds.push(b.upper_bound);
+            }
+            counts.push(b.cumulative_count.saturating_sub(previous));
+            previous = b.cumulative_count;
+        }
+        if h.bucket.last().is_none_or(|b| b.upper_bound.is_finite()) {
+            // No +Inf bucket: the overflow bucket holds what the bounds do not.
+            counts.push(h.sample_count.saturating_sub(previous));
+        }
+        let now = Last::Explicit {
+            count: h.sample_count,
+            sum: h.sample_sum,
+            counts: counts.clone(),
+        };
+        let key = Self::series_key(family, &m.label);
+        let (start, before) = self.window(key, now, delta);
+        let (mut count, mut sum) = (h.sample_count, h.sample_sum);
+        if let Some(Last::Explicit {
+            count: c,
+            sum: s,
+            counts: was,
+        }) = before
+        {
+            if was.len() == counts.len() {
+                count -= c;
+                sum -= s;
+                for (n, w) in counts.iter_mut().zip(was) {
+                    *n = n.saturating_sub(w);
+                }
+            }
+        }
+        HistogramDataPoint {
+            attributes: Self::attributes(&m.label),
+            start_time_unix_nano: start,
+            time_unix_nano: now_ns,
+            count,
+            sum: Some(sum),
+            bucket_counts: counts,
+            explicit_bounds: bounds,
+            exemplars: h
+                .bucket
+                .iter()
+                .filter_map(|b| b.exemplar.as_ref())
+                .map(otlp_exemplar)
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A point with the native histogram's buckets: OTLP's scale is the native schema (both
+    /// name a bucket width of 2^(2^-scale)), and OTLP's bucket `j` covers (base^j, base^(j+1)]
+    /// where the native bucket `i` covers (base^(i-1), base^i]: `j = i - 1`.
+    fn exponential_point(
+        &mut self,
+        family: &str,
+        m: &PromMetric,
+        h: &PromHistogram,
+        now_ns: u64,
+        delta: bool,
+    ) -> ExponentialHistogramDataPoint {
+        let spans: Vec<(i32, u32)> = h
+            .positive_span
+            .iter()
+            .map(|s| (s.offset, s.length))
+            .collect();
+        let mut counts: BTreeMap<i32, u64> = expand_spans(&spans, &h.positive_delta)
+            .into_iter()
+            .map(|(i, n)| (i - 1, n))
+            .collect();
+        let now = Last::Exponential {
+            count: h.sample_count,
+            sum: h.sample_sum,
+            zero: h.zero_count,
+            counts: counts.clone(),
+        };
+        let key = Self::series_key(family, &m.label);
+        let (start, before) = self.window(key, now, delta);
+        let (mut count, mut sum, mut zero) = (h.sample_count, h.sample_sum, h.zero_count);
+        if let Some(Last::Exponential {
+            count: c,
+            sum: s,
+            zero: z,
+            counts: was,
+        }) = before
+        {
+            count -= c;
+            sum -= s;
+            zero = zero.saturating_sub(z);
+            for (i, n) in counts.iter_mut() {
+                *n = n.saturating_sub(was.get(i).copied().unwrap_or(0));
+            }
+        }
+        let positive = match (counts.keys().next(), counts.keys().next_back()) {
+            (Some(&first), Some(&last)) => Some(Buckets {
+                offset: first,
+                bucket_counts: (first..=last)
+                    .map(|j| counts.get(&j).copied().unwrap_or(0))
+                    .collect(),
+            }),
+            _ => None,
+        };
+        ExponentialHistogramDataPoint {
+            attributes: Self::attributes(&m.label),
+            start_time_unix_nano: start,
+            time_unix_nano: now_ns,
+            count,
+            sum: Some(sum),
+            scale: h.schema,
+            zero_count: zero,
+            zero_threshold: h.zero_threshold,
+            positive,
+            exemplars: h.exemplars.iter().map(otlp_exemplar).collect(),
+            ..Default::default()
+        }
     }
 }
 
@@ -562,6 +758,8 @@ pub struct PushOptions {
     pub interval: Duration,
     pub export_timeout: Duration,
     pub started: SystemTime,
+    pub temporality: Temporality,
+    pub histograms: HistogramAggregation,
 }
 
 impl MetricPush {
@@ -593,15 +791,19 @@ impl MetricPush {
                     }
                 };
                 tracing::info!(endpoint = %options.settings.endpoint, protocol = options.settings.protocol.as_str(), tls = options.settings.tls.is_some(), interval = ?options.interval, "pushing metrics over OTLP");
-                let mut converter = Converter::new(&options.resource, options.started);
+                let conversion = Conversion {
+                    temporality: options.temporality,
+                    histograms: options.histograms,
+                };
+                let mut converter =
+                    Converter::new(&options.resource, options.started, conversion);
                 let mut failing = false;
                 // Each interval, unless told to stop (or the agent is gone).
                 while let Err(mpsc::RecvTimeoutError::Timeout) =
                     stop_rx.recv_timeout(options.interval)
                 {
-                    let text = scraper.scrape(Format::OpenMetrics);
-                    let text = String::from_utf8_lossy(&text);
-                    let request = converter.convert(&text, SystemTime::now());
+                    let families = scraper.families();
+                    let request = converter.convert(&families, SystemTime::now());
                     let ok = push_with_retry(&mut client, &request, &options, &stats, &mut failing);
                     if ok && failing {
                         tracing::info!("OTLP metrics push recovered");
@@ -681,22 +883,108 @@ fn push_with_retry(
 
 #[cfg(test)]
 mod tests {
+    use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
+        Bucket, BucketSpan, Counter, Gauge as PromGauge,
+    };
+
     use super::*;
 
-    const TEXT: &str = "# HELP sysscope_syscalls Syscalls.\n\
-# TYPE sysscope_syscalls counter\n\
-sysscope_syscalls_total{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 12\n\
-# HELP sysscope_syscall_duration_seconds Latency.\n\
-# TYPE sysscope_syscall_duration_seconds histogram\n\
-sysscope_syscall_duration_seconds_sum{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 0.5\n\
-sysscope_syscall_duration_seconds_count{cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 12\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.001\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 2\n\
-sysscope_syscall_duration_seconds_bucket{le=\"0.067108864\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 12 # {trace_id=\"0102030405060708090a0b0c0d0e0f10\",span_id=\"0102030405060708\"} 0.03 1700000000.5\n\
-sysscope_syscall_duration_seconds_bucket{le=\"+Inf\",cgroup=\"/a\",comm=\"x\",syscall=\"read\"} 12\n\
-# HELP sysscope_collector_up Up.\n\
-# TYPE sysscope_collector_up gauge\n\
-sysscope_collector_up{collector=\"syscalls\"} 1\n\
-# EOF\n";
+    fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+        pairs
+            .iter()
+            .map(|(k, v)| LabelPair {
+                name: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect()
+    }
+
+    const SERIES: &[(&str, &str)] = &[("cgroup", "/a"), ("comm", "x"), ("syscall", "read")];
+
+    fn counter(value: f64) -> MetricFamily {
+        MetricFamily {
+            name: "sysscope_syscalls_total".into(),
+            help: "Syscalls.".into(),
+            r#type: MetricType::Counter as i32,
+            metric: vec![PromMetric {
+                label: labels(SERIES),
+                counter: Some(Counter {
+                    value,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// 12 calls: 2 at or below 1 ms (native schema -1 bucket (4^-6, 4^-5]), 10 in
+    /// (4^-3, 4^-2] s, one of them an exemplar; both forms, as the exposition builds them.
+    fn histogram(scale: u64) -> MetricFamily {
+        let exemplar = PromExemplar {
+            label: labels(&[
+                ("trace_id", "0102030405060708090a0b0c0d0e0f10"),
+                ("span_id", "0102030405060708"),
+            ]),
+            value: 0.03,
+            timestamp: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 500_000_000,
+            }),
+        };
+        let bucket = |le: f64, n: u64, exemplar: Option<PromExemplar>| Bucket {
+            cumulative_count: n * scale,
+            upper_bound: le,
+            exemplar,
+            ..Default::default()
+        };
+        MetricFamily {
+            name: "sysscope_syscall_duration_seconds".into(),
+            help: "Latency.".into(),
+            r#type: MetricType::Histogram as i32,
+            metric: vec![PromMetric {
+                label: labels(SERIES),
+                histogram: Some(PromHistogram {
+                    sample_count: 12 * scale,
+                    sample_sum: 0.5 * scale as f64,
+                    bucket: vec![
+                        bucket(2f64.powi(-10), 2, None),
+                        bucket(0.0625, 12, Some(exemplar.clone())),
+                        bucket(f64::INFINITY, 12, None),
+                    ],
+                    schema: -1,
+                    zero_threshold: 2f64.powi(-20),
+                    positive_span: vec![BucketSpan {
+                        offset: -5,
+                        length: 4,
+                    }],
+                    positive_delta: vec![2 * scale as i64, -2 * scale as i64, 0, 10 * scale as i64],
+                    exemplars: vec![exemplar],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn gauge() -> MetricFamily {
+        MetricFamily {
+            name: "sysscope_collector_up".into(),
+            help: "Up.".into(),
+            r#type: MetricType::Gauge as i32,
+            metric: vec![PromMetric {
+                label: labels(&[("collector", "syscalls")]),
+                gauge: Some(PromGauge { value: 1.0 }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn families(scale: u64) -> Vec<MetricFamily> {
+        vec![counter(12.0 * scale as f64), histogram(scale), gauge()]
+    }
 
     fn metric<'a>(r: &'a ExportMetricsServiceRequest, name: &str) -> &'a Metric {
         r.resource_metrics[0].scope_metrics[0]
@@ -706,12 +994,27 @@ sysscope_collector_up{collector=\"syscalls\"} 1\n\
             .unwrap_or_else(|| panic!("no {name}"))
     }
 
+    fn attribute_of<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a any_value::Value> {
+        attributes
+            .iter()
+            .find(|a| a.key == key)
+            .and_then(|a| a.value.as_ref()?.value.as_ref())
+    }
+
+    fn text(s: &str) -> any_value::Value {
+        any_value::Value::StringValue(s.into())
+    }
+
     #[test]
     fn counters_histograms_gauges_and_exemplars() {
         let started = UNIX_EPOCH + Duration::from_secs(100);
-        let mut c = Converter::new(&[("service.name".into(), "sysscope".into())], started);
+        let mut c = Converter::new(
+            &[("service.name".into(), "sysscope".into())],
+            started,
+            Conversion::default(),
+        );
         let now = UNIX_EPOCH + Duration::from_secs(200);
-        let r = c.convert(TEXT, now);
+        let r = c.convert(&families(1), now);
         let Some(metric::Data::Sum(sum)) = &metric(&r, "sysscope_syscalls").data else {
             panic!("not a sum")
         };
@@ -724,7 +1027,17 @@ sysscope_collector_up{collector=\"syscalls\"} 1\n\
         assert_eq!(p.value, Some(number_data_point::Value::AsDouble(12.0)));
         assert_eq!(p.start_time_unix_nano, 100_000_000_000);
         assert_eq!(p.time_unix_nano, 200_000_000_000);
+        // The spans' attribute names and forms.
         assert_eq!(p.attributes.len(), 3);
+        assert_eq!(
+            attribute_of(&p.attributes, "process.linux.cgroup"),
+            Some(&text("0::/a"))
+        );
+        assert_eq!(
+            attribute_of(&p.attributes, "process.executable.name"),
+            Some(&text("x"))
+        );
+        assert_eq!(attribute_of(&p.attributes, "syscall"), Some(&text("read")));
 
         let h = metric(&r, "sysscope_syscall_duration_seconds");
         assert_eq!(h.unit, "s");
@@ -732,10 +1045,9 @@ sysscope_collector_up{collector=\"syscalls\"} 1\n\
             panic!("not a histogram")
         };
         let p = &h.data_points[0];
-        assert_eq!(p.explicit_bounds, vec![0.001, 0.067108864]);
+        assert_eq!(p.explicit_bounds, vec![2f64.powi(-10), 0.0625]);
         assert_eq!(p.bucket_counts, vec![2, 10, 0]);
         assert_eq!((p.count, p.sum), (12, Some(0.5)));
-        assert!(p.attributes.iter().all(|a| a.key != "le"));
         assert_eq!(p.exemplars.len(), 1);
         assert_eq!(p.exemplars[0].trace_id, (1..=16).collect::<Vec<u8>>());
         assert_eq!(p.exemplars[0].span_id, (1..=8).collect::<Vec<u8>>());
@@ -754,9 +1066,141 @@ sysscope_collector_up{collector=\"syscalls\"} 1\n\
     }
 
     #[test]
+    fn semantic_convention_attributes() {
+        let a = |label: &str, value: &str| {
+            let kv = attribute(label, value);
+            (kv.key, kv.value.unwrap().value.unwrap())
+        };
+        assert_eq!(a("pod", "web-1"), ("k8s.pod.name".into(), text("web-1")));
+        assert_eq!(
+            a("namespace", "prod"),
+            ("k8s.namespace.name".into(), text("prod"))
+        );
+        assert_eq!(
+            a("container", "app"),
+            ("k8s.container.name".into(), text("app"))
+        );
+        assert_eq!(a("pod_uid", "u"), ("k8s.pod.uid".into(), text("u")));
+        assert_eq!(a("container_id", "c"), ("container.id".into(), text("c")));
+        assert_eq!(
+            a("pid", "42"),
+            ("process.pid".into(), any_value::Value::IntValue(42))
+        );
+        assert_eq!(a("errno", "ENOENT"), ("error.type".into(), text("ENOENT")));
+        assert_eq!(
+            a("cgroup", "other"),
+            ("process.linux.cgroup".into(), text("other"))
+        );
+        assert_eq!(a("device", "sda"), ("device".into(), text("sda")));
+    }
+
+    /// The kernel's buckets as an exponential histogram: scale -1 (the native schema), OTLP
+    /// index = native index - 1, counts per bucket equal to the classic buckets' differences.
+    #[test]
+    fn exponential_histograms_are_the_native_buckets() {
+        let mut c = Converter::new(
+            &[],
+            UNIX_EPOCH,
+            Conversion {
+                histograms: HistogramAggregation::Base2Exponential,
+                ..Conversion::default()
+            },
+        );
+        let r = c.convert(&families(1), UNIX_EPOCH + Duration::from_secs(1));
+        let Some(metric::Data::ExponentialHistogram(h)) =
+            &metric(&r, "sysscope_syscall_duration_seconds").data
+        else {
+            panic!("not an exponential histogram")
+        };
+        let p = &h.data_points[0];
+        assert_eq!(
+            (p.scale, p.zero_count, p.count, p.sum),
+            (-1, 0, 12, Some(0.5))
+        );
+        assert_eq!(p.zero_threshold, 2f64.powi(-20));
+        let b = p.positive.as_ref().unwrap();
+        // Native -5 is (4^-6, 4^-5]: OTLP's (4^-6, 4^-5] is index -6.
+        assert_eq!(b.offset, -6);
+        assert_eq!(b.bucket_counts, vec![2, 0, 0, 10]);
+        assert_eq!(p.exemplars.len(), 1);
+    }
+
+    #[test]
+    fn delta_and_lowmemory_temporality() {
+        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+        for (temporality, delta_sums) in
+            [(Temporality::Delta, true), (Temporality::LowMemory, false)]
+        {
+            for histograms in [
+                HistogramAggregation::ExplicitBucket,
+                HistogramAggregation::Base2Exponential,
+            ] {
+                let mut c = Converter::new(
+                    &[],
+                    t(100),
+                    Conversion {
+                        temporality,
+                        histograms,
+                    },
+                );
+                c.convert(&families(1), t(200));
+                // Three times the counts at the next push: the delta is twice the first.
+                let r = c.convert(&families(3), t(300));
+                let Some(metric::Data::Sum(sum)) = &metric(&r, "sysscope_syscalls").data else {
+                    panic!()
+                };
+                let p = &sum.data_points[0];
+                let (value, start, kind) = if delta_sums {
+                    (24.0, 200, AggregationTemporality::Delta)
+                } else {
+                    (36.0, 100, AggregationTemporality::Cumulative)
+                };
+                assert_eq!(p.value, Some(number_data_point::Value::AsDouble(value)));
+                assert_eq!(p.start_time_unix_nano, start * 1_000_000_000);
+                assert_eq!(sum.aggregation_temporality, kind as i32);
+                match &metric(&r, "sysscope_syscall_duration_seconds").data {
+                    Some(metric::Data::Histogram(h)) => {
+                        let p = &h.data_points[0];
+                        assert_eq!(
+                            h.aggregation_temporality,
+                            AggregationTemporality::Delta as i32
+                        );
+                        assert_eq!((p.count, p.sum), (24, Some(1.0)));
+                        assert_eq!(p.bucket_counts, vec![4, 20, 0]);
+                        assert_eq!(p.start_time_unix_nano, 200_000_000_000);
+                    }
+                    Some(metric::Data::ExponentialHistogram(h)) => {
+                        let p = &h.data_points[0];
+                        assert_eq!(
+                            h.aggregation_temporality,
+                            AggregationTemporality::Delta as i32
+                        );
+                        assert_eq!((p.count, p.sum), (24, Some(1.0)));
+                        assert_eq!(
+                            p.positive.as_ref().unwrap().bucket_counts,
+                            vec![4, 0, 0, 20]
+                        );
+                    }
+                    other => panic!("{other:?}"),
+                }
+                // Reset (fewer counts): the delta is the whole new value, from the last push.
+                let r = c.convert(&families(1), t(400));
+                let Some(metric::Data::Sum(sum)) = &metric(&r, "sysscope_syscalls").data else {
+                    panic!()
+                };
+                assert_eq!(
+                    sum.data_points[0].value,
+                    Some(number_data_point::Value::AsDouble(12.0))
+                );
+                assert_eq!(sum.data_points[0].start_time_unix_nano, 300_000_000_000);
+            }
+        }
+    }
+
+    #[test]
     fn start_times_follow_resets_and_new_series() {
         let started = UNIX_EPOCH + Duration::from_secs(100);
-        let mut c = Converter::new(&[], started);
+        let mut c = Converter::new(&[], started, Conversion::default());
         let t = |s| UNIX_EPOCH + Duration::from_secs(s);
         let start_of = |r: &ExportMetricsServiceRequest| {
             let Some(metric::Data::Sum(sum)) = &metric(r, "sysscope_syscalls").data else {
@@ -764,22 +1208,37 @@ sysscope_collector_up{collector=\"syscalls\"} 1\n\
             };
             sum.data_points[0].start_time_unix_nano
         };
-        assert_eq!(start_of(&c.convert(TEXT, t(200))), 100_000_000_000);
-        assert_eq!(start_of(&c.convert(TEXT, t(300))), 100_000_000_000);
+        assert_eq!(
+            start_of(&c.convert(&[counter(12.0)], t(200))),
+            100_000_000_000
+        );
+        assert_eq!(
+            start_of(&c.convert(&[counter(12.0)], t(300))),
+            100_000_000_000
+        );
         // Went backwards: re-created after the previous push.
-        let lower = TEXT.replace("\"read\"} 12\n", "\"read\"} 3\n");
-        assert_eq!(start_of(&c.convert(&lower, t(400))), 300_000_000_000);
+        assert_eq!(
+            start_of(&c.convert(&[counter(3.0)], t(400))),
+            300_000_000_000
+        );
         // Gone, then back: starts at the push before it came back.
-        c.convert("# EOF\n", t(500));
+        c.convert(&[], t(500));
         assert_eq!(c.tracked_series(), 0);
-        assert_eq!(start_of(&c.convert(TEXT, t(600))), 500_000_000_000);
+        assert_eq!(
+            start_of(&c.convert(&[counter(12.0)], t(600))),
+            500_000_000_000
+        );
     }
 
     #[test]
     fn json_bodies_follow_the_otlp_json_mapping() {
         let started = UNIX_EPOCH + Duration::from_secs(100);
-        let mut c = Converter::new(&[("service.name".into(), "sysscope".into())], started);
-        let r = c.convert(TEXT, UNIX_EPOCH + Duration::from_secs(200));
+        let mut c = Converter::new(
+            &[("service.name".into(), "sysscope".into())],
+            started,
+            Conversion::default(),
+        );
+        let r = c.convert(&families(1), UNIX_EPOCH + Duration::from_secs(200));
         let (body, content_type) = http_body(&r, true);
         assert_eq!(content_type, "application/json");
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -802,7 +1261,10 @@ sysscope_collector_up{collector=\"syscalls\"} 1\n\
         let h = &by_name("sysscope_syscall_duration_seconds")["histogram"]["dataPoints"][0];
         assert_eq!(h["count"], "12");
         assert_eq!(h["bucketCounts"], serde_json::json!(["2", "10", "0"]));
-        assert_eq!(h["explicitBounds"], serde_json::json!([0.001, 0.067108864]));
+        assert_eq!(
+            h["explicitBounds"],
+            serde_json::json!([2f64.powi(-10), 0.0625])
+        );
         assert_eq!(h["sum"], 0.5);
         // Ids are lowercase hex, not base64.
         let e = &h["exemplars"][0];

@@ -18,16 +18,10 @@ pub(crate) use pods::PodStore;
 
 use super::{CgroupMetadata, Derived};
 
-/// Label: the pod UID parsed from the cgroup path (config `labels.kubernetes_ids`).
-pub(crate) const POD_UID: &str = "pod_uid";
-/// Label: the container id parsed from the cgroup path (config `labels.kubernetes_ids`).
-pub(crate) const CONTAINER_ID: &str = "container_id";
-/// Label: the pod's namespace (pod watch).
-pub(crate) const NAMESPACE: &str = "namespace";
-/// Label: the pod's name (pod watch).
-pub(crate) const POD: &str = "pod";
-/// Label: the container's name (pod watch).
-pub(crate) const CONTAINER: &str = "container";
+// The labels (their names are the series' own, `crate::series`): `pod_uid` and `container_id`
+// from the cgroup path (config `labels.kubernetes_ids`), `namespace`, `pod` and `container`
+// from the pod watch.
+pub(crate) use crate::series::{CONTAINER, CONTAINER_ID, NAMESPACE, POD, POD_UID};
 
 /// Metric label -> OpenTelemetry semantic-convention attribute, for slow-call spans.
 const SPAN_ATTRIBUTES: &[(&str, &str)] = &[

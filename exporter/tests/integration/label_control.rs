@@ -1,0 +1,177 @@
+//! Label control (`[labels]`) against ground truth: two exporters run side by side, one with
+//! the default labels and one with label control, while children make known calls in a
+//! Kubernetes-like container cgroup that restarts (a second cgroup for the same pod and
+//! container, as the pod watch of a fake API server names them) and in a plain cgroup. What
+//! control drops must merge exactly: the dropped cgroup's count is the sum over the cgroups the
+//! container ran in, the syscalls kept by name count what was made, and those folded into
+//! `syscall="other"` add up, call for call, to what the default exporter counts for them.
+
+use std::time::Duration;
+
+use crate::{
+    common::*,
+    kubernetes::{fresh_ids, FakeApi, Hierarchy},
+};
+
+/// Kept by name; every other syscall is `other`.
+const KEPT: &[&str] = &["getppid", "fdatasync", "fsync"];
+
+#[test]
+fn dropped_labels_and_folded_syscalls_add_up_exactly() {
+    if !require_root("dropped_labels_and_folded_syscalls_add_up_exactly") {
+        return;
+    }
+    let (uid, first) = fresh_ids();
+    let (_, second) = fresh_ids();
+    // The container restarted: its current id, and the one before in its last state.
+    let pod_list = serde_json::json!({
+        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"},
+        "items": [{
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "trainer-0", "namespace": "ml", "uid": uid, "resourceVersion": "7"},
+            "spec": {"nodeName": "node-test", "containers": [{"name": "pytorch"}]},
+            "status": {"containerStatuses": [{
+                "name": "pytorch", "containerID": format!("containerd://{second}"),
+                "lastState": {"terminated": {"exitCode": 1, "containerID": format!("containerd://{first}")}},
+                "image": "img", "imageID": "", "ready": true, "restartCount": 1
+            }]}
+        }]
+    })
+    .to_string();
+    let api = FakeApi::start(pod_list);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let kept = KEPT
+        .iter()
+        .map(|s| format!("\"{s}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let controlled = Exporter::start_with_env(
+        &format!(
+            "{TEST_CONFIG}[kubernetes]\npod_watch = \"on\"\nnode_name = \"node-test\"\n[labels]\ncgroup = \"unless_pod_known\"\ncomm = false\nsyscalls = [{kept}]\n"
+        ),
+        &[],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let reference = Exporter::start(
+        &format!("{TEST_CONFIG}[kubernetes]\npod_watch = \"off\"\n"),
+        &[],
+    );
+    let up = eventually(Duration::from_secs(20), || {
+        let samples = parse_samples(&controlled.scrape());
+        (sum(
+            &samples,
+            "sysscope_collector_up",
+            &[("collector", "kubernetes")],
+        ) == 1.0)
+            .then_some(())
+    });
+    assert!(up.is_some(), "the pod watch never came up");
+
+    // The container's two cgroups (before and after the restart), and a plain one.
+    let pods = Hierarchy::create("kubepods", &["besteffort", &format!("pod{uid}"), &first]);
+    let parent = pods.leaf().rel.rsplit_once('/').unwrap().0.to_string();
+    let restarted = TestCgroup::at(&format!("{parent}/{second}"));
+    let plain = TestCgroup::new("sysscope-test-label-control");
+    let scratch = tempfile::NamedTempFile::new().unwrap();
+    let path = scratch.path().to_str().unwrap();
+    run_workload_joined(
+        pods.leaf(),
+        &["getppid", "300", "write-fsync", path, "5", "4096"],
+    );
+    run_workload_joined(
+        &restarted,
+        &["getppid", "200", "write-fsync", path, "3", "4096"],
+    );
+    run_workload_joined(&plain, &["getppid", "70"]);
+
+    let got = parse_samples(&controlled.scrape());
+    let truth = parse_samples(&reference.scrape());
+    let pod = [
+        ("namespace", "ml"),
+        ("pod", "trainer-0"),
+        ("container", "pytorch"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut l = pod.to_vec();
+        l.extend_from_slice(extra);
+        l
+    };
+
+    // The container's calls, in one series without cgroup, container_id or comm: the sum over
+    // the cgroups it ran in.
+    let getppid = select(
+        &got,
+        "sysscope_syscalls_total",
+        &with(&[("syscall", "getppid")]),
+    );
+    assert_eq!(getppid.len(), 1, "{getppid:?}");
+    assert_eq!(getppid[0].value, 500.0);
+    for label in ["cgroup", "container_id", "comm"] {
+        assert!(!getppid[0].labels.contains_key(label), "{:?}", getppid[0]);
+    }
+    assert_eq!(getppid[0].labels.get("pod_uid"), Some(&uid));
+    // Outside Kubernetes the cgroup stays; comm goes everywhere.
+    let outside = select(
+        &got,
+        "sysscope_syscalls_total",
+        &[("cgroup", plain.rel.as_str()), ("syscall", "getppid")],
+    );
+    assert_eq!(outside.len(), 1, "{outside:?}");
+    assert_eq!(outside[0].value, 70.0);
+    assert!(!outside[0].labels.contains_key("comm"));
+
+    // The syscalls kept by name stay exact: 8 fsyncs, as made (not folded, not lost).
+    assert_eq!(
+        sum(
+            &got,
+            "sysscope_syscalls_total",
+            &with(&[("syscall", "fsync")])
+        ),
+        8.0
+    );
+    // Folded syscalls add up to what the reference counts for them in the container's two
+    // cgroups, call for call (both exporters count every call; durations they each measure,
+    // a few nanoseconds apart, so only counts compare across exporters).
+    let cgroups = [pods.leaf().rel.as_str(), restarted.rel.as_str()];
+    let folded_in_reference: f64 = truth
+        .iter()
+        .filter(|s| s.name == "sysscope_syscalls_total")
+        .filter(|s| cgroups.contains(&s.labels.get("cgroup").map_or("", String::as_str)))
+        .filter(|s| !KEPT.contains(&s.labels.get("syscall").map_or("", String::as_str)))
+        .map(|s| s.value)
+        .sum();
+    let other = with(&[("syscall", "other")]);
+    assert!(folded_in_reference > 0.0);
+    assert_eq!(
+        sum(&got, "sysscope_syscalls_total", &other),
+        folded_in_reference
+    );
+    assert!(select(
+        &got,
+        "sysscope_syscalls_total",
+        &with(&[("syscall", "openat")])
+    )
+    .is_empty());
+    // Each merged histogram holds every call once: its count and its +Inf bucket are the
+    // calls, and its buckets only grow.
+    for syscall in ["getppid", "fsync", "other"] {
+        let l = with(&[("syscall", syscall)]);
+        let calls = sum(&got, "sysscope_syscalls_total", &l);
+        assert_eq!(
+            sum(&got, "sysscope_syscall_duration_seconds_count", &l),
+            calls
+        );
+        let mut buckets: Vec<(f64, f64)> =
+            select(&got, "sysscope_syscall_duration_seconds_bucket", &l)
+                .iter()
+                .map(|s| (s.labels["le"].parse::<f64>().unwrap(), s.value))
+                .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert_eq!(buckets.last().map(|b| b.1), Some(calls), "{syscall}");
+        assert!(
+            buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+            "{syscall}: {buckets:?}"
+        );
+    }
+}
