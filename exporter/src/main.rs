@@ -20,8 +20,7 @@ use tracing_subscriber::EnvFilter;
 
 /// Always-on eBPF syscall, block-I/O, CPU and GPU metrics for every cgroup and process.
 ///
-/// Run as root (or with CAP_BPF and CAP_PERFMON; file paths on other users' slow-call spans
-/// also need CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE) and scrape
+/// Run as root (or with CAP_BPF and CAP_PERFMON, which is all it needs) and scrape
 /// http://127.0.0.1:9812/metrics. The subcommands answer what strace -c, strace -f -T and
 /// bpftrace are used for, for one command, process or cgroup (see `sysscope help summary`).
 #[derive(Debug, Parser)]
@@ -307,13 +306,19 @@ fn config_check(config: &Config) -> anyhow::Result<ExitCode> {
     for (name, why) in &report.failed {
         println!("collector {name} failed: {why}");
     }
-    let kept = privileges::kept_for(config);
+    // What this process holds now is what the exporter would hold when it drops.
+    let held = privileges::held();
+    let kept = privileges::kept_for(config, held);
     if kept.is_empty() {
         println!("capabilities kept after start-up: none");
     }
     for (cap, why) in kept {
         println!("capability kept after start-up: {cap:<20} for {why}");
     }
+    println!(
+        "slow-call file names: from the kernel; /proc fallback {}",
+        privileges::proc_fallback(config, held).describe()
+    );
     if config.collection.probe_stats == sysscope::config::ProbeStatsMode::Sampled {
         println!(
             "capability kept by the statistics helper process: CAP_SYS_ADMIN for BPF_ENABLE_STATS (collection.probe_stats = \"sampled\")"

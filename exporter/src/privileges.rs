@@ -8,10 +8,15 @@
 //!   `CAP_BPF`, so that is checked by experiment ([`bpf_fd_access_needs_cap_bpf`]) and
 //!   `CAP_BPF` is kept only when the experiment says so;
 //! - `/proc/<pid>/comm`, `/proc/<pid>` and the cgroup tree are world-readable: nothing;
-//! - the path behind a file descriptor of another user's process (`file.path` in slow-call
-//!   spans, `slow_calls.resolve_file_paths`) needs `CAP_DAC_READ_SEARCH` (to search
-//!   `/proc/<pid>/fd`) and `CAP_SYS_PTRACE` (the kernel's ptrace access check on the link):
-//!   kept only when slow-call sampling and path resolution are both on.
+//! - the file a slow call waited on is named by the kernel at the call's exit (the probe reads
+//!   its identity and walks its path): nothing;
+//! - `/proc/<pid>/fd` answers for a file the kernel could not name (a path longer than the
+//!   record holds, a namespace file, a kernel without the struct offsets), and
+//!   `/proc/<pid>/exe` gives `process.executable.name`; for other users' processes that needs
+//!   `CAP_SYS_PTRACE` (the kernel's ptrace access check on the links) and, for the descriptor
+//!   links, `CAP_DAC_READ_SEARCH` (to search `/proc/<pid>/fd`). Both are optional: kept when
+//!   the process holds them at start and `slow_calls.proc_fallback` is on (with slow calls and
+//!   paths), never asked for, and start-up goes on without them ([`proc_fallback`]).
 //!
 //! Everything else (CAP_SYS_ADMIN, CAP_PERFMON, CAP_NET_*, CAP_DAC_OVERRIDE, ...) is removed
 //! from the effective, permitted, inheritable and ambient sets, and from the bounding set when
@@ -79,38 +84,113 @@ pub enum PrivilegeError {
 /// Set in the environment, makes [`drop_after_start`] fail as a refused `capset` would.
 pub const FAULT_DROP_ENV: &str = "SYSSCOPE_FAULT_CAPABILITY_DROP";
 
-/// What each capability kept after start-up is for, under `config` (what `--config.check`
-/// prints). `CAP_BPF` may be added at run time on kernels that need it for map access.
-pub fn kept_for(config: &Config) -> Vec<(&'static str, &'static str)> {
+/// The capabilities of the `/proc` fallback.
+const PROC_FALLBACK_CAPS: u64 = (1 << CAP_DAC_READ_SEARCH) | (1 << CAP_SYS_PTRACE);
+
+/// How far `/proc` can stand in for the kernel when naming a slow call's file (and give
+/// `process.executable.name`), under a configuration and the capabilities held at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcFallback {
+    /// Not used: the setting (`slow_calls.enabled`, `resolve_file_paths` or `proc_fallback`)
+    /// that is off.
+    Off(&'static str),
+    /// For every process: both capabilities held at start, and kept.
+    On,
+    /// Only for processes of sysscope's own user: the capabilities in `missing` were not held
+    /// at start. `CAP_SYS_PTRACE` alone is kept (the executable's name of every process);
+    /// `CAP_DAC_READ_SEARCH` alone is not (every link it would reach is behind the ptrace
+    /// check).
+    OwnUser { missing: u64 },
+}
+
+/// The `/proc` fallback under `config` with `held` (a permitted set) at start.
+pub fn proc_fallback(config: &Config, held: u64) -> ProcFallback {
+    let slow = &config.slow_calls;
+    if !slow.enabled {
+        ProcFallback::Off("slow_calls.enabled = false")
+    } else if !slow.resolve_file_paths {
+        ProcFallback::Off("slow_calls.resolve_file_paths = false")
+    } else if !slow.proc_fallback {
+        ProcFallback::Off("slow_calls.proc_fallback = false")
+    } else if held & PROC_FALLBACK_CAPS == PROC_FALLBACK_CAPS {
+        ProcFallback::On
+    } else {
+        ProcFallback::OwnUser {
+            missing: PROC_FALLBACK_CAPS & !held,
+        }
+    }
+}
+
+impl ProcFallback {
+    /// The capabilities it keeps after start-up.
+    pub(crate) fn kept(self) -> u64 {
+        match self {
+            ProcFallback::Off(_) => 0,
+            ProcFallback::On => PROC_FALLBACK_CAPS,
+            ProcFallback::OwnUser { missing } if missing & (1 << CAP_SYS_PTRACE) == 0 => {
+                1 << CAP_SYS_PTRACE
+            }
+            ProcFallback::OwnUser { .. } => 0,
+        }
+    }
+
+    /// One line for `--config.check` and the start-up log.
+    pub fn describe(self) -> String {
+        match self {
+            ProcFallback::Off(why) => format!("off ({why})"),
+            ProcFallback::On => {
+                "on for every process (CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE held at start, kept)"
+                    .into()
+            }
+            ProcFallback::OwnUser { missing } => format!(
+                "off for other users' processes ({} not held at start): a file the kernel cannot \
+                 name reads sysscope.file.path_unavailable = permission_denied, or the tail of its \
+                 path after \"...\"{}",
+                cap_names(missing).join(" and "),
+                if missing & (1 << CAP_SYS_PTRACE) != 0 {
+                    ", and process.executable.name is the process name"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
+/// The permitted set of the calling thread: what sysscope can keep.
+pub fn held() -> u64 {
+    parse_status(&std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default()).permitted
+}
+
+/// What each capability kept after start-up is for, under `config` with `held` (a permitted
+/// set) at start (what `--config.check` prints). `CAP_BPF` may be added at run time on
+/// kernels that need it for map access.
+pub fn kept_for(config: &Config, held: u64) -> Vec<(&'static str, &'static str)> {
     let mut out = Vec::new();
-    let keep = required(config);
+    let keep = required(config, held);
     if keep & (1 << CAP_DAC_READ_SEARCH) != 0 {
         out.push((
             "CAP_DAC_READ_SEARCH",
-            "file.path of slow-call spans: search /proc/<pid>/fd of other users' processes (slow_calls.resolve_file_paths)",
+            "the /proc fallback of slow-call file names: search /proc/<pid>/fd of other users' processes (slow_calls.proc_fallback)",
         ));
     }
     if keep & (1 << CAP_SYS_PTRACE) != 0 {
         out.push((
             "CAP_SYS_PTRACE",
-            "file.path of slow-call spans: the kernel's ptrace access check on /proc/<pid>/fd links (slow_calls.resolve_file_paths)",
+            "the /proc fallback of slow-call file names and process.executable.name: the ptrace access check on /proc/<pid>/fd links and /proc/<pid>/exe of other users' processes (slow_calls.proc_fallback)",
         ));
     }
     out
 }
 
-/// The capabilities sysscope needs once everything is attached, from its configuration
-/// (before the `CAP_BPF` experiment).
-pub(crate) fn required(config: &Config) -> u64 {
-    let mut keep = 0u64;
-    if config.slow_calls.enabled && config.slow_calls.resolve_file_paths {
-        keep |= 1 << CAP_DAC_READ_SEARCH;
-        keep |= 1 << CAP_SYS_PTRACE;
-    }
+/// The capabilities sysscope keeps once everything is attached, from its configuration and
+/// `held` (a permitted set) at start, before the `CAP_BPF` experiment. Never more than
+/// `held`.
+pub(crate) fn required(config: &Config, held: u64) -> u64 {
     // Sampled probe statistics are switched by a helper process that keeps CAP_SYS_ADMIN for
     // that alone (kernel/probe_stats.rs); "always" enables them once at start and "off" never does:
     // the exporter keeps it in no mode.
-    keep
+    proc_fallback(config, held).kept() & held
 }
 
 /// What the drop did.
@@ -122,6 +202,9 @@ pub struct DropReport {
     pub(crate) bpf_fd_access_needs_cap_bpf: bool,
     /// Whether the bounding set could be reduced too (needs CAP_SETPCAP).
     pub bounding_set_reduced: bool,
+    /// What the `/proc` fallback can do with what was held at start (`None`: a drop that
+    /// does not concern it, the statistics helper's).
+    pub proc_fallback: Option<ProcFallback>,
     /// Threads that applied the new sets.
     pub threads: usize,
 }
@@ -375,17 +458,17 @@ pub fn drop_after_start(config: &Config) -> Result<DropReport, PrivilegeError> {
             libc::EPERM,
         )));
     }
-    let mut keep = required(config);
+    let held = held();
+    let mut keep = required(config, held);
     let needs_bpf = bpf_fd_access_needs_cap_bpf(keep);
     if needs_bpf {
         keep |= 1 << CAP_BPF;
     }
-    let mine =
-        parse_status(&std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default());
     // Never ask for what we do not hold.
-    keep &= mine.permitted;
+    keep &= held;
     drop_to(keep).map(|mut r| {
         r.bpf_fd_access_needs_cap_bpf = needs_bpf;
+        r.proc_fallback = Some(proc_fallback(config, held));
         r
     })
 }
@@ -482,6 +565,7 @@ pub(crate) fn drop_to(keep: u64) -> Result<DropReport, PrivilegeError> {
         kept: keep,
         bpf_fd_access_needs_cap_bpf: false,
         bounding_set_reduced: bounding_ok,
+        proc_fallback: None,
         threads: done.len(),
     })
 }
@@ -507,12 +591,41 @@ mod tests {
     }
 
     #[test]
-    fn file_paths_need_ptrace_and_dac_read_search_only_when_enabled() {
+    fn the_proc_fallback_keeps_what_is_held_and_asks_for_nothing() {
+        let both = PROC_FALLBACK_CAPS;
+        let root = (1u64 << 41) - 1;
+        let daemonset = (1u64 << CAP_BPF) | (1 << CAP_PERFMON);
         let mut c = Config::default();
+        // Held at start (root, or granted): both kept, and said why.
+        assert_eq!(proc_fallback(&c, root), ProcFallback::On);
         assert_eq!(
-            cap_names(required(&c)),
+            cap_names(required(&c, root)),
             ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"]
         );
+        assert_eq!(kept_for(&c, root).len(), 2);
+        assert_eq!(required(&c, both), both);
+        // Not held (the DaemonSet, the unit): nothing kept, nothing asked for, and the
+        // fallback is off for other users' processes.
+        assert_eq!(
+            proc_fallback(&c, daemonset),
+            ProcFallback::OwnUser { missing: both }
+        );
+        assert_eq!(required(&c, daemonset), 0);
+        assert!(kept_for(&c, daemonset).is_empty());
+        let line = proc_fallback(&c, daemonset).describe();
+        assert!(line.starts_with("off for other users' processes (CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE not held at start)"), "{line}");
+        assert!(
+            line.contains("permission_denied") && line.contains("process.executable.name"),
+            "{line}"
+        );
+        // CAP_SYS_PTRACE alone still names every executable; CAP_DAC_READ_SEARCH alone opens
+        // no link (each is behind the ptrace check): not kept.
+        let ptrace = daemonset | (1 << CAP_SYS_PTRACE);
+        assert_eq!(cap_names(required(&c, ptrace)), ["CAP_SYS_PTRACE"]);
+        assert!(!proc_fallback(&c, ptrace)
+            .describe()
+            .contains("process.executable.name"));
+        assert_eq!(required(&c, daemonset | (1 << CAP_DAC_READ_SEARCH)), 0);
         // No statistics mode keeps CAP_SYS_ADMIN (sampled statistics use a helper process).
         for mode in [
             crate::config::ProbeStatsMode::Always,
@@ -520,13 +633,27 @@ mod tests {
             crate::config::ProbeStatsMode::Off,
         ] {
             c.collection.probe_stats = mode;
-            assert_eq!(required(&c) & (1 << CAP_SYS_ADMIN), 0);
+            assert_eq!(required(&c, root) & (1 << CAP_SYS_ADMIN), 0);
         }
-        assert_eq!(kept_for(&c).len(), 2);
-        c.slow_calls.resolve_file_paths = false;
-        assert_eq!(required(&c), 0);
-        c.slow_calls.resolve_file_paths = true;
-        c.slow_calls.enabled = false;
-        assert_eq!(required(&c), 0);
+        // Each setting that turns the fallback off drops both, even from root, and is named.
+        type TurnOff = fn(&mut Config);
+        let turned_off: [(&str, TurnOff); 3] = [
+            ("slow_calls.proc_fallback = false", |c| {
+                c.slow_calls.proc_fallback = false
+            }),
+            ("slow_calls.resolve_file_paths = false", |c| {
+                c.slow_calls.resolve_file_paths = false
+            }),
+            ("slow_calls.enabled = false", |c| {
+                c.slow_calls.enabled = false
+            }),
+        ];
+        for (key, set) in turned_off {
+            let mut off = Config::default();
+            set(&mut off);
+            assert_eq!(proc_fallback(&off, root), ProcFallback::Off(key));
+            assert_eq!(required(&off, root), 0, "{key}");
+            assert_eq!(proc_fallback(&off, root).describe(), format!("off ({key})"));
+        }
     }
 }

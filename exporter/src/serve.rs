@@ -151,6 +151,12 @@ where
             threads = dropped.threads,
             "dropped capabilities"
         );
+        if let Some(fallback) = dropped.proc_fallback {
+            tracing::info!(
+                proc_fallback = %fallback.describe(),
+                "slow-call file names come from the kernel"
+            );
+        }
         let reload_stats = Arc::new(reload::ReloadStats::new());
         reload_stats.register(agent.self_metrics());
         let agent = Arc::new(Mutex::new(agent));

@@ -225,11 +225,14 @@ mkdir "$cg_root/sysscope-release-unit-$$" && cgroups_to_remove+=("$cg_root/syssc
 timeout 180 unshare --net bash "$work/unit-run.sh" || fail "the unit's command did not run; $(tail -n 5 "$work/unit-run.log")"
 grep -q 'exit=0' "$work/unit-caps.txt" || fail "the unit's command did not stop with status 0: $(tail -n 5 "$work/unit-run.log")"
 grep -q "^Uid:[[:space:]]*$uid" "$work/unit-caps.txt" || fail "the exporter did not run as uid $uid"
-# slow_calls.resolve_file_paths is on by default: CAP_DAC_READ_SEARCH (2) and CAP_SYS_PTRACE
-# (19) stay, nothing else, in every thread.
-grep -q '^CapEff:[[:space:]]*0000000000080004$' "$work/unit-caps.txt" &&
-  [ "$(cat "$work/unit-thread-caps.txt")" = "CapEff:	0000000000080004" ] ||
+# File paths are on by default and come from the kernel: nothing stays, in any thread. The unit
+# grants neither capability of the /proc fallback, and the exporter says so at start.
+grep -q '^CapEff:[[:space:]]*0000000000000000$' "$work/unit-caps.txt" &&
+  grep -q '^CapPrm:[[:space:]]*0000000000000000$' "$work/unit-caps.txt" &&
+  [ "$(cat "$work/unit-thread-caps.txt")" = "CapEff:	0000000000000000" ] ||
   fail "capabilities after start: $(tr '\n' ' ' <"$work/unit-caps.txt") $(tr '\n' ' ' <"$work/unit-thread-caps.txt")"
+grep -q "proc_fallback=\"off for other users' processes (CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE not held at start)" \
+  "$work/unit-run.log" || fail "the unit's exporter did not say that the /proc fallback is off: $(tail -n 5 "$work/unit-run.log")"
 got=$(python3 "$work/count.py" "$work/unit-metrics.txt" "/sysscope-release-unit-$$")
 [ "$got" = "12345 67 $revision" ] ||
   fail "unit's command: counted '$got' (getppid, openat ENOENT, build_info revision), expected '12345 67 $revision'"

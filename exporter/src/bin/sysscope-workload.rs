@@ -137,6 +137,14 @@ const STEPS: &[Step] = &[
         run: |a| fifo_read(a.str(0)),
     },
     Step {
+        name: "fifo-slow-read",
+        args: "PATH MS HOLD_MS",
+        help: "opens the FIFO PATH (read-write), prints \"fifo_fd=<fd>\", makes one one-byte read \
+               filled by a thread MS ms after it has blocked, then keeps the descriptor open \
+               HOLD_MS ms before closing it",
+        run: |a| fifo_slow_read(a.str(0), a.num(1), a.num(2)),
+    },
+    Step {
         name: "reused-fd-reads",
         args: "FIFO MS",
         help: "a slow read of a pipe, then the same descriptor number reopened on the FIFO and a \
@@ -1245,6 +1253,18 @@ fn fifo_read(path: &str) -> ! {
     let _ = std::io::stdout().flush();
     read_byte(fd);
     std::process::exit(0);
+}
+
+/// One slow read of the FIFO at `path`, filled by a thread of ours `ms` ms after it blocked;
+/// the descriptor stays open `hold_ms` ms more (its `/proc` link readable meanwhile).
+fn fifo_slow_read(path: &str, ms: u64, hold_ms: u64) {
+    let fd = open_or_exit(path, libc::O_RDWR);
+    println!("fifo_fd={fd}");
+    let _ = std::io::stdout().flush();
+    slow_read_filled_by(fd, fd, ms);
+    std::thread::sleep(Duration::from_millis(hold_ms));
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(fd) };
 }
 
 /// A descriptor number that names two files in turn, each read slowly: a pipe, then the FIFO

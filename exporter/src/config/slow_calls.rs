@@ -35,9 +35,17 @@ pub(crate) struct SlowCallsConfig {
     /// Recent slow calls kept for `/api/v1/slow-calls` when no OTLP endpoint is configured.
     #[schemars(range(min = 0, max = 100_000))]
     pub(crate) recent_capacity: usize,
-    /// Puts the path behind a file descriptor into spans (`file.path`). Paths can carry
-    /// user data, so they can be turned off.
+    /// Puts the name of the file behind a descriptor into spans (`file.path`), read by the
+    /// kernel at the call's exit (needs no capability beyond CAP_BPF and CAP_PERFMON). Paths
+    /// can carry user data, so they can be turned off.
     pub(crate) resolve_file_paths: bool,
+    /// Lets `/proc/<pid>/fd` name, for every process, a file the kernel could not (a path
+    /// over 512 bytes or 40 levels, a namespace file, a kernel without the struct offsets),
+    /// checked by device and inode: keeps CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE after
+    /// start-up when held at start (never required; they also give other users' processes
+    /// their `process.executable.name`). false drops both even when held: `/proc` then answers
+    /// only for processes of sysscope's own user.
+    pub(crate) proc_fallback: bool,
     /// Kernel ring buffer size in bytes (power of two, multiple of the page size).
     #[schemars(range(min = 4096), extend("x-constraint" = "a power of two"))]
     pub(crate) ring_buffer_bytes: u32,
@@ -85,6 +93,7 @@ impl Default for SlowCallsConfig {
             max_events_per_second: 1000,
             recent_capacity: 256,
             resolve_file_paths: true,
+            proc_fallback: true,
             ring_buffer_bytes: 256 * 1024,
             export_queue: 2048,
         }

@@ -48,6 +48,7 @@ const KEYS: &[(&str, &str)] = &[
     ("slow_calls", "exclude"),
     ("slow_calls", "ring_buffer_bytes"),
     ("slow_calls", "resolve_file_paths"),
+    ("slow_calls", "proc_fallback"),
     ("kubernetes", "pod_watch"),
     ("kubernetes", "max_pods"),
     ("nonsense", "key"),

@@ -256,17 +256,17 @@ fn capabilities_are_dropped_in_every_thread_after_start() {
     }
     use sysscope::privileges::{CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN, CAP_SYS_PTRACE};
     for (config, expected) in [
-        // Default: slow-call file paths are resolved, which needs these two. Probe statistics
-        // are sampled, switched by a helper process: the exporter keeps no CAP_SYS_ADMIN.
+        // Default, as root: the /proc fallback of slow-call file names keeps these two, which
+        // root holds. Probe statistics are sampled, switched by a helper process: the exporter
+        // keeps no CAP_SYS_ADMIN.
         (
             TEST_CONFIG.to_string(),
             (1u64 << CAP_DAC_READ_SEARCH) | (1 << CAP_SYS_PTRACE),
         ),
-        // Statistics kept on from the start, no path resolution: nothing at all.
+        // Statistics kept on from the start, file paths from the kernel without the fallback:
+        // nothing at all, although root held everything.
         (
-            format!(
-                "{TEST_CONFIG}probe_stats = \"always\"\n[slow_calls]\nresolve_file_paths = false\n"
-            ),
+            format!("{TEST_CONFIG}probe_stats = \"always\"\n[slow_calls]\nproc_fallback = false\n"),
             0u64,
         ),
     ] {
@@ -352,6 +352,76 @@ fn a_failed_capability_drop_stops_the_exporter() {
     assert!(
         stderr.contains("could not drop the capabilities"),
         "no reason given: {stderr}"
+    );
+}
+
+/// `--config.check` says what the /proc fallback of slow-call file names can do: without its
+/// two capabilities (the DaemonSet's CAP_BPF and CAP_PERFMON only) it succeeds, keeps nothing
+/// and says the fallback is off for other users' processes; with `proc_fallback = false` root
+/// keeps nothing either. (Root with the default is checked with the attached programs.)
+#[test]
+fn config_check_says_what_the_proc_fallback_keeps() {
+    if !require_root("config_check_says_what_the_proc_fallback_keeps") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let check = |wrapper: &[&str], config: &str| {
+        let path = dir.path().join("sysscope.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(sysscope_bin());
+                c
+            }
+            None => Command::new(sysscope_bin()),
+        };
+        let out = cmd
+            .arg("--config.check")
+            .arg(format!("--config.file={}", path.display()))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let daemonset = [
+        "setpriv",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all,+bpf,+perfmon",
+    ];
+    let without = check(&daemonset, TEST_CONFIG);
+    assert!(
+        without
+            .lines()
+            .any(|l| l == "capabilities kept after start-up: none"),
+        "{without}"
+    );
+    assert!(
+        without.lines().any(|l| l.starts_with(
+            "slow-call file names: from the kernel; /proc fallback off for other users' \
+             processes (CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE not held at start)"
+        ) && l.contains("permission_denied")),
+        "{without}"
+    );
+    let off = check(
+        &[],
+        &format!("{TEST_CONFIG}[slow_calls]\nproc_fallback = false\n"),
+    );
+    assert!(
+        off.lines()
+            .any(|l| l == "capabilities kept after start-up: none"),
+        "{off}"
+    );
+    assert!(
+        off.lines().any(|l| l
+            == "slow-call file names: from the kernel; /proc fallback off (slow_calls.proc_fallback = false)"),
+        "{off}"
     );
 }
 

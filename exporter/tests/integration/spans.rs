@@ -2306,3 +2306,184 @@ fn a_reused_descriptor_number_names_each_file_in_its_own_span() {
     assert_eq!(spans[1].str("file.path"), fifo.to_str(), "{:?}", spans[1]);
     assert_eq!(spans[1].int("sysscope.file.inode"), Some(second));
 }
+
+/// The slow calls of process `pid` the local endpoint of `exporter` lists, once `count` have
+/// arrived (exactly that many).
+fn local_slow_calls(exporter: &Exporter, pid: u32, count: usize) -> Vec<serde_json::Value> {
+    let calls = eventually(Duration::from_secs(10), || {
+        let (_, _, body) = http_get(exporter.port, "/api/v1/slow-calls", None).ok()?;
+        let doc: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let calls: Vec<serde_json::Value> = doc["slow_calls"]
+            .as_array()?
+            .iter()
+            .filter(|c| c["attributes"]["process.pid"] == pid)
+            .cloned()
+            .collect();
+        (calls.len() >= count).then_some(calls)
+    })
+    .unwrap_or_else(|| panic!("{count} slow calls of {pid} never showed up"));
+    assert_eq!(calls.len(), count, "{calls:#?}");
+    calls
+}
+
+/// The name sysscope gives a path longer than a record holds when `/proc` cannot complete it:
+/// the whole components nearest the file that fit in `NAME_BYTES`, after `...`.
+fn kernel_tail(path: &std::path::Path) -> String {
+    let mut tail = String::new();
+    for component in path.components().rev() {
+        let name = component.as_os_str().to_str().unwrap();
+        if name == "/" || tail.len() + name.len() + 1 > sysscope_abi::fd_class::file::NAME_BYTES {
+            break;
+        }
+        tail = format!("/{name}{tail}");
+    }
+    format!("...{tail}")
+}
+
+/// An exporter holding only CAP_BPF and CAP_PERFMON, as the DaemonSet and the systemd unit run
+/// it, names another user's files from the kernel: a FIFO in a directory only `nobody` may
+/// search (sysscope could not even stat it), read slowly by a process running as `nobody`.
+/// Beside it a root exporter, whose /proc fallback keeps CAP_DAC_READ_SEARCH and
+/// CAP_SYS_PTRACE, shows exactly what the two capabilities add: a path longer than the record
+/// holds is completed through /proc (without them: its tail after `...`), and
+/// process.executable.name is the executable's name (without them: the process name).
+#[test]
+fn without_the_proc_capabilities_the_kernel_names_another_users_files() {
+    if !require_root("without_the_proc_capabilities_the_kernel_names_another_users_files") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let _serial = serial();
+    const NOBODY: u32 = 65534;
+    let mut unprivileged = Exporter::spawn_wrapped(
+        free_port(),
+        SLOW_READS,
+        &[],
+        &[],
+        &[
+            "setpriv",
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--bounding-set=-all,+bpf,+perfmon",
+        ],
+    );
+    unprivileged.wait_ready(Duration::from_secs(30));
+    let root = Exporter::start(SLOW_READS, &[]);
+    // After start-up: nothing that reads another user's /proc/<pid>/fd or /proc/<pid>/exe
+    // (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE) in any thread; the root exporter
+    // keeps exactly the fallback's two.
+    use sysscope::privileges::{CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE};
+    const CAP_DAC_OVERRIDE: u32 = 1;
+    let fallback = (1u64 << CAP_DAC_READ_SEARCH) | (1 << CAP_SYS_PTRACE);
+    for (exporter, want) in [(&unprivileged, 0), (&root, fallback)] {
+        let pid = exporter.child.id();
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+            for field in ["CapEff:", "CapPrm:"] {
+                let caps = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(field))
+                    .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+                    .unwrap();
+                assert_eq!(
+                    caps & (fallback | 1 << CAP_DAC_OVERRIDE),
+                    want,
+                    "{pid} {field} {caps:#x}"
+                );
+            }
+        }
+    }
+
+    // /tmp/.tmpXXXX (searchable) / private (nobody's, 0700) / input.fifo, and a FIFO under
+    // three levels of 200 bytes there: more than the 512 bytes a record holds.
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let private = base.join("private");
+    let deep_dir = ["a", "b", "c"]
+        .iter()
+        .fold(private.clone(), |d, c| d.join(c.repeat(200)));
+    std::fs::create_dir_all(&deep_dir).unwrap();
+    let fifo = private.join("input.fifo");
+    let deep = deep_dir.join("deep.fifo");
+    for path in [&fifo, &deep] {
+        mkfifo(path);
+        std::os::unix::fs::chown(path, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    std::os::unix::fs::chown(&private, Some(NOBODY), Some(NOBODY)).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let (_, fifo_ino) = stat_identity(&fifo);
+    let (_, deep_ino) = stat_identity(&deep);
+    assert!(deep.as_os_str().len() > 512, "{}", deep.display());
+
+    // As nobody: one slow read of each (filled 40 ms after it blocked), the second FIFO held
+    // open (up to 20 s, until both exporters have both calls) so that /proc still has it when
+    // the root exporter asks.
+    /// Killed when the test is done with it, or fails.
+    struct Holder(std::process::Child);
+    impl Drop for Holder {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let nobody = NOBODY.to_string();
+    let mut child = Holder(
+        Command::new("setpriv")
+            .args([
+                "--reuid",
+                &nobody,
+                "--regid",
+                &nobody,
+                "--clear-groups",
+                "--",
+            ])
+            .arg(workload_bin())
+            .arg("fifo-slow-read")
+            .arg(&fifo)
+            .args(["40", "0", "fifo-slow-read"])
+            .arg(&deep)
+            .args(["40", "20000"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("setpriv (util-linux)"),
+    );
+    let pid = child.0.id();
+    let by_inode = |exporter: &Exporter| {
+        let calls = local_slow_calls(exporter, pid, 2);
+        let of = |ino: i64| {
+            calls
+                .iter()
+                .find(|c| c["attributes"]["sysscope.file.inode"] == ino)
+                .unwrap_or_else(|| panic!("no slow call on inode {ino}: {calls:#?}"))
+                .clone()
+        };
+        (of(fifo_ino), of(deep_ino))
+    };
+    let (root_fifo, root_deep) = by_inode(&root);
+    let (fifo_call, deep_call) = by_inode(&unprivileged);
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "the workload ended early"
+    );
+
+    let attr = |c: &serde_json::Value, key: &str| c["attributes"][key].clone();
+    for call in [&fifo_call, &deep_call, &root_fifo, &root_deep] {
+        assert_eq!(call["name"], "read", "{call:#}");
+        assert!(
+            attr(call, "sysscope.file.path_unavailable").is_null(),
+            "{call:#}"
+        );
+    }
+    // The kernel's names, the same with or without the capabilities.
+    assert_eq!(attr(&fifo_call, "file.path"), fifo.to_str().unwrap());
+    assert_eq!(attr(&root_fifo, "file.path"), fifo.to_str().unwrap());
+    // What /proc adds for another user's process, and what is left without it.
+    assert_eq!(attr(&root_deep, "file.path"), deep.to_str().unwrap());
+    assert_eq!(attr(&deep_call, "file.path"), kernel_tail(&deep).as_str());
+    assert_eq!(
+        attr(&root_fifo, "process.executable.name"),
+        "sysscope-workload"
+    );
+    assert_eq!(attr(&fifo_call, "process.executable.name"), WORKLOAD_COMM);
+}

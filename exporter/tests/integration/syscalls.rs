@@ -414,6 +414,21 @@ fn config_check_lists_attached_programs() {
             "{program} not attached:\n{stdout}"
         );
     }
+    // Root holds the /proc fallback's two capabilities: they are kept, and said why.
+    for cap in ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with("capability kept after start-up: ") && l.contains(cap)),
+            "{cap} not kept:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.lines().any(|l| l
+            == "slow-call file names: from the kernel; /proc fallback on for every process \
+                (CAP_DAC_READ_SEARCH and CAP_SYS_PTRACE held at start, kept)"),
+        "{stdout}"
+    );
 }
 
 // The errors below need no privileges: they are reported before anything is loaded.
