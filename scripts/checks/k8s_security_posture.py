@@ -9,8 +9,10 @@ privileged container, privilege escalation, a writable root filesystem,
 capabilities not dropped (ALL) or added beyond the allowed set (and every added capability
 must be justified in docs/kubernetes.md), a seccomp profile other than RuntimeDefault/Localhost,
 host mounts that are writable or not on the allowlist, host network/IPC, missing or malformed
-resources, missing probes, a missing NODE_NAME, a loopback listen address, RBAC beyond
-get/list/watch pods, a non-headless Service, a PodMonitor that does not select the pods, a
+resources, missing probes, a missing NODE_NAME, a loopback listen address, a mounted
+config.toml that is not TOML or turns slow-call file paths off (the kernel names files with
+BPF and PERFMON alone: an added DAC_READ_SEARCH or SYS_PTRACE only serves the /proc fallback,
+which is opt-in), RBAC beyond get/list/watch pods, a non-headless Service, a PodMonitor that does not select the pods, a
 DaemonSet whose selector matches another DaemonSet's pods. With the GPU DaemonSet
 (components/gpu-operator, components/gpu-host-driver) also on: a pod that requests an
 nvidia.com resource (the agent must not take a GPU from the scheduler), a RuntimeClass or
@@ -38,8 +40,18 @@ try:
     import yaml
 except ImportError:
     sys.exit("FAIL: PyYAML is needed (apt-get install python3-yaml, or pip install pyyaml)")
+try:
+    import tomllib
+except ImportError:
+    try:
+        import tomli as tomllib
+    except ImportError:
+        sys.exit("FAIL: Python 3.11 (tomllib) or tomli is needed to read config.toml")
 
 ALLOWED_CAPABILITIES = {"BPF", "PERFMON"}
+# Optional capabilities of the /proc fallback of slow-call file names (docs/kubernetes.md,
+# "Opting in to the /proc fallback"): refused like any other, with a pointer to that section.
+PROC_FALLBACK_CAPABILITIES = {"DAC_READ_SEARCH", "SYS_PTRACE"}
 # Host paths sysscope may mount, all read-only.
 ALLOWED_HOST_PATHS = {"/sys/fs/cgroup", "/sys/kernel/btf", "/sys/kernel/tracing", "/proc"}
 ALLOWED_SECCOMP = {"RuntimeDefault", "Localhost"}
@@ -246,6 +258,19 @@ def without_gpu_settings(ds):
     return t
 
 
+def config_problems(text):
+    """What the DaemonSet's config.toml gets wrong."""
+    try:
+        config = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return [f"not TOML: {e}"]
+    slow = config.get("slow_calls", {})
+    if slow.get("resolve_file_paths", True) is not True:
+        return ["slow_calls.resolve_file_paths must stay on: the kernel names slow calls' files with "
+                "CAP_BPF and CAP_PERFMON alone (leaving paths out for privacy belongs in an overlay)"]
+    return []
+
+
 def check_daemonset(ds, docs, documented_caps, p):
     """Problems of one DaemonSet; returns its pod labels and container port names."""
     name = ds["metadata"]["name"]
@@ -295,6 +320,11 @@ def check_daemonset(ds, docs, documented_caps, p):
         cm = v.get("configMap")
         if cm and not any(c["metadata"]["name"] == cm["name"] for c in by_kind(docs, "ConfigMap")):
             p(f"volume {vname}: ConfigMap {cm['name']} is not among the manifests")
+        for c in by_kind(docs, "ConfigMap") if cm else []:
+            text = (c.get("data") or {}).get("config.toml")
+            if c["metadata"]["name"] == cm["name"] and text is not None:
+                for problem in config_problems(text):
+                    p(f"ConfigMap {cm['name']}: config.toml: {problem}")
 
     ports = set()
     for c in containers:
@@ -312,7 +342,11 @@ def check_daemonset(ds, docs, documented_caps, p):
             p(f"container {cname}: capabilities.drop must contain ALL")
         for cap in caps.get("add", []):
             bare = cap.upper().removeprefix("CAP_")
-            if bare not in ALLOWED_CAPABILITIES:
+            if bare in PROC_FALLBACK_CAPABILITIES and bare not in ALLOWED_CAPABILITIES:
+                p(f"container {cname}: unexpected capability {cap}: file paths come from the kernel with "
+                  f"{sorted(ALLOWED_CAPABILITIES)} alone, and {cap} only serves the /proc fallback; add it to "
+                  "ALLOWED_CAPABILITIES where that is deliberate (docs/kubernetes.md, Opting in to the /proc fallback)")
+            elif bare not in ALLOWED_CAPABILITIES:
                 p(f"container {cname}: unexpected capability {cap} (allowed: {sorted(ALLOWED_CAPABILITIES)})")
             elif documented_caps is not None and bare not in documented_caps:
                 p(f"container {cname}: capability {cap} is not justified in docs/kubernetes.md")
@@ -466,6 +500,13 @@ def self_test(docs, documented_caps):
             "hostNetwork", True),
         "RuntimeClass on every node": lambda d: ds(d)["spec"]["template"]["spec"].__setitem__(
             "runtimeClassName", "nvidia"),
+        "SYS_PTRACE added": lambda d: ds_container(d)["securityContext"]["capabilities"]["add"].append(
+            "SYS_PTRACE"),
+        "file paths off": lambda d: [c["data"].__setitem__("config.toml", re.sub(
+            r"(?m)^resolve_file_paths = true$", "resolve_file_paths = false", c["data"]["config.toml"]))
+            for c in by_kind(d, "ConfigMap") if "config.toml" in (c.get("data") or {})],
+        "config.toml not TOML": lambda d: [c["data"].__setitem__("config.toml", "[slow_calls\n")
+                                           for c in by_kind(d, "ConfigMap") if "config.toml" in (c.get("data") or {})],
     }
     if any(x["metadata"]["name"] == GPU_DAEMONSET for x in by_kind(docs, "DaemonSet")):
         mutations.update({
