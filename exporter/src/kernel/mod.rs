@@ -53,7 +53,7 @@ pub(crate) static PROBES_OBJECT: &[u8] =
 pub enum ProbeError {
     #[error(
         "missing capability {capability}: {why} (run as root, or grant it, e.g. \
-         `setcap cap_bpf,cap_perfmon,cap_dac_read_search,cap_sys_ptrace+ep sysscope`)"
+         `setcap cap_bpf,cap_perfmon+ep sysscope`)"
     )]
     MissingCapability {
         capability: &'static str,
