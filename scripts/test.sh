@@ -2,10 +2,12 @@
 # Runs the whole test suite: set-up (idempotent), formatting and lints, the unit tests and the
 # real-kernel integration tests (as root; without root they skip, and under CI=true they
 # fail), then every check in scripts/checks/ (rules, dashboards, manifests, ...).
-# Ends with one line: "tests: N passed, M failed".
+# Ends with the time each step took and one line: "tests: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
+suite_started=$SECONDS
 scripts/setup.sh --test || { echo "tests: 0 passed, 1 failed"; exit 1; }
+timings=("setup $((SECONDS - suite_started))s")
 export PATH="$HOME/.cargo/bin:$PATH"
 
 passed=0
@@ -15,7 +17,7 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 step() {
-  local name=$1
+  local name=$1 started=$SECONDS
   shift
   printf '\n==> %s\n' "$name"
   if "$@"; then
@@ -24,6 +26,7 @@ step() {
     failed=$((failed + 1))
     failures+=("$name")
   fi
+  timings+=("$name $((SECONDS - started))s")
 }
 
 step "cargo fmt" cargo fmt --all -- --check
@@ -35,6 +38,7 @@ step "clippy (probes)" bash -c 'cd ebpf/probes && cargo +nightly clippy --locked
   -- -A clippy::all -D clippy::undocumented_unsafe_blocks'
 
 printf '\n==> cargo test\n'
+test_started=$SECONDS
 cargo test --locked --no-fail-fast 2>&1 | tee "$log"
 test_rc=${PIPESTATUS[0]}
 # Count individual tests from cargo's per-binary summaries.
@@ -47,6 +51,7 @@ if [ "$test_rc" -ne 0 ] && [ "$t_fail" -eq 0 ]; then
 elif [ "$t_fail" -ne 0 ]; then
   failures+=("cargo test")
 fi
+timings+=("cargo test $((SECONDS - test_started))s")
 
 for check in scripts/checks/*.sh; do
   [ -e "$check" ] || continue
@@ -54,6 +59,7 @@ for check in scripts/checks/*.sh; do
 done
 
 echo
+echo "time per step: $(printf '%s, ' "${timings[@]}" | sed 's/, $//'); $((SECONDS - suite_started))s in all"
 if [ "$failed" -ne 0 ]; then
   echo "failed: ${failures[*]}"
 fi
