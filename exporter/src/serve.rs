@@ -18,12 +18,14 @@ use std::{
 use opentelemetry_sdk::Resource;
 
 use crate::{
-    config::{CollectorFlags, Config},
+    config::{
+        otlp::{Settings, SettingsError},
+        CollectorFlags, Config,
+    },
     exposition::{
         http::{self, AppState, HttpError},
         otlp::{
             self,
-            config::{Settings, SettingsError},
             metrics::MetricPushError,
             traces::{SpanExport, TraceExportError},
         },

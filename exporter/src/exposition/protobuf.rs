@@ -39,7 +39,7 @@ impl HistogramForms {
 
 /// Whether a histogram message carries a native histogram: a zero bucket or any span (an
 /// empty native histogram has the no-op span).
-fn is_native(h: &Histogram) -> bool {
+pub(crate) fn is_native(h: &Histogram) -> bool {
     h.zero_threshold > 0.0 || !h.positive_span.is_empty() || !h.negative_span.is_empty()
 }
 
@@ -146,15 +146,6 @@ pub(crate) fn encode_delimited(families: &[MetricFamily]) -> Vec<u8> {
     out
 }
 
-/// Reads a length-delimited body back (the tests' and tools' reader).
-pub fn decode_delimited(mut body: &[u8]) -> Result<Vec<MetricFamily>, prost::DecodeError> {
-    let mut out = Vec::new();
-    while !body.is_empty() {
-        out.push(MetricFamily::decode_length_delimited(&mut body)?);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
@@ -162,6 +153,15 @@ mod tests {
     };
 
     use super::*;
+
+    /// Reads a length-delimited body back.
+    fn decode_delimited(mut body: &[u8]) -> Result<Vec<MetricFamily>, prost::DecodeError> {
+        let mut out = Vec::new();
+        while !body.is_empty() {
+            out.push(MetricFamily::decode_length_delimited(&mut body)?);
+        }
+        Ok(out)
+    }
 
     fn family(h: Histogram, name: &str) -> MetricFamily {
         MetricFamily {

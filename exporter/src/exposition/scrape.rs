@@ -109,17 +109,11 @@ impl Scraper {
     /// The exposition in `format`. Blocking (reads kernel maps): call from a blocking thread.
     pub fn scrape(&self, format: Format) -> Bytes {
         let mut cache = self.cache.lock().expect("scrape cache lock");
-        let fresh = cache
-            .refreshed_at
-            .is_some_and(|t| t.elapsed() < self.min_interval);
-        if fresh {
-            if let Some(body) = cache.bodies.get(&format) {
-                return body.clone();
-            }
-        }
         let started = Instant::now();
-        if !fresh {
-            self.refresh_agent(&mut cache);
+        self.refresh_agent(&mut cache, self.min_interval);
+        // Refreshing empties the cache: a body found was encoded since the last refresh.
+        if let Some(body) = cache.bodies.get(&format) {
+            return body.clone();
         }
         let body = match format {
             Format::OpenMetrics => {
@@ -146,16 +140,15 @@ impl Scraper {
     /// refreshed as a scrape would be (the OTLP push). Blocking, as [`Self::scrape`].
     pub(crate) fn families(&self) -> Vec<MetricFamily> {
         let mut cache = self.cache.lock().expect("scrape cache lock");
-        let fresh = cache
-            .refreshed_at
-            .is_some_and(|t| t.elapsed() < self.min_interval);
-        if !fresh {
-            self.refresh_agent(&mut cache);
-        }
+        self.refresh_agent(&mut cache, self.min_interval);
         self.typed(HistogramForms::BOTH)
     }
 
-    fn refresh_agent(&self, cache: &mut Cache) {
+    /// Refreshes the collectors unless the last refresh is younger than `max_age`.
+    fn refresh_agent(&self, cache: &mut Cache, max_age: Duration) {
+        if cache.refreshed_at.is_some_and(|t| t.elapsed() < max_age) {
+            return;
+        }
         self.agent.lock().expect("agent lock").refresh();
         cache.refreshed_at = Some(Instant::now());
         cache.bodies.clear();
@@ -188,7 +181,7 @@ impl Scraper {
     pub fn refresh(&self) {
         {
             let mut cache = self.cache.lock().expect("scrape cache lock");
-            self.refresh_agent(&mut cache);
+            self.refresh_agent(&mut cache, Duration::ZERO);
         }
         if let Some(took) = self.trimmer.lock().expect("trimmer lock").maybe_trim() {
             tracing::debug!(?took, "freed heap pages given back to the kernel");

@@ -1,41 +1,25 @@
 //! OTLP metrics push: every `OTEL_METRIC_EXPORT_INTERVAL`, the families Prometheus scrapes
 //! (typed, as the protobuf exposition builds them: [`Scraper::families`]) are sent as one OTLP
 //! request, over gRPC (tonic `MetricsService`) or OTLP/HTTP (`POST /v1/metrics`, protobuf or
-//! JSON body), with TLS for `https://` endpoints as `otlp::tls` builds it.
-//!
-//! JSON bodies are opentelemetry-proto's serde encoding of the same request, which follows the
-//! OTLP/JSON mapping: lowerCamelCase field names, trace and span ids as hex strings, 64-bit
-//! integers (times, counts, bucket counts) as decimal strings, enums as integers (checked by
-//! the unit tests below).
+//! opentelemetry-proto's serde JSON, which follows the OTLP/JSON mapping), with TLS for
+//! `https://` endpoints as `otlp::tls` builds it.
 //!
 //! Why not the OpenTelemetry SDK's instruments: the kernel aggregates latency into histograms,
-//! and the SDK can only build histograms from individual observations (its data types cannot
-//! be constructed outside the crate), so the request is built from `opentelemetry-proto`
-//! types. Why from the exposition's families rather than from each collector: it is the one
-//! place every collector (present and future) already encodes its families, with its labels,
-//! cardinality budget and buckets, as data (the client_model messages, never text); reading
-//! them keeps one data flow (probe → map → collector → exposition → Prometheus and OTLP) and
-//! guarantees both outputs agree.
+//! and the SDK builds histograms only from individual observations (its data types cannot be
+//! constructed outside the crate), so the request is built from `opentelemetry-proto` types.
+//! Why from the exposition's families: every collector already encodes its families there,
+//! with its labels, budget and buckets, as data; reading them keeps one data flow and both
+//! outputs equal.
 //!
-//! Mapping: counters become monotonic sums named like the OpenMetrics family (so
-//! `sysscope_syscalls`, which OTLP-to-Prometheus bridges export as `sysscope_syscalls_total`),
-//! gauges become gauges, histograms become explicit-bucket histograms with exactly the
-//! classic bounds, or with `base2_exponential_bucket_histogram` exponential histograms of the
-//! kernel's buckets (scale = the native schema: 0 for `log2`, -1 for `log4`; OTLP's bucket
-//! index is the native index minus one; the zero bucket is the kernel's first), and exemplars
-//! become OTLP exemplars with trace and span ids. Labels the slow-call spans name by an
-//! OpenTelemetry semantic convention take that name (`cgroup` is `process.linux.cgroup` with
-//! the spans' `0::` form, `comm` `process.executable.name`, `pid` `process.pid`, `errno`
-//! `error.type`, the Kubernetes labels `k8s.pod.name`, `k8s.namespace.name`,
-//! `k8s.container.name`, `k8s.pod.uid`, `container.id`); the others keep their names.
-//!
-//! Temporality follows `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`: cumulative,
-//! delta (sums and histograms as the change since the previous push, starting there), or
-//! lowmemory (histograms delta; the counters, read from the kernel as running totals, are
-//! asynchronous counters and stay cumulative, as the specification has it). Cumulative start
-//! times are sysscope's start for series present from the first push, and the previous push
-//! for series that appeared (or went backwards, i.e. were re-created) since; such a series'
-//! first delta is its whole value.
+//! The mapping (docs/spans.md, "OTLP metrics"): counters become monotonic sums named like the
+//! OpenMetrics family, gauges gauges, histograms explicit-bucket histograms of the classic
+//! bounds or exponential histograms of the native buckets (scale = the native schema, OTLP
+//! index = native index - 1, the kernel's first bucket the zero bucket), exemplars OTLP
+//! exemplars; labels the spans name by a semantic convention take that name. Temporality
+//! follows `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`: cumulative points start at
+//! sysscope's start, or at the previous push for a series new (or re-created) since; delta
+//! points start at the previous push and carry what changed since it (a new series' whole
+//! value).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -58,15 +42,15 @@ use opentelemetry_proto::tonic::{
     resource::v1::Resource,
 };
 use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
-    Exemplar as PromExemplar, Histogram as PromHistogram, LabelPair, Metric as PromMetric,
-    MetricFamily, MetricType,
+    Exemplar as PromExemplar, Histogram as PromHistogram, Metric as PromMetric, MetricFamily,
+    MetricType,
 };
 use prost::Message;
 
 use super::{grpc_metadata, http_headers, HeaderError, Stats};
 use crate::{
     config::otlp::{HistogramAggregation, Protocol, SignalSettings, Temporality},
-    exposition::scrape::Scraper,
+    exposition::{protobuf::is_native, scrape::Scraper},
     hist::expand_spans,
     metadata::kubernetes,
     openmetrics,
@@ -184,31 +168,28 @@ pub(crate) struct Conversion {
     pub(crate) histograms: HistogramAggregation,
 }
 
-/// The cumulative values of one series at the previous push: what a delta is taken from, and
-/// what tells a reset (a value that went down: the series was re-created).
-#[derive(Debug, Clone, PartialEq)]
-enum Last {
-    Value(f64),
-    Explicit {
-        count: u64,
-        sum: f64,
-        counts: Vec<u64>,
-    },
-    Exponential {
-        count: u64,
-        sum: f64,
-        zero: u64,
-        /// Counts by OTLP bucket index.
-        counts: BTreeMap<i32, u64>,
-    },
+/// A series' cumulative values: a counter's value or a histogram's count, its sum, its zero
+/// bucket, and its buckets' counts by index (the classic buckets' positions, or OTLP's
+/// exponential indexes). What a delta is taken from, and what tells a reset (a count that went
+/// down: the series was re-created).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Values {
+    count: f64,
+    sum: f64,
+    zero: u64,
+    buckets: BTreeMap<i32, u64>,
 }
 
-impl Last {
-    fn total(&self) -> f64 {
-        match self {
-            Last::Value(v) => *v,
-            Last::Explicit { count, .. } | Last::Exponential { count, .. } => *count as f64,
+impl Values {
+    /// What was added since `before`.
+    fn since(mut self, before: &Values) -> Values {
+        self.count -= before.count;
+        self.sum -= before.sum;
+        self.zero = self.zero.saturating_sub(before.zero);
+        for (i, n) in self.buckets.iter_mut() {
+            *n = n.saturating_sub(before.buckets.get(i).copied().unwrap_or(0));
         }
+        self
     }
 }
 
@@ -217,7 +198,7 @@ impl Last {
 struct Tracked {
     /// Start of its cumulative values.
     start: u64,
-    last: Last,
+    last: Values,
 }
 
 /// Turns the exposition's families into OTLP requests, tracking each series' start time and
@@ -234,6 +215,9 @@ pub(crate) struct Converter {
     /// The series seen by the push under way (they replace `series` at its end).
     seen: HashMap<String, Tracked>,
 }
+
+/// A point's attributes, start and values (cumulative, or the delta).
+type Point = (Vec<KeyValue>, u64, Values);
 
 impl Converter {
     pub(crate) fn new(
@@ -259,29 +243,34 @@ impl Converter {
         }
     }
 
-    /// Series tracked for start times (bounded by what the exposition holds).
-    #[cfg(test)]
-    fn tracked_series(&self) -> usize {
-        self.series.len()
-    }
-
-    /// Records `now` as the series' values and returns where its point starts and, for a
-    /// delta, the values it is taken from. A cumulative point starts where the series' values
-    /// do; a delta point at the previous push. A series new since the previous push, or whose
-    /// values went down (it was re-created), starts at the previous push (or sysscope's start)
-    /// and counts whole.
-    fn window(&mut self, key: String, now: Last, delta: bool) -> (u64, Option<Last>) {
+    /// Records `now` as the values of `m`'s series and returns its point. A cumulative point
+    /// starts where the series' values do; a delta point at the previous push, with what
+    /// changed since. A series new since the previous push, or whose count went down (it was
+    /// re-created), starts at the previous push (or sysscope's start) and counts whole.
+    fn point(&mut self, family: &str, m: &PromMetric, now: Values, delta: bool) -> Point {
+        let key = format!(
+            "{family}{{{}}}",
+            openmetrics::label_key(m.label.iter().map(|l| (&*l.name, &*l.value)))
+        );
         let fallback = self.previous_push_ns.unwrap_or(self.started_ns);
-        let (start, previous) = match self.series.remove(&key) {
-            Some(t) if now.total() >= t.last.total() => (t.start, Some(t.last)),
-            _ => (fallback, None),
+        let (start, values) = match self.series.remove(&key) {
+            Some(t) if now.count >= t.last.count => {
+                let values = if delta {
+                    now.clone().since(&t.last)
+                } else {
+                    now.clone()
+                };
+                (t.start, values)
+            }
+            _ => (fallback, now.clone()),
         };
         self.seen.insert(key, Tracked { start, last: now });
-        if delta {
-            (fallback, previous)
-        } else {
-            (start, None)
-        }
+        let attributes = m
+            .label
+            .iter()
+            .map(|l| attribute(&l.name, &l.value))
+            .collect();
+        (attributes, if delta { fallback } else { start }, values)
     }
 
     /// One OTLP request for `families` (typed, with both forms of the duration histograms),
@@ -295,21 +284,18 @@ impl Converter {
         let mut metrics = Vec::with_capacity(families.len());
         for family in families {
             let kind = MetricType::try_from(family.r#type).unwrap_or(MetricType::Untyped);
-            // Counters keep their OpenMetrics family name (`sysscope_syscalls`), which
-            // OTLP-to-Prometheus bridges export with `_total` again.
-            let name = match kind {
-                MetricType::Counter => family
-                    .name
-                    .strip_suffix("_total")
-                    .unwrap_or(&family.name)
-                    .to_string(),
-                _ => family.name.clone(),
-            };
             let data = match kind {
                 MetricType::Counter => self.sum(family, now_ns),
                 MetricType::Histogram => self.histogram(family, now_ns),
-                _ => Self::gauge(family, now_ns),
+                _ => gauge(family, now_ns),
             };
+            // Counters keep their OpenMetrics family name (`sysscope_syscalls`), which
+            // OTLP-to-Prometheus bridges export with `_total` again.
+            let name = match kind {
+                MetricType::Counter => family.name.strip_suffix("_total"),
+                _ => None,
+            };
+            let name = name.unwrap_or(&family.name).to_string();
             metrics.push(Metric {
                 unit: unit_of(family, &name).to_string(),
                 name,
@@ -334,106 +320,59 @@ impl Converter {
         }
     }
 
-    fn attributes(labels: &[LabelPair]) -> Vec<KeyValue> {
-        labels
-            .iter()
-            .map(|l| attribute(&l.name, &l.value))
-            .collect()
-    }
-
-    fn series_key(family: &str, labels: &[LabelPair]) -> String {
-        let key = openmetrics::label_key(labels.iter().map(|l| (&*l.name, &*l.value)));
-        format!("{family}{{{key}}}")
-    }
-
-    fn temporality(delta: bool) -> i32 {
-        if delta {
-            AggregationTemporality::Delta as i32
-        } else {
-            AggregationTemporality::Cumulative as i32
-        }
-    }
-
     fn sum(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
         let delta = self.conversion.temporality.delta_sums();
-        let mut points = Vec::with_capacity(family.metric.len());
+        let mut data_points = Vec::with_capacity(family.metric.len());
         for m in &family.metric {
             let Some(counter) = &m.counter else { continue };
-            let key = Self::series_key(&family.name, &m.label);
-            let (start, previous) = self.window(key, Last::Value(counter.value), delta);
-            let value = match previous {
-                Some(Last::Value(before)) => counter.value - before,
-                _ => counter.value,
+            let now = Values {
+                count: counter.value,
+                ..Values::default()
             };
-            points.push(NumberDataPoint {
-                attributes: Self::attributes(&m.label),
+            let (attributes, start, values) = self.point(&family.name, m, now, delta);
+            data_points.push(NumberDataPoint {
+                attributes,
                 start_time_unix_nano: start,
                 time_unix_nano: now_ns,
                 exemplars: counter.exemplar.iter().map(otlp_exemplar).collect(),
-                value: Some(number_data_point::Value::AsDouble(value)),
+                value: Some(number_data_point::Value::AsDouble(values.count)),
                 ..Default::default()
             });
         }
         metric::Data::Sum(Sum {
-            data_points: points,
-            aggregation_temporality: Self::temporality(delta),
+            data_points,
+            aggregation_temporality: temporality(delta),
             is_monotonic: true,
-        })
-    }
-
-    fn gauge(family: &MetricFamily, now_ns: u64) -> metric::Data {
-        let points = family
-            .metric
-            .iter()
-            .map(|m| {
-                let value = m
-                    .gauge
-                    .as_ref()
-                    .map(|g| g.value)
-                    .or_else(|| m.untyped.as_ref().map(|u| u.value))
-                    .unwrap_or(0.0);
-                NumberDataPoint {
-                    attributes: Self::attributes(&m.label),
-                    time_unix_nano: now_ns,
-                    value: Some(number_data_point::Value::AsDouble(value)),
-                    ..Default::default()
-                }
-            })
-            .collect();
-        metric::Data::Gauge(Gauge {
-            data_points: points,
         })
     }
 
     fn histogram(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
         let delta = self.conversion.temporality.delta_histograms();
-        let histograms = || {
-            family
-                .metric
-                .iter()
-                .filter_map(|m| Some((m, m.histogram.as_ref()?)))
-        };
+        let histograms = family
+            .metric
+            .iter()
+            .filter_map(|m| Some((m, m.histogram.as_ref()?)));
         // Exponential only where every series has its native form (the kernel's histograms
         // do); a family is one kind of data in OTLP.
-        let exponential = self.conversion.histograms == HistogramAggregation::Base2Exponential
-            && histograms().all(|(_, h)| h.zero_threshold > 0.0 || !h.positive_span.is_empty());
-        if exponential {
-            let mut points = Vec::with_capacity(family.metric.len());
-            for (m, h) in histograms() {
-                points.push(self.exponential_point(&family.name, m, h, now_ns, delta));
+        if self.conversion.histograms == HistogramAggregation::Base2Exponential
+            && histograms.clone().all(|(_, h)| is_native(h))
+        {
+            let mut data_points = Vec::with_capacity(family.metric.len());
+            for (m, h) in histograms {
+                data_points.push(self.exponential_point(&family.name, m, h, now_ns, delta));
             }
             return metric::Data::ExponentialHistogram(ExponentialHistogram {
-                data_points: points,
-                aggregation_temporality: Self::temporality(delta),
+                data_points,
+                aggregation_temporality: temporality(delta),
             });
         }
-        let mut points = Vec::with_capacity(family.metric.len());
-        for (m, h) in histograms() {
-            points.push(self.explicit_point(&family.name, m, h, now_ns, delta));
+        let mut data_points = Vec::with_capacity(family.metric.len());
+        for (m, h) in histograms {
+            data_points.push(self.explicit_point(&family.name, m, h, now_ns, delta));
         }
         metric::Data::Histogram(OtlpHistogram {
-            data_points: points,
-            aggregation_temporality: Self::temporality(delta),
+            data_points,
+            aggregation_temporality: temporality(delta),
         })
     }
 
@@ -446,50 +385,36 @@ impl Converter {
         now_ns: u64,
         delta: bool,
     ) -> HistogramDataPoint {
-        let mut bounds = Vec::with_capacity(h.bucket.len());
-        let mut counts = Vec::with_capacity(h.bucket.len() + 1);
+        let mut now = Values {
+            count: h.sample_count as f64,
+            sum: h.sample_sum,
+            ..Values::default()
+        };
         let mut previous = 0u64;
-        for b in &h.bucket {
-            if b.upper_bound.is_finite() {
-                bounds.push(b.upper_bound);
-            }
-            counts.push(b.cumulative_count.saturating_sub(previous));
+        for (i, b) in h.bucket.iter().enumerate() {
+            now.buckets
+                .insert(i as i32, b.cumulative_count.saturating_sub(previous));
             previous = b.cumulative_count;
         }
         if h.bucket.last().is_none_or(|b| b.upper_bound.is_finite()) {
             // No +Inf bucket: the overflow bucket holds what the bounds do not.
-            counts.push(h.sample_count.saturating_sub(previous));
+            let overflow = h.sample_count.saturating_sub(previous);
+            now.buckets.insert(h.bucket.len() as i32, overflow);
         }
-        let now = Last::Explicit {
-            count: h.sample_count,
-            sum: h.sample_sum,
-            counts: counts.clone(),
-        };
-        let key = Self::series_key(family, &m.label);
-        let (start, before) = self.window(key, now, delta);
-        let (mut count, mut sum) = (h.sample_count, h.sample_sum);
-        if let Some(Last::Explicit {
-            count: c,
-            sum: s,
-            counts: was,
-        }) = before
-        {
-            if was.len() == counts.len() {
-                count -= c;
-                sum -= s;
-                for (n, w) in counts.iter_mut().zip(was) {
-                    *n = n.saturating_sub(w);
-                }
-            }
-        }
+        let (attributes, start, values) = self.point(family, m, now, delta);
         HistogramDataPoint {
-            attributes: Self::attributes(&m.label),
+            attributes,
             start_time_unix_nano: start,
             time_unix_nano: now_ns,
-            count,
-            sum: Some(sum),
-            bucket_counts: counts,
-            explicit_bounds: bounds,
+            count: values.count as u64,
+            sum: Some(values.sum),
+            bucket_counts: values.buckets.into_values().collect(),
+            explicit_bounds: h
+                .bucket
+                .iter()
+                .map(|b| b.upper_bound)
+                .filter(|b| b.is_finite())
+                .collect(),
             exemplars: h
                 .bucket
                 .iter()
@@ -516,56 +441,74 @@ impl Converter {
             .iter()
             .map(|s| (s.offset, s.length))
             .collect();
-        let mut counts: BTreeMap<i32, u64> = expand_spans(&spans, &h.positive_delta)
-            .into_iter()
-            .map(|(i, n)| (i - 1, n))
-            .collect();
-        let now = Last::Exponential {
-            count: h.sample_count,
+        let now = Values {
+            count: h.sample_count as f64,
             sum: h.sample_sum,
             zero: h.zero_count,
-            counts: counts.clone(),
+            buckets: expand_spans(&spans, &h.positive_delta)
+                .into_iter()
+                .map(|(i, n)| (i - 1, n))
+                .collect(),
         };
-        let key = Self::series_key(family, &m.label);
-        let (start, before) = self.window(key, now, delta);
-        let (mut count, mut sum, mut zero) = (h.sample_count, h.sample_sum, h.zero_count);
-        if let Some(Last::Exponential {
-            count: c,
-            sum: s,
-            zero: z,
-            counts: was,
-        }) = before
-        {
-            count -= c;
-            sum -= s;
-            zero = zero.saturating_sub(z);
-            for (i, n) in counts.iter_mut() {
-                *n = n.saturating_sub(was.get(i).copied().unwrap_or(0));
-            }
-        }
-        let positive = match (counts.keys().next(), counts.keys().next_back()) {
+        let (attributes, start, values) = self.point(family, m, now, delta);
+        let indexes = values.buckets.keys();
+        let positive = match (indexes.clone().next(), indexes.last()) {
             (Some(&first), Some(&last)) => Some(Buckets {
                 offset: first,
                 bucket_counts: (first..=last)
-                    .map(|j| counts.get(&j).copied().unwrap_or(0))
+                    .map(|j| values.buckets.get(&j).copied().unwrap_or(0))
                     .collect(),
             }),
             _ => None,
         };
         ExponentialHistogramDataPoint {
-            attributes: Self::attributes(&m.label),
+            attributes,
             start_time_unix_nano: start,
             time_unix_nano: now_ns,
-            count,
-            sum: Some(sum),
+            count: values.count as u64,
+            sum: Some(values.sum),
             scale: h.schema,
-            zero_count: zero,
+            zero_count: values.zero,
             zero_threshold: h.zero_threshold,
             positive,
             exemplars: h.exemplars.iter().map(otlp_exemplar).collect(),
             ..Default::default()
         }
     }
+}
+
+fn temporality(delta: bool) -> i32 {
+    if delta {
+        AggregationTemporality::Delta as i32
+    } else {
+        AggregationTemporality::Cumulative as i32
+    }
+}
+
+fn gauge(family: &MetricFamily, now_ns: u64) -> metric::Data {
+    let data_points = family
+        .metric
+        .iter()
+        .map(|m| {
+            let value = m
+                .gauge
+                .as_ref()
+                .map(|g| g.value)
+                .or_else(|| m.untyped.as_ref().map(|u| u.value))
+                .unwrap_or(0.0);
+            NumberDataPoint {
+                attributes: m
+                    .label
+                    .iter()
+                    .map(|l| attribute(&l.name, &l.value))
+                    .collect(),
+                time_unix_nano: now_ns,
+                value: Some(number_data_point::Value::AsDouble(value)),
+                ..Default::default()
+            }
+        })
+        .collect();
+    metric::Data::Gauge(Gauge { data_points })
 }
 
 /// How requests are sent.
@@ -884,10 +827,17 @@ fn push_with_retry(
 #[cfg(test)]
 mod tests {
     use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
-        Bucket, BucketSpan, Counter, Gauge as PromGauge,
+        Bucket, BucketSpan, Counter, Gauge as PromGauge, LabelPair,
     };
 
     use super::*;
+
+    impl Converter {
+        /// Series tracked for start times (bounded by what the exposition holds).
+        fn tracked_series(&self) -> usize {
+            self.series.len()
+        }
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
         pairs

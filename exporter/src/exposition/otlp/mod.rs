@@ -1,13 +1,10 @@
 //! OTLP: slow-call spans and the metric catalogue pushed to an OpenTelemetry endpoint.
 //!
 //! Configured by the standard `OTEL_*` environment variables over the config file's `[otlp]`
-//! section (resolved in [`crate::config::otlp`]); with no endpoint set nothing is sent. TLS (system roots or a CA file,
-//! optional client certificates) and the shared blocking HTTP client are in `tls`.
-//! Spans go through `traces` (opentelemetry-otlp's exporter behind sysscope's own bounded
-//! queue, batching and backoff, so every drop is counted).
-//! Metrics go through [`metrics`]: the same OpenMetrics exposition Prometheus scrapes is read
-//! back (`crate::openmetrics`) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
-//! outputs always carry the same numbers and bucket bounds.
+//! section (resolved in [`crate::config::otlp`]); with no endpoint set nothing is sent. TLS and
+//! the blocking HTTP client are in `tls`. Spans go through `traces` (the SDK's batch span
+//! processor, with every drop counted), metrics through [`metrics`] (built from the typed
+//! families the protobuf exposition serves, so both outputs carry the same numbers).
 //!
 //! Self-metrics ([`Stats`]): `sysscope_spans_exported_total{destination}`,
 //! `sysscope_spans_dropped_total{reason}` (user-space reasons), `sysscope_spans_queued`,
@@ -20,8 +17,6 @@ pub(crate) mod traces;
 use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 
 use crate::collectors::self_metrics::{SelfMetrics, SpanCounters};
-/// The OTLP settings, at the path the span pipeline's wiring still names.
-pub use crate::config::otlp as config;
 
 /// A configured header that cannot be sent as it is.
 #[derive(Debug, thiserror::Error)]
