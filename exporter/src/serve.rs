@@ -24,11 +24,7 @@ use crate::{
     },
     exposition::{
         http::{self, AppState, HttpError},
-        otlp::{
-            self,
-            metrics::MetricPushError,
-            traces::{SpanExport, TraceExportError},
-        },
+        otlp::{self, traces::SpanExport, ExportError},
         protobuf::HistogramForms,
         scrape::Scraper,
         web_config::WebConfigFile,
@@ -67,9 +63,7 @@ pub enum ServeError {
     #[error(transparent)]
     Start(#[from] StartError),
     #[error(transparent)]
-    SpanExport(#[from] TraceExportError),
-    #[error(transparent)]
-    MetricPush(#[from] MetricPushError),
+    OtlpExport(#[from] ExportError),
     // Running on with capabilities it promised to give up would be worse than not running:
     // the operator learns why and the supervisor restarts it.
     #[error("could not drop the capabilities sysscope does not need after start-up")]
@@ -119,7 +113,7 @@ where
                 otlp_settings.max_batch,
                 otlp_settings.schedule_delay,
                 otlp_stats.clone(),
-                Some(tokio::runtime::Handle::current()),
+                tokio::runtime::Handle::current(),
             )?)),
             _ => None,
         };
@@ -127,8 +121,8 @@ where
         // without an OTLP endpoint, so `exported` never counts one span twice.
         let mut recent = RecentCalls::new(config.slow_calls.recent_capacity);
         if otlp_spans.is_none() && config.slow_calls.recent_capacity > 0 {
-            otlp_stats.enable_local();
-            recent = recent.counted_as_local(otlp_stats.span_counters());
+            otlp_stats.spans.exported("local");
+            recent = recent.counted_as_local(otlp_stats.spans.clone());
         }
         let recent = Arc::new(recent);
         let exemplars = Arc::new(ExemplarStore::new(spans::EXEMPLAR_SERIES));
@@ -137,8 +131,7 @@ where
             sinks.push(otlp.clone());
         }
         sinks.push(recent.clone());
-        let slow_calls =
-            SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.span_counters());
+        let slow_calls = SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.spans.clone());
         otlp_stats.register(
             agent.self_metrics(),
             otlp_spans.is_some(),
@@ -211,7 +204,7 @@ where
                 },
                 scraper.clone(),
                 otlp_stats.clone(),
-                Some(tokio::runtime::Handle::current()),
+                tokio::runtime::Handle::current(),
             )?),
             None => None,
         };

@@ -47,7 +47,7 @@ use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
 };
 use prost::Message;
 
-use super::{grpc_metadata, http_headers, HeaderError, Stats};
+use super::{built_off_runtime, grpc_metadata, http_headers, ExportError, Stats};
 use crate::{
     config::otlp::{HistogramAggregation, Protocol, SignalSettings, Temporality},
     exposition::{protobuf::is_native, scrape::Scraper},
@@ -56,24 +56,6 @@ use crate::{
     openmetrics,
     util::error::Chain,
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum MetricPushError {
-    #[error("OTLP metrics endpoint `{endpoint}`: {problem}")]
-    Endpoint { endpoint: String, problem: String },
-    #[error(transparent)]
-    Header(#[from] HeaderError),
-    #[error("OTLP gRPC export needs a tokio runtime")]
-    NoRuntime,
-    #[error("OTLP metrics endpoint `{endpoint}`")]
-    Tls {
-        endpoint: String,
-        #[source]
-        source: super::tls::TlsError,
-    },
-    #[error("starting the metrics push thread")]
-    Thread(#[source] std::io::Error),
-}
 
 fn unix_ns(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -214,6 +196,8 @@ pub(crate) struct Converter {
     series: HashMap<String, Tracked>,
     /// The series seen by the push under way (they replace `series` at its end).
     seen: HashMap<String, Tracked>,
+    /// The series and the push time before the last request, until it is delivered.
+    before_last: Option<(HashMap<String, Tracked>, Option<u64>)>,
 }
 
 /// A point's attributes, start and values (cumulative, or the delta).
@@ -240,6 +224,7 @@ impl Converter {
             previous_push_ns: None,
             series: HashMap::new(),
             seen: HashMap::new(),
+            before_last: None,
         }
     }
 
@@ -253,15 +238,9 @@ impl Converter {
             openmetrics::label_key(m.label.iter().map(|l| (&*l.name, &*l.value)))
         );
         let fallback = self.previous_push_ns.unwrap_or(self.started_ns);
-        let (start, values) = match self.series.remove(&key) {
-            Some(t) if now.count >= t.last.count => {
-                let values = if delta {
-                    now.clone().since(&t.last)
-                } else {
-                    now.clone()
-                };
-                (t.start, values)
-            }
+        let (start, values) = match self.series.get(&key) {
+            Some(t) if now.count >= t.last.count && delta => (t.start, now.clone().since(&t.last)),
+            Some(t) if now.count >= t.last.count => (t.start, now.clone()),
             _ => (fallback, now.clone()),
         };
         self.seen.insert(key, Tracked { start, last: now });
@@ -305,8 +284,8 @@ impl Converter {
             });
         }
         // Series that disappeared start afresh if they come back.
-        self.series = std::mem::take(&mut self.seen);
-        self.previous_push_ns = Some(now_ns);
+        let series = std::mem::replace(&mut self.series, std::mem::take(&mut self.seen));
+        self.before_last = Some((series, self.previous_push_ns.replace(now_ns)));
         ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
                 resource: Some(self.resource.clone()),
@@ -317,6 +296,16 @@ impl Converter {
                 }],
                 ..Default::default()
             }],
+        }
+    }
+
+    /// Whether the last request was delivered. If not, the next one is taken from where the
+    /// last delivered one left the series: its deltas carry what the lost one did.
+    pub(crate) fn delivered(&mut self, delivered: bool) {
+        let before = self.before_last.take();
+        if let (false, Some((series, previous))) = (delivered, before) {
+            self.series = series;
+            self.previous_push_ns = previous;
         }
     }
 
@@ -518,13 +507,12 @@ enum Client {
         client: MetricsServiceClient<tonic::transport::Channel>,
         metadata: tonic::metadata::MetadataMap,
     },
+    /// OTLP/HTTP: protobuf or JSON bodies, gzip-compressed or not.
     Http {
         client: reqwest::blocking::Client,
         url: String,
         headers: reqwest::header::HeaderMap,
-        /// OTLP/JSON bodies instead of protobuf.
         json: bool,
-        /// Bodies gzip-compressed (`Content-Encoding: gzip`).
         gzip: bool,
     },
 }
@@ -548,14 +536,58 @@ fn http_body(request: &ExportMetricsServiceRequest, json: bool) -> (Vec<u8>, &'s
     }
 }
 
-/// Whether a failed request may succeed if repeated.
-#[derive(Debug)]
-struct SendError {
-    message: String,
-    retryable: bool,
-}
+/// A failed request: why, and whether it may succeed if repeated.
+struct SendError(String, bool);
 
 impl Client {
+    /// The client of `settings`; gRPC's channel lives on `runtime`.
+    fn new(
+        settings: &SignalSettings,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, ExportError> {
+        let endpoint = &settings.endpoint;
+        if settings.protocol != Protocol::Grpc {
+            let client = super::tls::http_client(settings).map_err(|source| ExportError::Tls {
+                endpoint: endpoint.clone(),
+                source,
+            })?;
+            return Ok(Client::Http {
+                client,
+                url: endpoint.clone(),
+                headers: http_headers(&settings.headers)?,
+                json: settings.protocol == Protocol::HttpJson,
+                gzip: settings.gzip,
+            });
+        }
+        let bad = |e: tonic::transport::Error| ExportError::Endpoint {
+            endpoint: endpoint.clone(),
+            problem: Chain(&e).to_string(),
+        };
+        let mut channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
+            .map_err(bad)?
+            .connect_timeout(settings.timeout)
+            .timeout(settings.timeout);
+        if let Some(tls) = &settings.tls {
+            channel = channel
+                .tls_config(super::tls::tonic_config(tls))
+                .map_err(bad)?;
+        }
+        let channel = {
+            let _guard = runtime.enter();
+            channel.connect_lazy()
+        };
+        let mut client = MetricsServiceClient::new(channel);
+        if settings.gzip {
+            client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        }
+        let metadata = grpc_metadata(&settings.headers)?;
+        Ok(Client::Grpc {
+            runtime,
+            client,
+            metadata,
+        })
+    }
+
     fn send(
         &mut self,
         request: &ExportMetricsServiceRequest,
@@ -570,26 +602,22 @@ impl Client {
                 let mut req = tonic::Request::new(request.clone());
                 *req.metadata_mut() = metadata.clone();
                 req.set_timeout(timeout);
-                match runtime.block_on(client.export(req)) {
-                    Ok(_) => Ok(()),
-                    Err(status) => {
-                        use tonic::Code::*;
-                        let retryable = matches!(
-                            status.code(),
-                            Cancelled
-                                | DeadlineExceeded
-                                | ResourceExhausted
-                                | Aborted
-                                | OutOfRange
-                                | Unavailable
-                                | DataLoss
-                        );
-                        Err(SendError {
-                            message: format!("gRPC {:?}: {}", status.code(), status.message()),
-                            retryable,
-                        })
-                    }
-                }
+                let Err(status) = runtime.block_on(client.export(req)) else {
+                    return Ok(());
+                };
+                use tonic::Code as C;
+                let retryable = matches!(
+                    status.code(),
+                    C::Cancelled
+                        | C::DeadlineExceeded
+                        | C::ResourceExhausted
+                        | C::Aborted
+                        | C::OutOfRange
+                        | C::Unavailable
+                        | C::DataLoss
+                );
+                let message = format!("gRPC {:?}: {}", status.code(), status.message());
+                Err(SendError(message, retryable))
             }
             Client::Http {
                 client,
@@ -602,86 +630,28 @@ impl Client {
                 let mut req = client
                     .post(url.as_str())
                     .headers(headers.clone())
-                    .header(reqwest::header::CONTENT_TYPE, content_type);
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .timeout(timeout);
                 let body = if *compress {
                     req = req.header(reqwest::header::CONTENT_ENCODING, "gzip");
                     gzip(&body)
                 } else {
                     body
                 };
-                let result = req.timeout(timeout).body(body).send();
-                match result {
+                match req.body(body).send() {
                     Ok(resp) if resp.status().is_success() => Ok(()),
                     Ok(resp) => {
                         let code = resp.status().as_u16();
-                        Err(SendError {
-                            message: format!("HTTP status {code}"),
-                            retryable: matches!(code, 429 | 502 | 503 | 504),
-                        })
+                        let retryable = matches!(code, 429 | 502 | 503 | 504);
+                        Err(SendError(format!("HTTP status {code}"), retryable))
                     }
                     // reqwest's own message hides the cause (refused, TLS, timeout).
-                    Err(e) => Err(SendError {
-                        message: format!("HTTP request failed: {}", Chain(&e)),
-                        retryable: true,
-                    }),
+                    Err(e) => Err(SendError(
+                        format!("HTTP request failed: {}", Chain(&e)),
+                        true,
+                    )),
                 }
             }
-        }
-    }
-}
-
-fn build_client(
-    settings: &SignalSettings,
-    runtime: Option<&tokio::runtime::Handle>,
-) -> Result<Client, MetricPushError> {
-    match settings.protocol {
-        Protocol::Grpc => {
-            let runtime = runtime.ok_or(MetricPushError::NoRuntime)?.clone();
-            let endpoint = tonic::transport::Endpoint::from_shared(settings.endpoint.clone())
-                .map_err(|e| MetricPushError::Endpoint {
-                    endpoint: settings.endpoint.clone(),
-                    problem: e.to_string(),
-                })?
-                .connect_timeout(settings.timeout)
-                .timeout(settings.timeout);
-            let endpoint = match &settings.tls {
-                Some(tls) => endpoint
-                    .tls_config(super::tls::tonic_config(tls))
-                    .map_err(|e| MetricPushError::Endpoint {
-                        endpoint: settings.endpoint.clone(),
-                        problem: format!("TLS: {e}"),
-                    })?,
-                None => endpoint,
-            };
-            let channel = {
-                let _guard = runtime.enter();
-                endpoint.connect_lazy()
-            };
-            let metadata = grpc_metadata(&settings.headers)?;
-            let mut client = MetricsServiceClient::new(channel);
-            if settings.gzip {
-                client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
-            }
-            Ok(Client::Grpc {
-                runtime,
-                client,
-                metadata,
-            })
-        }
-        Protocol::HttpProtobuf | Protocol::HttpJson => {
-            let headers = http_headers(&settings.headers)?;
-            let client =
-                super::tls::http_client(settings).map_err(|source| MetricPushError::Tls {
-                    endpoint: settings.endpoint.clone(),
-                    source,
-                })?;
-            Ok(Client::Http {
-                client,
-                url: settings.endpoint.clone(),
-                headers,
-                json: settings.protocol == Protocol::HttpJson,
-                gzip: settings.gzip,
-            })
         }
     }
 }
@@ -706,34 +676,21 @@ pub struct PushOptions {
 }
 
 impl MetricPush {
-    /// Starts pushing every `options.interval`. For gRPC, `runtime` must be the agent's.
+    /// Starts pushing every `options.interval`; gRPC runs on `runtime` (the agent's).
     pub fn start(
         options: PushOptions,
         scraper: Arc<Scraper>,
         stats: Arc<Stats>,
-        runtime: Option<tokio::runtime::Handle>,
-    ) -> Result<Self, MetricPushError> {
-        if options.settings.protocol == Protocol::Grpc && runtime.is_none() {
-            return Err(MetricPushError::NoRuntime);
-        }
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let (done_tx, done_rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel();
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, ExportError> {
+        let mut client = built_off_runtime(|| Client::new(&options.settings, runtime))?;
+        let (stop, stop_rx) = mpsc::channel::<()>();
+        let (done_tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("otlp-metrics".into())
             .spawn(move || {
-                // Built here: the blocking HTTP client must live outside the runtime.
-                let mut client = match build_client(&options.settings, runtime.as_ref()) {
-                    Ok(c) => {
-                        let _ = ready_tx.send(Ok(()));
-                        c
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                tracing::info!(endpoint = %options.settings.endpoint, protocol = options.settings.protocol.as_str(), tls = options.settings.tls.is_some(), interval = ?options.interval, "pushing metrics over OTLP");
+                let settings = &options.settings;
+                tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), tls = settings.tls.is_some(), interval = ?options.interval, "pushing metrics over OTLP");
                 let conversion = Conversion {
                     temporality: options.temporality,
                     histograms: options.histograms,
@@ -745,30 +702,22 @@ impl MetricPush {
                 while let Err(mpsc::RecvTimeoutError::Timeout) =
                     stop_rx.recv_timeout(options.interval)
                 {
-                    let families = scraper.families();
-                    let request = converter.convert(&families, SystemTime::now());
-                    let ok = push_with_retry(&mut client, &request, &options, &stats, &mut failing);
+                    let request = converter.convert(&scraper.families(), SystemTime::now());
+                    let ok = push_with_retry(&mut client, &request, &options, &stats, failing);
                     if ok && failing {
                         tracing::info!("OTLP metrics push recovered");
                     }
+                    converter.delivered(ok);
                     failing = !ok;
                 }
+                // The blocking HTTP client is dropped here, outside the runtime.
                 drop(client);
                 let _ = done_tx.send(());
             })
-            .map_err(MetricPushError::Thread)?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(MetricPushError::Thread(std::io::Error::other(
-                    "metrics push thread ended during start-up",
-                )))
-            }
-        }
+            .map_err(ExportError::Thread)?;
         Ok(Self {
-            stop: stop_tx,
-            done: done_rx,
+            stop,
+            done,
             thread: Some(thread),
         })
     }
@@ -791,7 +740,7 @@ fn push_with_retry(
     request: &ExportMetricsServiceRequest,
     options: &PushOptions,
     stats: &Stats,
-    failing: &mut bool,
+    failing: bool,
 ) -> bool {
     let deadline = Instant::now() + options.export_timeout.min(options.interval);
     let mut pause = Duration::from_millis(200);
@@ -801,26 +750,21 @@ fn push_with_retry(
             .settings
             .timeout
             .min(left.max(Duration::from_millis(100)));
-        match client.send(request, timeout) {
-            Ok(()) => {
-                stats.request("metrics", true);
-                return true;
+        let result = client.send(request, timeout);
+        stats.request("metrics", result.is_ok());
+        let Err(SendError(error, retryable)) = result else {
+            return true;
+        };
+        if !retryable || Instant::now() + pause >= deadline {
+            if failing {
+                tracing::debug!(%error, "OTLP metrics push failed again");
+            } else {
+                tracing::warn!(endpoint = %options.settings.endpoint, %error, "OTLP metrics push failed; the next push carries what this one did");
             }
-            Err(e) => {
-                stats.request("metrics", false);
-                let again = e.retryable && Instant::now() + pause < deadline;
-                if !again {
-                    if *failing {
-                        tracing::debug!(error = %e.message, "OTLP metrics push failed again");
-                    } else {
-                        tracing::warn!(endpoint = %options.settings.endpoint, error = %e.message, "OTLP metrics push failed; the next push carries the cumulative values");
-                    }
-                    return false;
-                }
-                std::thread::sleep(pause);
-                pause *= 2;
-            }
+            return false;
         }
+        std::thread::sleep(pause);
+        pause *= 2;
     }
 }
 
@@ -1145,6 +1089,46 @@ mod tests {
                 assert_eq!(sum.data_points[0].start_time_unix_nano, 300_000_000_000);
             }
         }
+    }
+
+    /// A push that did not arrive is carried by the next one: its delta starts where the last
+    /// delivered push ended.
+    #[test]
+    fn an_undelivered_delta_is_carried_by_the_next_push() {
+        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let conversion = Conversion {
+            temporality: Temporality::Delta,
+            ..Conversion::default()
+        };
+        let mut c = Converter::new(&[], t(100), conversion);
+        let sum = |r: &ExportMetricsServiceRequest| {
+            let Some(metric::Data::Sum(sum)) = &metric(r, "sysscope_syscalls").data else {
+                panic!()
+            };
+            let p = &sum.data_points[0];
+            (p.value, p.start_time_unix_nano)
+        };
+        c.convert(&[counter(12.0)], t(200));
+        c.delivered(true);
+        c.convert(&[counter(36.0)], t(300));
+        c.delivered(false);
+        let r = c.convert(&[counter(48.0)], t(400));
+        assert_eq!(
+            sum(&r),
+            (
+                Some(number_data_point::Value::AsDouble(36.0)),
+                200_000_000_000
+            )
+        );
+        c.delivered(true);
+        let r = c.convert(&[counter(50.0)], t(500));
+        assert_eq!(
+            sum(&r),
+            (
+                Some(number_data_point::Value::AsDouble(2.0)),
+                400_000_000_000
+            )
+        );
     }
 
     #[test]

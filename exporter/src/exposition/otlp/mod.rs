@@ -18,39 +18,63 @@ use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge}
 
 use crate::collectors::self_metrics::{SelfMetrics, SpanCounters};
 
-/// A configured header that cannot be sent as it is.
+/// Why an OTLP exporter could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("OTLP header `{name}`: not a valid {what}")]
-pub struct HeaderError {
-    name: String,
-    what: &'static str,
+pub enum ExportError {
+    #[error("OTLP endpoint `{endpoint}`: {problem}")]
+    Endpoint { endpoint: String, problem: String },
+    #[error("OTLP span exporter for {endpoint}")]
+    Build {
+        endpoint: String,
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error("OTLP endpoint `{endpoint}`")]
+    Tls {
+        endpoint: String,
+        #[source]
+        source: tls::TlsError,
+    },
+    #[error("starting an OTLP export thread")]
+    Thread(#[source] std::io::Error),
 }
 
-/// Hands each configured header to `put`, which says what it could not take.
-fn each_header(
-    headers: &[(String, String)],
-    mut put: impl FnMut(&str, &str) -> Result<(), &'static str>,
-) -> Result<(), HeaderError> {
-    for (name, value) in headers {
-        put(name, value).map_err(|what| HeaderError {
-            name: name.clone(),
-            what,
-        })?;
-    }
-    Ok(())
+/// What `build` makes, built on a thread of its own: the blocking HTTP client must not be
+/// built inside the tokio runtime, where the exporters are started (tonic's channel must be:
+/// `build` enters the runtime for gRPC).
+fn built_off_runtime<T: Send>(
+    build: impl FnOnce() -> Result<T, ExportError> + Send,
+) -> Result<T, ExportError> {
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new().name("otlp-init".into());
+        let panicked = || std::io::Error::other("building an OTLP exporter panicked");
+        let built = thread
+            .spawn_scoped(scope, build)
+            .map_err(ExportError::Thread)?;
+        built
+            .join()
+            .unwrap_or_else(|_| Err(ExportError::Thread(panicked())))
+    })
 }
+
+/// A configured header that cannot be sent as it is.
+#[derive(Debug, thiserror::Error)]
+#[error("OTLP header `{0}`: not a valid {1}")]
+pub struct HeaderError(String, &'static str);
 
 /// The configured headers as gRPC metadata (keys lower-cased, as gRPC requires).
 pub(crate) fn grpc_metadata(
     headers: &[(String, String)],
 ) -> Result<tonic::metadata::MetadataMap, HeaderError> {
     let mut metadata = tonic::metadata::MetadataMap::new();
-    each_header(headers, |k, v| {
-        let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-            .map_err(|_| "gRPC metadata key")?;
-        metadata.insert(key, v.parse().map_err(|_| "gRPC metadata value")?);
-        Ok(())
-    })?;
+    for (name, value) in headers {
+        let bad = |what| HeaderError(name.clone(), what);
+        let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .map_err(|_| bad("gRPC metadata key"))?;
+        metadata.insert(key, value.parse().map_err(|_| bad("gRPC metadata value"))?);
+    }
     Ok(metadata)
 }
 
@@ -58,16 +82,13 @@ pub(crate) fn grpc_metadata(
 pub(crate) fn http_headers(
     headers: &[(String, String)],
 ) -> Result<reqwest::header::HeaderMap, HeaderError> {
-    use reqwest::header::{HeaderName, HeaderValue};
     let mut map = reqwest::header::HeaderMap::new();
-    each_header(headers, |k, v| {
-        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| "HTTP header name")?;
-        map.insert(
-            name,
-            HeaderValue::from_str(v).map_err(|_| "HTTP header value")?,
-        );
-        Ok(())
-    })?;
+    for (name, value) in headers {
+        let bad = |what| HeaderError(name.clone(), what);
+        let key = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| bad("HTTP header name"))?;
+        map.insert(key, value.parse().map_err(|_| bad("HTTP header value"))?);
+    }
     Ok(map)
 }
 
@@ -75,7 +96,8 @@ pub(crate) fn http_headers(
 /// the self-metrics ([`Stats::register`]) and incremented where the event happens.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
-    spans: SpanCounters,
+    /// The span families (`sysscope_spans_exported_total`, `sysscope_spans_dropped_total`).
+    pub(crate) spans: SpanCounters,
     /// Spans waiting in the export queue.
     pub(crate) queued: Gauge,
     requests: Family<[(&'static str, &'static str); 2], Counter>,
@@ -84,7 +106,7 @@ pub struct Stats {
 impl Stats {
     /// Counters writing into the self-metrics' span families, which always carry
     /// `reason="malformed"`; the OTLP and local series appear once those destinations are
-    /// enabled ([`Self::enable_otlp_traces`], [`Self::enable_local`]).
+    /// enabled (`spans.exported(destination)` makes a series).
     pub fn new(self_metrics: &SelfMetrics) -> Self {
         let stats = Self {
             spans: self_metrics.span_counters(),
@@ -94,31 +116,11 @@ impl Stats {
         stats
     }
 
-    /// The span counters, for the span pipeline's reader.
-    pub(crate) fn span_counters(&self) -> SpanCounters {
-        self.spans.clone()
-    }
-
     /// Spans go to an OTLP endpoint: their export and drop series exist from now on.
     pub(crate) fn enable_otlp_traces(&self) {
         self.spans.exported("otlp");
         self.spans.dropped("export_queue_full");
         self.spans.dropped("export_failed");
-    }
-
-    /// Spans are kept for the local endpoint only (no OTLP endpoint).
-    pub(crate) fn enable_local(&self) {
-        self.spans.exported("local");
-    }
-
-    /// `n` spans handed to `destination` (`otlp`, `local`).
-    pub(crate) fn exported(&self, destination: &'static str, n: u64) {
-        self.spans.exported(destination).inc_by(n);
-    }
-
-    /// `n` spans dropped for `reason` (`export_queue_full`, `export_failed`, `malformed`).
-    pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
-        self.spans.dropped(reason).inc_by(n);
     }
 
     /// One OTLP export request of `signal` (`traces`, `metrics`) and its outcome.
@@ -139,16 +141,14 @@ impl Stats {
                 self.queued.clone(),
             );
         }
-        if traces || metrics {
-            for (signal, on) in [("traces", traces), ("metrics", metrics)] {
-                if on {
-                    for result in ["success", "failure"] {
-                        let _ = self
-                            .requests
-                            .get_or_create(&[("signal", signal), ("result", result)]);
-                    }
-                }
+        for (signal, on) in [("traces", traces), ("metrics", metrics)] {
+            for result in ["success", "failure"].into_iter().filter(|_| on) {
+                let _ = self
+                    .requests
+                    .get_or_create(&[("signal", signal), ("result", result)]);
             }
+        }
+        if traces || metrics {
             self_metrics.register(
                 "sysscope_otlp_requests",
                 "OTLP export requests sent to the configured endpoint, by signal and result.",

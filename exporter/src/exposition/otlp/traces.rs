@@ -33,7 +33,7 @@ use opentelemetry_sdk::{
     Resource,
 };
 
-use super::{grpc_metadata, HeaderError, Stats};
+use super::{built_off_runtime, grpc_metadata, ExportError, Stats};
 use crate::config::otlp::{Protocol, SignalSettings};
 
 /// Retries of a failed request, after the first attempt.
@@ -44,28 +44,6 @@ pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Pause after a batch was dropped, before the next one is tried.
 pub(crate) const OUTAGE_PAUSE: Duration = Duration::from_secs(5);
-
-#[derive(Debug, thiserror::Error)]
-pub enum TraceExportError {
-    #[error("OTLP span exporter for {endpoint}")]
-    Build {
-        endpoint: String,
-        #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
-    },
-    #[error(transparent)]
-    Header(#[from] HeaderError),
-    #[error("OTLP span exporter for {endpoint}")]
-    Tls {
-        endpoint: String,
-        #[source]
-        source: super::tls::TlsError,
-    },
-    #[error("OTLP gRPC export needs a tokio runtime")]
-    NoRuntime,
-    #[error("starting the span export thread")]
-    Thread(#[source] std::io::Error),
-}
 
 /// The running span exporter.
 #[derive(Debug)]
@@ -103,13 +81,13 @@ impl SpanExporter for Counted {
         let endpoint = &self.endpoint;
         match &result {
             Ok(()) => {
-                self.stats.exported("otlp", n as u64);
+                self.stats.spans.exported("otlp").inc_by(n as u64);
                 if self.failing.swap(false, Ordering::Relaxed) {
                     tracing::info!(endpoint, "OTLP span export recovered");
                 }
             }
             Err(e) => {
-                self.stats.dropped("export_failed", n as u64);
+                self.stats.spans.dropped("export_failed").inc_by(n as u64);
                 if !self.failing.swap(true, Ordering::Relaxed) {
                     tracing::warn!(endpoint, error = %e, "OTLP span export failed; batches that fail their retries are dropped and counted, and so are spans beyond the queue");
                 } else {
@@ -140,7 +118,7 @@ impl SpanExporter for Counted {
 fn build_exporter(
     settings: &SignalSettings,
     resource: &Resource,
-) -> Result<opentelemetry_otlp::SpanExporter, TraceExportError> {
+) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
     let retry = RetryPolicy::default()
         .with_max_retries(RETRIES)
         .with_initial_delay(INITIAL_BACKOFF)
@@ -164,11 +142,10 @@ fn build_exporter(
             }
         }
         Protocol::HttpProtobuf | Protocol::HttpJson => {
-            let client =
-                super::tls::http_client(settings).map_err(|source| TraceExportError::Tls {
-                    endpoint: settings.endpoint.clone(),
-                    source,
-                })?;
+            let client = super::tls::http_client(settings).map_err(|source| ExportError::Tls {
+                endpoint: settings.endpoint.clone(),
+                source,
+            })?;
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(super::tls::BlockingHttpClient(client))
@@ -188,7 +165,7 @@ fn build_exporter(
                 .build()
         }
     };
-    let mut exporter = built.map_err(|source| TraceExportError::Build {
+    let mut exporter = built.map_err(|source| ExportError::Build {
         endpoint: settings.endpoint.clone(),
         source,
     })?;
@@ -197,8 +174,7 @@ fn build_exporter(
 }
 
 impl SpanExport {
-    /// Builds the exporter and starts the export thread. For gRPC, `runtime` must be the
-    /// agent's tokio runtime.
+    /// Builds the exporter and starts the export thread; gRPC runs on `runtime` (the agent's).
     pub(crate) fn start(
         settings: SignalSettings,
         resource: Resource,
@@ -206,28 +182,12 @@ impl SpanExport {
         max_batch: usize,
         schedule_delay: Duration,
         stats: Arc<Stats>,
-        runtime: Option<tokio::runtime::Handle>,
-    ) -> Result<Self, TraceExportError> {
-        let runtime = match settings.protocol {
-            Protocol::Grpc => Some(runtime.ok_or(TraceExportError::NoRuntime)?),
-            Protocol::HttpProtobuf | Protocol::HttpJson => None,
-        };
-        // Built on a thread of its own: the blocking HTTP client must not be built inside the
-        // runtime (start is called on it), tonic's channel must be (entered for gRPC).
-        let otlp = std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("otlp-spans-init".into())
-                .spawn_scoped(scope, || {
-                    let _guard = runtime.as_ref().map(|h| h.enter());
-                    build_exporter(&settings, &resource)
-                })
-                .map_err(TraceExportError::Thread)?
-                .join()
-                .map_err(|_| {
-                    TraceExportError::Thread(std::io::Error::other(
-                        "building the span exporter panicked",
-                    ))
-                })?
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, ExportError> {
+        let runtime = (settings.protocol == Protocol::Grpc).then_some(runtime);
+        let otlp = built_off_runtime(|| {
+            let _guard = runtime.as_ref().map(|h| h.enter());
+            build_exporter(&settings, &resource)
         })?;
         let capacity = capacity.max(1);
         let held = Arc::new(AtomicUsize::new(0));
@@ -268,7 +228,7 @@ impl SpanExport {
                 (n < self.capacity).then_some(n + 1)
             });
         let Ok(before) = admitted else {
-            self.stats.dropped("export_queue_full", 1);
+            self.stats.spans.dropped("export_queue_full").inc();
             return false;
         };
         self.stats.queued.set(before as i64 + 1);
