@@ -6,10 +6,11 @@
 
 use std::{
     collections::HashMap,
-    future::Future,
     net::IpAddr,
     sync::{Arc, Mutex},
 };
+
+use std::future::Future;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -20,7 +21,10 @@ use hyper::{
 };
 use tokio::sync::Semaphore;
 
-use super::admission::{peer_group, Activity, Queued};
+use super::{
+    admission::{peer_group, Activity, Queued},
+    handle, AppState,
+};
 use crate::exposition::web_config::{AuthPrecheck, BasicAuth, WebConfig, WebConfigFile};
 /// bcrypt checks running at once: each costs tens of milliseconds of CPU by design, so
 /// guessing passwords must not take more than this many cores.
@@ -130,78 +134,59 @@ impl PasswordChecks {
         // A credential verified before, or none at all, is answered at once: it never waits
         // in a lane behind guesses from its own address (a shared NAT, say).
         match auth.precheck(header) {
-            AuthPrecheck::Allowed => return true,
-            AuthPrecheck::Denied => return false,
             AuthPrecheck::Verify { .. } => {}
+            checked => return checked == AuthPrecheck::Allowed,
         }
         let lane = self.lane(peer);
-        // Counted as waiting only while it does wait: an uncontended turn never makes its
-        // connection look evictable.
-        let turn = match lane.clone().try_lock_owned() {
-            Ok(turn) => turn,
-            Err(_) => {
-                let _queued = Queued::start(activity);
-                lane.lock_owned().await
-            }
+        let turn = waiting(
+            activity,
+            lane.clone().try_lock_owned().ok(),
+            lane.lock_owned(),
+        )
+        .await;
+        let (user, password) = match auth.precheck(header) {
+            AuthPrecheck::Verify { user, password } => (user, password),
+            // Verified meanwhile (the same login, checked in the lane before this one).
+            checked => return checked == AuthPrecheck::Allowed,
         };
-        match auth.precheck(header) {
-            AuthPrecheck::Allowed => true,
-            AuthPrecheck::Denied => false,
-            AuthPrecheck::Verify { user, password } => {
-                let slot = match self.slots.clone().try_acquire_owned() {
-                    Ok(slot) => Ok(slot),
-                    Err(_) => {
-                        // Waiting for a check slot (other peers' checks) is waiting too.
-                        let _queued = Queued::start(activity);
-                        self.slots.clone().acquire_owned().await
-                    }
-                };
-                let Ok(slot) = slot else {
-                    return false;
-                };
-                let auth = auth.clone();
-                tokio::task::spawn_blocking(move || {
-                    let _held = (turn, slot);
-                    auth.verify(&user, &password)
-                })
-                .await
-                .unwrap_or(false)
-            }
+        let slots = &self.slots;
+        let slot = slots.clone().try_acquire_owned().ok().map(Ok);
+        let Ok(slot) = waiting(activity, slot, slots.clone().acquire_owned()).await else {
+            return false;
+        };
+        let auth = auth.clone();
+        tokio::task::spawn_blocking(move || {
+            let _held = (turn, slot);
+            auth.verify(&user, &password)
+        })
+        .await
+        .unwrap_or(false)
+    }
+}
+
+/// `ready`, or else what `wait` resolves to, the request counted as waiting meanwhile (waiting
+/// for the peer's lane or for a check slot): an uncontended turn never makes its connection
+/// look evictable.
+async fn waiting<T>(activity: &Activity, ready: Option<T>, wait: impl Future<Output = T>) -> T {
+    match ready {
+        Some(ready) => ready,
+        None => {
+            let _queued = Queued::start(activity);
+            wait.await
         }
     }
 }
 
-/// The answer to every request while the web config file is invalid.
-fn web_config_invalid() -> Response<Full<Bytes>> {
-    text(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "The web config file is invalid; see the exporter's log.\n",
-    )
-}
-
-fn unauthorized() -> Response<Full<Bytes>> {
-    let mut r = text(StatusCode::UNAUTHORIZED, "Unauthorized\n");
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Basic realm=\"sysscope\""),
-    );
-    r
-}
-
-/// Serves one request with `routes` after basic auth, adding the configured headers.
-pub(super) async fn handle_secured<R, F>(
-    routes: &R,
+/// Serves one request after basic auth, adding the configured headers.
+pub(super) async fn handle_secured(
+    state: Arc<AppState>,
     security: &Security,
     peer: IpAddr,
     activity: &Activity,
     req: Request<Incoming>,
-) -> Response<Full<Bytes>>
-where
-    R: Fn(Request<Incoming>) -> F,
-    F: Future<Output = Response<Full<Bytes>>>,
-{
+) -> Response<Full<Bytes>> {
     let Some(file) = &security.web else {
-        return routes(req).await;
+        return handle(state, req).await;
     };
     let header = req
         .headers()
@@ -209,12 +194,20 @@ where
         .map(|v| v.as_bytes());
     let Some((web, allowed)) = security.authorize(file, peer, header, activity).await else {
         // Logged when the file changed; refused until it is fixed.
-        return web_config_invalid();
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "The web config file is invalid; see the exporter's log.\n",
+        );
     };
     let mut resp = if allowed {
-        routes(req).await
+        handle(state, req).await
     } else {
-        unauthorized()
+        let mut r = text(StatusCode::UNAUTHORIZED, "Unauthorized\n");
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"sysscope\""),
+        );
+        r
     };
     for (name, value) in &web.headers {
         resp.headers_mut().insert(name.clone(), value.clone());
@@ -242,7 +235,7 @@ pub(super) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::*;
 
@@ -277,7 +270,7 @@ mod tests {
             // A guess from the same address (a shared NAT) holds the address's turn.
             let lane = checks.lane(peer);
             let _guess = lane.lock().await;
-            let activity = Activity::new(Instant::now());
+            let activity = Activity::new();
             let answered = tokio::time::timeout(
                 Duration::from_secs(5),
                 checks.allowed(peer, &auth, Some(header.as_bytes()), &activity),
@@ -318,7 +311,7 @@ mod tests {
             let request = {
                 let (checks, auth) = (checks.clone(), auth.clone());
                 tokio::spawn(async move {
-                    let activity = Activity::new(Instant::now());
+                    let activity = Activity::new();
                     checks
                         .allowed(peer, &auth, Some(header.as_bytes()), &activity)
                         .await
@@ -387,7 +380,7 @@ mod tests {
             let allowed = |security: Arc<Security>, file: Arc<WebConfigFile>| {
                 let header = header.clone();
                 async move {
-                    let activity = Activity::new(Instant::now());
+                    let activity = Activity::new();
                     security
                         .authorize(&file, peer, Some(header.as_bytes()), &activity)
                         .await

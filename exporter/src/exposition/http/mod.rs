@@ -1,24 +1,13 @@
 //! The HTTP endpoint (hyper on tokio): the metrics at `--web.telemetry-path`, a landing page
-//! at `/`, `/-/healthy`, `/-/ready`, and JSON routes other modules register (e.g. recent slow
-//! calls). Only GET and HEAD are served; everything else gets a clear status.
+//! at `/`, `/-/healthy`, `/-/ready`, `POST /-/reload`, and JSON routes other modules register
+//! (e.g. recent slow calls). Only GET and HEAD are served otherwise; everything else gets a
+//! clear status.
 //!
-//! With `--web.config.file` ([`super::web_config`]) connections are TLS (a plain-HTTP request
-//! to the TLS port gets a readable 400, as Go's servers answer), every request needs basic
-//! auth when users are configured (401 otherwise), and the configured headers are added. The
-//! file is followed as it changes ([`WebConfigFile`]): each request is checked against it as
-//! it is now, and answered 500 while a change left it invalid.
-//! Concurrent connections are capped ([`MAX_CONNECTIONS`]) so a flood of clients cannot take
-//! the file descriptors the collectors need to read /proc and the cgroup tree.
-//!
-//! No client can hold a connection without using it: every phase has a deadline (the TLS
-//! handshake, the first request, which covers HTTP/1-vs-2 detection and request headers, and
-//! [`IDLE_TIMEOUT`] between requests, HTTP/2 included). And when the cap is reached, a new
-//! client is not turned away while a connection sits idle: the idle connection of the peer
-//! holding the most connections is closed to make room, so silent or half-open connections
-//! from one peer can never lock out Prometheus or the liveness probe. A connection whose
-//! requests only wait for their password checks counts as idle for this: peers can send bad
-//! passwords far faster than bcrypt answers them.
-
+//! With `--web.config.file` ([`super::web_config`]) connections are TLS, every request needs
+//! basic auth when users are configured (401 otherwise), and the configured headers are added;
+//! each request is checked against the file as it is now, and answered 500 while a change left
+//! it invalid. No client can hold a connection without using it, nor lock others out by
+//! filling the connection cap or the password checks.
 //!
 //! By role: this module holds the routes; [`admission`] the connection cap and deadlines,
 //! [`auth_gate`] basic auth (who runs bcrypt, and when) and the configured headers, [`serve`]
@@ -30,7 +19,6 @@ mod serve;
 
 use std::{
     collections::BTreeMap,
-    future::Future,
     net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -48,9 +36,12 @@ use hyper::{
 };
 use tokio::{net::TcpListener, sync::Semaphore};
 
-pub use self::admission::{IDLE_TIMEOUT, MAX_CONNECTIONS};
 use self::auth_gate::{response, text};
-use super::{format::Format, scrape::Scraper, web_config::WebConfigFile};
+pub use self::{
+    admission::{IDLE_TIMEOUT, MAX_CONNECTIONS},
+    serve::serve_with,
+};
+use super::{format::Format, scrape::Scraper};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -233,20 +224,6 @@ pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Fu
         *resp.body_mut() = Full::new(Bytes::new());
     }
     resp
-}
-
-/// Accepts connections until `shutdown` resolves and serves them, with the TLS, basic auth and
-/// headers of a `--web.config.file` when one is given; then lets in-flight requests finish (for
-/// at most `grace`).
-pub async fn serve_with(
-    listener: TcpListener,
-    state: Arc<AppState>,
-    web: Option<Arc<WebConfigFile>>,
-    shutdown: impl Future<Output = ()>,
-    grace: Duration,
-) {
-    let routes = move |req| handle(state.clone(), req);
-    serve::run(listener, routes, web, shutdown, grace).await
 }
 
 #[cfg(test)]
