@@ -25,7 +25,6 @@ use crate::{
     exposition::{
         http::{self, AppState, HttpError},
         otlp::{self, traces::SpanExport, ExportError},
-        protobuf::HistogramForms,
         scrape::Scraper,
         web_config::WebConfigFile,
     },
@@ -102,9 +101,13 @@ where
             Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
         let (mut agent, labeler, mut report) = startup::start(&config)?;
         // Slow-call spans (and their self-metrics), before the agent is shared.
-        let otlp_stats = Arc::new(otlp::Stats::new(agent.self_metrics()));
         let ring = report.slow_events.take();
         let sampled = config.slow_calls.enabled && ring.is_some();
+        let otlp_stats = Arc::new(otlp::Stats::new(
+            agent.self_metrics(),
+            otlp_settings.traces.is_some() && sampled,
+            otlp_settings.metrics.is_some(),
+        ));
         let otlp_spans = match (&otlp_settings.traces, sampled) {
             (Some(traces), true) => Some(Arc::new(SpanExport::start(
                 traces.clone(),
@@ -132,11 +135,6 @@ where
         }
         sinks.push(recent.clone());
         let slow_calls = SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.spans.clone());
-        otlp_stats.register(
-            agent.self_metrics(),
-            otlp_spans.is_some(),
-            otlp_settings.metrics.is_some(),
-        );
         // Everything is attached and the span reader runs: give up what running does not need
         // (see privileges.rs); threads started later inherit the reduced set.
         let dropped = privileges::drop_after_start(&config).map_err(ServeError::Privileges)?;
@@ -157,14 +155,9 @@ where
             reload_stats,
         ));
         let scraper = Arc::new(
-            Scraper::new(agent.clone(), config.collection.min_interval).with_histogram_forms(
-                HistogramForms {
-                    native: config.exposition.native_histograms,
-                    classic: config.exposition.classic_histograms,
-                },
-            ),
+            Scraper::new(agent.clone(), config.collection.min_interval)
+                .with(config.exposition.clone(), exemplars.clone()),
         );
-        scraper.set_exemplars(exemplars.clone());
         let mut routes = BTreeMap::new();
         routes.insert(
             spans::recent::ROUTE.to_string(),
@@ -191,23 +184,12 @@ where
                 })
             }),
         });
-        let metric_push = match &otlp_settings.metrics {
-            Some(settings) => Some(otlp::metrics::MetricPush::start(
-                otlp::metrics::PushOptions {
-                    settings: settings.clone(),
-                    resource: otlp_settings.resource.clone(),
-                    interval: otlp_settings.metric_interval,
-                    export_timeout: otlp_settings.metric_export_timeout,
-                    started: std::time::SystemTime::now(),
-                    temporality: otlp_settings.metric_temporality,
-                    histograms: otlp_settings.metric_histograms,
-                },
-                scraper.clone(),
-                otlp_stats.clone(),
-                tokio::runtime::Handle::current(),
-            )?),
-            None => None,
-        };
+        let metric_push = otlp::metrics::MetricPush::start(
+            &otlp_settings,
+            scraper.clone(),
+            otlp_stats.clone(),
+            tokio::runtime::Handle::current(),
+        )?;
 
         let background = {
             let scraper = scraper.clone();

@@ -49,7 +49,7 @@ use prost::Message;
 
 use super::{built_off_runtime, grpc_metadata, http_headers, ExportError, Stats};
 use crate::{
-    config::otlp::{HistogramAggregation, Protocol, SignalSettings, Temporality},
+    config::otlp::{HistogramAggregation, Protocol, Settings, SignalSettings, Temporality},
     exposition::{protobuf::is_native, scrape::Scraper},
     hist::expand_spans,
     metadata::kubernetes,
@@ -311,25 +311,24 @@ impl Converter {
 
     fn sum(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
         let delta = self.conversion.temporality.delta_sums();
-        let mut data_points = Vec::with_capacity(family.metric.len());
-        for m in &family.metric {
-            let Some(counter) = &m.counter else { continue };
+        let data_points = family.metric.iter().filter_map(|m| {
+            let counter = m.counter.as_ref()?;
             let now = Values {
                 count: counter.value,
                 ..Values::default()
             };
             let (attributes, start, values) = self.point(&family.name, m, now, delta);
-            data_points.push(NumberDataPoint {
+            Some(NumberDataPoint {
                 attributes,
                 start_time_unix_nano: start,
                 time_unix_nano: now_ns,
                 exemplars: counter.exemplar.iter().map(otlp_exemplar).collect(),
                 value: Some(number_data_point::Value::AsDouble(values.count)),
                 ..Default::default()
-            });
-        }
+            })
+        });
         metric::Data::Sum(Sum {
-            data_points,
+            data_points: data_points.collect(),
             aggregation_temporality: temporality(delta),
             is_monotonic: true,
         })
@@ -337,6 +336,7 @@ impl Converter {
 
     fn histogram(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
         let delta = self.conversion.temporality.delta_histograms();
+        let aggregation_temporality = temporality(delta);
         let histograms = family
             .metric
             .iter()
@@ -346,22 +346,20 @@ impl Converter {
         if self.conversion.histograms == HistogramAggregation::Base2Exponential
             && histograms.clone().all(|(_, h)| is_native(h))
         {
-            let mut data_points = Vec::with_capacity(family.metric.len());
-            for (m, h) in histograms {
-                data_points.push(self.exponential_point(&family.name, m, h, now_ns, delta));
-            }
+            let data_points = histograms
+                .map(|(m, h)| self.exponential_point(&family.name, m, h, now_ns, delta))
+                .collect();
             return metric::Data::ExponentialHistogram(ExponentialHistogram {
                 data_points,
-                aggregation_temporality: temporality(delta),
+                aggregation_temporality,
             });
         }
-        let mut data_points = Vec::with_capacity(family.metric.len());
-        for (m, h) in histograms {
-            data_points.push(self.explicit_point(&family.name, m, h, now_ns, delta));
-        }
+        let data_points = histograms
+            .map(|(m, h)| self.explicit_point(&family.name, m, h, now_ns, delta))
+            .collect();
         metric::Data::Histogram(OtlpHistogram {
             data_points,
-            aggregation_temporality: temporality(delta),
+            aggregation_temporality,
         })
     }
 
@@ -664,46 +662,38 @@ pub struct MetricPush {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Everything the push thread needs.
-pub struct PushOptions {
-    pub settings: SignalSettings,
-    pub resource: Vec<(String, String)>,
-    pub interval: Duration,
-    pub export_timeout: Duration,
-    pub started: SystemTime,
-    pub temporality: Temporality,
-    pub histograms: HistogramAggregation,
-}
-
 impl MetricPush {
-    /// Starts pushing every `options.interval`; gRPC runs on `runtime` (the agent's).
+    /// Starts pushing every `OTEL_METRIC_EXPORT_INTERVAL` when `otlp` has a metrics endpoint;
+    /// gRPC runs on `runtime` (the agent's).
     pub fn start(
-        options: PushOptions,
+        otlp: &Settings,
         scraper: Arc<Scraper>,
         stats: Arc<Stats>,
         runtime: tokio::runtime::Handle,
-    ) -> Result<Self, ExportError> {
-        let mut client = built_off_runtime(|| Client::new(&options.settings, runtime))?;
+    ) -> Result<Option<Self>, ExportError> {
+        let Some(signal) = otlp.metrics.clone() else {
+            return Ok(None);
+        };
+        let mut client = built_off_runtime(|| Client::new(&signal, runtime))?;
+        let conversion = Conversion {
+            temporality: otlp.metric_temporality,
+            histograms: otlp.metric_histograms,
+        };
+        let mut converter = Converter::new(&otlp.resource, SystemTime::now(), conversion);
+        let interval = otlp.metric_interval;
+        // Within the export timeout and the interval, so pushes never pile up.
+        let budget = otlp.metric_export_timeout.min(interval);
         let (stop, stop_rx) = mpsc::channel::<()>();
         let (done_tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("otlp-metrics".into())
             .spawn(move || {
-                let settings = &options.settings;
-                tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), tls = settings.tls.is_some(), interval = ?options.interval, "pushing metrics over OTLP");
-                let conversion = Conversion {
-                    temporality: options.temporality,
-                    histograms: options.histograms,
-                };
-                let mut converter =
-                    Converter::new(&options.resource, options.started, conversion);
+                tracing::info!(endpoint = %signal.endpoint, protocol = signal.protocol.as_str(), tls = signal.tls.is_some(), ?interval, "pushing metrics over OTLP");
                 let mut failing = false;
                 // Each interval, unless told to stop (or the agent is gone).
-                while let Err(mpsc::RecvTimeoutError::Timeout) =
-                    stop_rx.recv_timeout(options.interval)
-                {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(interval) {
                     let request = converter.convert(&scraper.families(), SystemTime::now());
-                    let ok = push_with_retry(&mut client, &request, &options, &stats, failing);
+                    let ok = push_with_retry(&mut client, &request, &signal, budget, &stats, failing);
                     if ok && failing {
                         tracing::info!("OTLP metrics push recovered");
                     }
@@ -715,11 +705,11 @@ impl MetricPush {
                 let _ = done_tx.send(());
             })
             .map_err(ExportError::Thread)?;
-        Ok(Self {
+        Ok(Some(Self {
             stop,
             done,
             thread: Some(thread),
-        })
+        }))
     }
 
     /// Stops the push (waiting at most `grace` for a request in flight).
@@ -733,23 +723,21 @@ impl MetricPush {
     }
 }
 
-/// Sends one request, retrying retryable failures with a doubling pause, all within the
-/// export timeout (and the interval, so pushes never pile up). Returns whether it succeeded.
+/// Sends one request, retrying retryable failures with a doubling pause, all within `budget`.
+/// Returns whether it succeeded.
 fn push_with_retry(
     client: &mut Client,
     request: &ExportMetricsServiceRequest,
-    options: &PushOptions,
+    signal: &SignalSettings,
+    budget: Duration,
     stats: &Stats,
     failing: bool,
 ) -> bool {
-    let deadline = Instant::now() + options.export_timeout.min(options.interval);
+    let deadline = Instant::now() + budget;
     let mut pause = Duration::from_millis(200);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let timeout = options
-            .settings
-            .timeout
-            .min(left.max(Duration::from_millis(100)));
+        let timeout = signal.timeout.min(left.max(Duration::from_millis(100)));
         let result = client.send(request, timeout);
         stats.request("metrics", result.is_ok());
         let Err(SendError(error, retryable)) = result else {
@@ -759,7 +747,7 @@ fn push_with_retry(
             if failing {
                 tracing::debug!(%error, "OTLP metrics push failed again");
             } else {
-                tracing::warn!(endpoint = %options.settings.endpoint, %error, "OTLP metrics push failed; the next push carries what this one did");
+                tracing::warn!(endpoint = %signal.endpoint, %error, "OTLP metrics push failed; the next push carries what this one did");
             }
             return false;
         }

@@ -105,45 +105,28 @@ pub struct Stats {
 
 impl Stats {
     /// Counters writing into the self-metrics' span families, which always carry
-    /// `reason="malformed"`; the OTLP and local series appear once those destinations are
-    /// enabled (`spans.exported(destination)` makes a series).
-    pub fn new(self_metrics: &SelfMetrics) -> Self {
+    /// `reason="malformed"`, with the series of OTLP spans (`traces`) and the OTLP request
+    /// families (either signal) registered; the local destination's series appears once
+    /// `spans.exported("local")` makes it.
+    pub fn new(self_metrics: &mut SelfMetrics, traces: bool, metrics: bool) -> Self {
         let stats = Self {
             spans: self_metrics.span_counters(),
             ..Self::default()
         };
         stats.spans.dropped("malformed");
-        stats
-    }
-
-    /// Spans go to an OTLP endpoint: their export and drop series exist from now on.
-    pub(crate) fn enable_otlp_traces(&self) {
-        self.spans.exported("otlp");
-        self.spans.dropped("export_queue_full");
-        self.spans.dropped("export_failed");
-    }
-
-    /// One OTLP export request of `signal` (`traces`, `metrics`) and its outcome.
-    pub(crate) fn request(&self, signal: &'static str, ok: bool) {
-        let result = if ok { "success" } else { "failure" };
-        self.requests
-            .get_or_create(&[("signal", signal), ("result", result)])
-            .inc();
-    }
-
-    /// Registers the families that are not span counters: the export queue's length
-    /// (with OTLP traces) and the OTLP requests by signal and result (with either signal).
-    pub fn register(&self, self_metrics: &mut SelfMetrics, traces: bool, metrics: bool) {
         if traces {
+            stats.spans.exported("otlp");
+            stats.spans.dropped("export_queue_full");
+            stats.spans.dropped("export_failed");
             self_metrics.register(
                 "sysscope_spans_queued",
                 "Slow-call spans waiting in the OTLP export queue (at most slow_calls.export_queue).",
-                self.queued.clone(),
+                stats.queued.clone(),
             );
         }
         for (signal, on) in [("traces", traces), ("metrics", metrics)] {
             for result in ["success", "failure"].into_iter().filter(|_| on) {
-                let _ = self
+                let _ = stats
                     .requests
                     .get_or_create(&[("signal", signal), ("result", result)]);
             }
@@ -152,8 +135,17 @@ impl Stats {
             self_metrics.register(
                 "sysscope_otlp_requests",
                 "OTLP export requests sent to the configured endpoint, by signal and result.",
-                self.requests.clone(),
+                stats.requests.clone(),
             );
         }
+        stats
+    }
+
+    /// One OTLP export request of `signal` (`traces`, `metrics`) and its outcome.
+    pub(crate) fn request(&self, signal: &'static str, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.requests
+            .get_or_create(&[("signal", signal), ("result", result)])
+            .inc();
     }
 }

@@ -4,7 +4,7 @@
 //! client of [`super::tls`]; TLS for `https://` endpoints as [`super::tls`] builds it).
 //!
 //! What the SDK does not count is counted here. At most `slow_calls.export_queue` spans are
-//! held, the batch being sent included ([`SpanExport::push`] admits a span only below that
+//! held, the batch being sent included (the sink admits a span only below that
 //! bound, and the processor's own queue is as large, so it never drops one itself): memory
 //! stays bounded however long the endpoint is down or slow, and a span that does not fit is
 //! dropped and counted (`export_queue_full`). A batch that still fails after the exporter's
@@ -49,10 +49,18 @@ pub(crate) const OUTAGE_PAUSE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub(crate) struct SpanExport {
     processor: BatchSpanProcessor,
-    closing: Arc<AtomicBool>,
-    /// Spans handed to the processor and not yet exported or dropped.
-    held: Arc<AtomicUsize>,
     capacity: usize,
+    shared: Arc<Shared>,
+}
+
+/// What the exporter's side and the processor's thread share.
+#[derive(Debug)]
+struct Shared {
+    /// Spans handed to the processor and not yet exported or dropped.
+    held: AtomicUsize,
+    /// Set by shutdown: what is left is sent once, without pausing.
+    closing: AtomicBool,
+    failing: AtomicBool,
     stats: Arc<Stats>,
 }
 
@@ -62,12 +70,8 @@ struct Counted {
     otlp: opentelemetry_otlp::SpanExporter,
     /// gRPC: tonic's connections live on the agent's runtime.
     runtime: Option<tokio::runtime::Handle>,
-    held: Arc<AtomicUsize>,
-    stats: Arc<Stats>,
     endpoint: String,
-    failing: AtomicBool,
-    /// Set by [`SpanExport::shutdown`]: what is left is sent once, without pausing.
-    closing: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 impl SpanExporter for Counted {
@@ -77,27 +81,27 @@ impl SpanExporter for Counted {
             Some(runtime) => runtime.block_on(self.otlp.export(batch)),
             None => self.otlp.export(batch).await,
         };
-        self.stats.request("traces", result.is_ok());
-        let endpoint = &self.endpoint;
+        let (shared, endpoint) = (&self.shared, &self.endpoint);
+        shared.stats.request("traces", result.is_ok());
         match &result {
             Ok(()) => {
-                self.stats.spans.exported("otlp").inc_by(n as u64);
-                if self.failing.swap(false, Ordering::Relaxed) {
+                shared.stats.spans.exported("otlp").inc_by(n as u64);
+                if shared.failing.swap(false, Ordering::Relaxed) {
                     tracing::info!(endpoint, "OTLP span export recovered");
                 }
             }
             Err(e) => {
-                self.stats.spans.dropped("export_failed").inc_by(n as u64);
-                if !self.failing.swap(true, Ordering::Relaxed) {
+                shared.stats.spans.dropped("export_failed").inc_by(n as u64);
+                if !shared.failing.swap(true, Ordering::Relaxed) {
                     tracing::warn!(endpoint, error = %e, "OTLP span export failed; batches that fail their retries are dropped and counted, and so are spans beyond the queue");
                 } else {
                     tracing::debug!(endpoint, error = %e, "OTLP span export failed again");
                 }
             }
         }
-        let held = self.held.fetch_sub(n, Ordering::AcqRel) - n;
-        self.stats.queued.set(held as i64);
-        if result.is_err() && !self.closing.load(Ordering::Relaxed) {
+        let held = shared.held.fetch_sub(n, Ordering::AcqRel) - n;
+        shared.stats.queued.set(held as i64);
+        if result.is_err() && !shared.closing.load(Ordering::Relaxed) {
             // The processor's thread: no request until then, while spans beyond the queue
             // are counted as dropped.
             std::thread::sleep(OUTAGE_PAUSE);
@@ -189,18 +193,19 @@ impl SpanExport {
             let _guard = runtime.as_ref().map(|h| h.enter());
             build_exporter(&settings, &resource)
         })?;
-        let capacity = capacity.max(1);
-        let held = Arc::new(AtomicUsize::new(0));
-        let closing = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared {
+            held: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
+            stats,
+        });
         let exporter = Counted {
             otlp,
             runtime,
-            held: held.clone(),
-            stats: stats.clone(),
             endpoint: settings.endpoint.clone(),
-            failing: AtomicBool::new(false),
-            closing: closing.clone(),
+            shared: shared.clone(),
         };
+        let capacity = capacity.max(1);
         let config = BatchConfigBuilder::default()
             .with_max_queue_size(capacity)
             .with_max_export_batch_size(max_batch.max(1))
@@ -210,38 +215,11 @@ impl SpanExport {
             .with_batch_config(config)
             .build();
         tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), tls = settings.tls.is_some(), "exporting slow-call spans over OTLP");
-        stats.enable_otlp_traces();
         Ok(Self {
             processor,
-            closing,
-            held,
             capacity,
-            stats,
+            shared,
         })
-    }
-
-    /// Queues a span; when the queue is full it is dropped and counted.
-    pub(crate) fn push(&self, span: SpanData) -> bool {
-        let admitted = self
-            .held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.capacity).then_some(n + 1)
-            });
-        let Ok(before) = admitted else {
-            self.stats.spans.dropped("export_queue_full").inc();
-            return false;
-        };
-        self.stats.queued.set(before as i64 + 1);
-        self.processor.on_end(span);
-        true
-    }
-
-    /// Sends what is queued (for at most `grace`) and stops the thread.
-    pub(crate) fn shutdown(&self, grace: Duration) {
-        self.closing.store(true, Ordering::Relaxed);
-        if self.processor.shutdown_with_timeout(grace).is_err() {
-            tracing::warn!("span export still busy after {grace:?}; leaving it behind");
-        }
     }
 }
 
@@ -255,15 +233,35 @@ static SCOPE: std::sync::LazyLock<opentelemetry::InstrumentationScope> =
 
 /// The OTLP endpoint as a destination of the slow-call source.
 impl crate::spans::SpanSink for SpanExport {
+    /// Queues the call's span; when the queue is full it is dropped and counted.
     fn deliver(
         &self,
         call: &Arc<crate::spans::event::SlowCall>,
         _series_labels: &[(&'static str, String)],
     ) {
-        self.push(call.to_span_data(&SCOPE));
+        let stats = &self.shared.stats;
+        let admitted = self
+            .shared
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
+        match admitted {
+            Ok(before) => {
+                stats.queued.set(before as i64 + 1);
+                self.processor.on_end(call.to_span_data(&SCOPE));
+            }
+            Err(_) => {
+                stats.spans.dropped("export_queue_full").inc();
+            }
+        }
     }
 
+    /// Sends what is queued (for at most `grace`) and stops the thread.
     fn shutdown(&self, grace: Duration) {
-        SpanExport::shutdown(self, grace);
+        self.shared.closing.store(true, Ordering::Relaxed);
+        if self.processor.shutdown_with_timeout(grace).is_err() {
+            tracing::warn!("span export still busy after {grace:?}; leaving it behind");
+        }
     }
 }
