@@ -90,8 +90,8 @@ const ALLOWED_HEADERS: &[&str] = &[
 ];
 
 /// The highest bcrypt cost accepted. Each step doubles the work: 16 already takes seconds per
-/// check on a server core, and 31 (the format's maximum) days, which would hang start-up
-/// (the dummy hash for unknown users is computed at load) and every first login.
+/// check on a server core, and 31 (the format's maximum) days, which would hang every first
+/// login (and every login of an unknown user, checked against the costliest hash).
 const MAX_BCRYPT_COST: u32 = 16;
 
 /// The file, validated.

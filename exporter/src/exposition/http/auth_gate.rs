@@ -6,11 +6,10 @@
 
 use std::{
     collections::HashMap,
+    future::Future,
     net::IpAddr,
     sync::{Arc, Mutex},
 };
-
-use std::future::Future;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -26,58 +25,24 @@ use super::{
     handle, AppState,
 };
 use crate::exposition::web_config::{AuthPrecheck, BasicAuth, WebConfig, WebConfigFile};
+
 /// bcrypt checks running at once: each costs tens of milliseconds of CPU by design, so
 /// guessing passwords must not take more than this many cores.
 const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 2;
 
-/// What `--web.config.file` asks of every request, shared by the connections.
-pub(super) struct Security {
-    pub(super) web: Option<Arc<WebConfigFile>>,
-    pub(super) password_checks: PasswordChecks,
-}
-
-impl Security {
-    /// Checks a request's credentials against `file` as it is in force: the config checked
-    /// against and whether they are allowed; `None` while the file is invalid. A password
-    /// check can wait for its turn; if the file changed meanwhile (a rotated password), the
-    /// request is checked again against what is in force now.
-    async fn authorize(
-        &self,
-        file: &WebConfigFile,
-        peer: IpAddr,
-        header: Option<&[u8]>,
-        activity: &Activity,
-    ) -> Option<(Arc<WebConfig>, bool)> {
-        for _ in 0..3 {
-            let web = file.current().ok()?;
-            let allowed = match &web.basic_auth {
-                None => true,
-                Some(auth) => {
-                    self.password_checks
-                        .allowed(peer, auth, header, activity)
-                        .await
-                }
-            };
-            if Arc::ptr_eq(&file.current().ok()?, &web) {
-                return Some((web, allowed));
-            }
-        }
-        // Changed at every check: refuse rather than check forever.
-        Some((file.current().ok()?, false))
-    }
-}
-
-/// Who runs bcrypt, and when. Checks are capped at [`MAX_CONCURRENT_PASSWORD_CHECKS`] and
-/// each peer (an IPv6 /64 counts as one, [`peer_group`]) gets one lane: its requests are
-/// checked one after another, so however many guesses one peer sends, they hold one slot at
-/// most and a login from another address waits for at most one check in progress. Verified
-/// credentials are looked up before the lane and again after it: the same peer's login checked
-/// meanwhile is not checked again.
+/// What `--web.config.file` asks of every request, shared by the connections, and who runs
+/// bcrypt, and when. Checks are capped at [`MAX_CONCURRENT_PASSWORD_CHECKS`] and each peer (an
+/// IPv6 /64 counts as one, [`peer_group`]) gets one lane: its requests are checked one after
+/// another, so however many guesses one peer sends, they hold one slot at most and a login
+/// from another address waits for at most one check in progress. Verified credentials are
+/// looked up before the lane and again after it: the same peer's login checked meanwhile is
+/// not checked again.
 ///
 /// The lane and the slot are held by the check itself, not by the request: a request whose
 /// client hangs up (or whose connection is evicted) mid-check frees neither before bcrypt is
 /// done, so hanging up cannot start more checks than the caps allow.
-pub(super) struct PasswordChecks {
+pub(super) struct Security {
+    pub(super) web: Option<Arc<WebConfigFile>>,
     slots: Arc<Semaphore>,
     lanes: Mutex<Lanes>,
 }
@@ -94,15 +59,41 @@ struct Lanes {
 /// The fewest entries of [`Lanes`] before a sweep.
 const LANES_SWEEP_MIN: usize = 64;
 
-impl PasswordChecks {
-    pub(super) fn new() -> Self {
+impl Security {
+    pub(super) fn new(web: Option<Arc<WebConfigFile>>) -> Self {
         Self {
+            web,
             slots: Arc::new(Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS)),
             lanes: Mutex::new(Lanes {
                 by_peer: HashMap::new(),
                 sweep_at: LANES_SWEEP_MIN,
             }),
         }
+    }
+
+    /// Checks a request's credentials against `file` as it is in force: the config checked
+    /// against and whether they are allowed; `None` while the file is invalid. A password
+    /// check can wait for its turn; if the file changed meanwhile (a rotated password), the
+    /// request is checked again against what is in force now.
+    async fn authorize(
+        &self,
+        file: &WebConfigFile,
+        peer: IpAddr,
+        header: Option<&[u8]>,
+        activity: &Activity,
+    ) -> Option<(Arc<WebConfig>, bool)> {
+        for _ in 0..3 {
+            let web = file.current().ok()?;
+            let allowed = match &web.basic_auth {
+                None => true,
+                Some(auth) => self.allowed(peer, auth, header, activity).await,
+            };
+            if Arc::ptr_eq(&file.current().ok()?, &web) {
+                return Some((web, allowed));
+            }
+        }
+        // Changed at every check: refuse rather than check forever.
+        Some((file.current().ok()?, false))
     }
 
     /// The lane of `peer`'s group, made if no request holds it.
@@ -265,7 +256,7 @@ mod tests {
         );
         assert!(auth.check(Some(header.as_bytes())), "verified once");
         two_thread_runtime().block_on(async {
-            let checks = PasswordChecks::new();
+            let checks = Security::new(None);
             let peer: IpAddr = "192.0.2.1".parse().unwrap();
             // A guess from the same address (a shared NAT) holds the address's turn.
             let lane = checks.lane(peer);
@@ -288,7 +279,7 @@ mod tests {
     fn a_check_whose_request_is_dropped_holds_its_slot_until_bcrypt_is_done_and_leaves_no_lane() {
         let runtime = two_thread_runtime();
         runtime.block_on(async {
-            let checks = Arc::new(PasswordChecks::new());
+            let checks = Arc::new(Security::new(None));
             // Cost 11: a check takes long enough (about a second, unoptimized) to drop the
             // request during it and look, even on a loaded machine.
             let hash = bcrypt::hash("right", 11).unwrap();
@@ -347,7 +338,7 @@ mod tests {
         });
 
         // Lanes of peers gone are swept: many peers one after another leave a bounded table.
-        let checks = PasswordChecks::new();
+        let checks = Security::new(None);
         for i in 0..10_000u32 {
             drop(checks.lane(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i))));
         }
@@ -366,10 +357,7 @@ mod tests {
         let path = dir.path().join("web.yml");
         std::fs::write(&path, users("old")).unwrap();
         let file = Arc::new(WebConfigFile::load(&path).unwrap());
-        let security = Arc::new(Security {
-            web: Some(file.clone()),
-            password_checks: PasswordChecks::new(),
-        });
+        let security = Arc::new(Security::new(Some(file.clone())));
         let peer: IpAddr = "192.0.2.1".parse().unwrap();
         let header = format!(
             "Basic {}",
@@ -391,7 +379,7 @@ mod tests {
             // without waiting, so it could not wait through anything.)
             // The peer's lane is busy (another check of its in progress): the request waits,
             // and the password is rotated meanwhile.
-            let lane = security.password_checks.lane(peer);
+            let lane = security.lane(peer);
             let busy = lane.lock().await;
             let waiting = tokio::spawn(allowed(security.clone(), file.clone()));
             // The request holds the lane (ours, its own) once it has read the config in force

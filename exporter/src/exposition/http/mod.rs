@@ -19,7 +19,6 @@ mod serve;
 
 use std::{
     collections::BTreeMap,
-    net::SocketAddr,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -86,13 +85,11 @@ impl std::fmt::Debug for AppState {
 
 /// Resolves `--web.listen-address` and binds it.
 pub async fn bind(address: &str) -> Result<TcpListener, HttpError> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(address)
+    let invalid = || HttpError::Address(address.to_string());
+    let mut resolved = tokio::net::lookup_host(address)
         .await
-        .map_err(|_| HttpError::Address(address.to_string()))?
-        .collect();
-    let first = *addrs
-        .first()
-        .ok_or_else(|| HttpError::Address(address.to_string()))?;
+        .map_err(|_| invalid())?;
+    let first = resolved.next().ok_or_else(invalid)?;
     TcpListener::bind(first)
         .await
         .map_err(|source| HttpError::Bind {
@@ -102,10 +99,9 @@ pub async fn bind(address: &str) -> Result<TcpListener, HttpError> {
 }
 
 fn landing_page(state: &AppState) -> String {
-    let mut extra = String::new();
-    for path in state.routes.keys() {
-        extra.push_str(&format!("<li><a href=\"{path}\">{path}</a></li>"));
-    }
+    let extra: String = (state.routes.keys())
+        .map(|path| format!("<li><a href=\"{path}\">{path}</a></li>"))
+        .collect();
     format!(
         "<!DOCTYPE html><html><head><title>sysscope</title></head><body>\
          <h1>sysscope {}</h1><p>Always-on eBPF syscall, block-I/O, CPU and GPU metrics.</p>\

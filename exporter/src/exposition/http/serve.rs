@@ -20,7 +20,7 @@ use tokio::{
 
 use super::{
     admission::{idle_deadline, Connections, InFlight, IDLE_TIMEOUT},
-    auth_gate::{handle_secured, PasswordChecks, Security},
+    auth_gate::{handle_secured, Security},
     AppState,
 };
 use crate::exposition::web_config::WebConfigFile;
@@ -47,10 +47,7 @@ async fn refuse_plain_http(mut stream: TcpStream) {
     let mut buf = [0u8; 4096];
     let mut head = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while let Ok(n) = stream.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
+        while let Ok(n @ 1..) = stream.read(&mut buf).await {
             head.extend_from_slice(&buf[..n]);
             if head.len() > 16 * 1024 || head.windows(4).any(|w| w == b"\r\n\r\n") {
                 break;
@@ -61,11 +58,7 @@ async fn refuse_plain_http(mut stream: TcpStream) {
     let _ = stream.write_all(ANSWER).await;
     let _ = stream.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while let Ok(n) = stream.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
+        while let Ok(1..) = stream.read(&mut buf).await {}
     })
     .await;
 }
@@ -97,10 +90,7 @@ pub async fn serve_with(
             tracing::error!(error = %e, "cannot follow the web config file: changes need a restart");
         }
     }
-    let security = Arc::new(Security {
-        web,
-        password_checks: PasswordChecks::new(),
-    });
+    let security = Arc::new(Security::new(web));
     let connections = Arc::new(Mutex::new(Connections::default()));
     tokio::pin!(shutdown);
     loop {

@@ -133,20 +133,21 @@ impl WebConfig {
 }
 
 /// The web config file as the endpoint enforces it: read at start, then followed by
-/// [`WebConfigFile::follow`], which compares the file and the files it names (certificate,
-/// key, client CA) with what was last read, once a second ([`RELOAD_CHECK`]), off the request
-/// path. A change is applied once the files read the same at two checks in a row, and what is
-/// parsed is the bytes compared, so a file caught half written (a writer that truncates, then
-/// writes) is not applied unless it stays so; an empty file, which is what such a writer
-/// leaves while it stalls, is refused.
+/// [`WebConfigFile::follow`], which compares the file and the files it names with what was
+/// last read once a second ([`RELOAD_CHECK`]), off the request path, as exporter-toolkit
+/// re-reads its file on every request. A change is applied once the files read the same at
+/// two checks in a row, and what is parsed is the bytes compared, so a file caught half
+/// written (a writer that truncates, then writes) is not applied unless it stays so; an empty
+/// file, which is what such a writer leaves while it stalls, is refused.
 ///
 /// A change that makes the file invalid fails closed: [`WebConfigFile::current`] is an error
 /// (every request is refused) until the file is valid again, because the change may be the
-/// revocation of a leaked password, which keeping the previous users would undo. What the
-/// listener was started with stays: turning TLS on or off needs a restart (a file that does is
-/// refused the same way: serving plain HTTP when the file asks for TLS would send credentials
-/// in clear), and a change of `http2` is logged and applied at the next start. Connections
-/// already open keep the TLS session they negotiated.
+/// revocation of a leaked password, which keeping the previous users would undo; only a
+/// certificate and key that do not load as a pair (a key written before its certificate)
+/// leave the previous pair in use until they do. What the listener was started with stays:
+/// turning TLS on or off needs a restart (serving plain HTTP when the file asks for TLS would
+/// send credentials in clear), and a change of `http2` is logged and applied at the next
+/// start. Connections already open keep the TLS session they negotiated.
 pub struct WebConfigFile {
     path: PathBuf,
     started_tls: bool,

@@ -1,16 +1,7 @@
-//! `--web.config.file` enforced: TLS and HTTP basic auth for the HTTP endpoint. The file's
-//! format (exporter-toolkit's) and its validation are [`crate::config::web`]'s; here it is made
-//! ready and followed.
-//!
-//! TLS is rustls with the ring provider.
-//!
-//! The file itself and the files it names (certificate, key, client CA) are followed as they
-//! change (compared once a second in the background; applied once two checks in a row read the
-//! change alike: [`WebConfigFile`]), so a rotated certificate, users, passwords, headers and TLS
-//! settings need no restart, as exporter-toolkit re-reads its file on every request. A change
-//! that makes the file invalid fails closed, except a certificate and key that do not load as a
-//! pair (a key written before its certificate): the previous pair stays in use, logged, until
-//! the new one loads.
+//! `--web.config.file` enforced: TLS (rustls with the ring provider) and HTTP basic auth for
+//! the HTTP endpoint. The file's format (exporter-toolkit's) and its validation are
+//! [`crate::config::web`]'s; here it is made ready and followed, so a rotated certificate,
+//! users, passwords, headers and TLS settings need no restart ([`WebConfigFile`]).
 //!
 //! By role: [`tls`] builds the TLS server configuration, [`basic_auth`] checks credentials, and
 //! [`follow`] reads the file and the files it names as one snapshot, builds the [`WebConfig`]
