@@ -213,13 +213,9 @@ impl WebConfigFile {
     }
 
     /// The TLS configuration of a new connection (`None`: plain HTTP): the current file's, or
-    /// the last valid one's while the file is invalid.
+    /// the last valid one's while the file is invalid (the current one, when it is valid).
     pub fn tls(&self) -> Option<Arc<ServerConfig>> {
-        let state = self.lock();
-        match &state.current {
-            Ok(config) => config.tls.clone(),
-            Err(_) => state.last_valid.tls.clone(),
-        }
+        self.lock().last_valid.tls.clone()
     }
 
     /// Checks the files every [`RELOAD_CHECK`] on a thread of its own until `self` is dropped
@@ -257,21 +253,21 @@ impl WebConfigFile {
 
     /// One check: reads the files, and applies a change that two checks in a row read alike.
     pub(crate) fn check(&self) {
-        let (applied, pending) = {
-            let state = self.lock();
-            (state.applied.clone(), state.pending.clone())
-        };
         // The file as it is now, and the files it names now (a new certificate or CA is
-        // followed from the change that names it, whether that change is applied or refused).
+        // followed from the change that names it, whether that change is applied or refused),
+        // read before the lock requests take.
         let seen = Snapshot::of(&self.path, Snapshot::read(&self.path));
-        if seen == applied {
-            self.lock().pending = None;
-            return;
-        }
-        if pending.as_ref() != Some(&seen) {
-            // First sight of this change: it may be a file still being written.
-            self.lock().pending = Some(seen);
-            return;
+        {
+            let mut state = self.lock();
+            if seen == state.applied {
+                state.pending = None;
+                return;
+            }
+            if state.pending.as_ref() != Some(&seen) {
+                // First sight of this change: it may be a file still being written.
+                state.pending = Some(seen);
+                return;
+            }
         }
         // The exact bytes compared are parsed, so what is in force is what was compared.
         let applied = seen;
