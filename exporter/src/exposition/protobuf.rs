@@ -6,7 +6,7 @@
 //! generates at build time from its `metrics.proto`, serialized with prost). The duration
 //! histograms (`sysscope_syscall_duration_seconds`, `sysscope_block_io_duration_seconds`)
 //! come with both their classic buckets and their native form, built from the kernel's
-//! buckets by `hist.rs`; [`HistogramForms`] keeps what the configuration asks for. Exemplars
+//! buckets by `hist.rs`; [`finish`] keeps the forms `[exposition]` asks for. Exemplars
 //! of slow calls are added from the exemplar store by label set, as typed messages: the native
 //! histogram's list, and the classic bucket that holds the call's duration. The same typed
 //! families feed the OTLP metrics push.

@@ -11,15 +11,8 @@
 //! with its labels, budget and buckets, as data; reading them keeps one data flow and both
 //! outputs equal.
 //!
-//! The mapping (docs/spans.md, "OTLP metrics"): counters become monotonic sums named like the
-//! OpenMetrics family, gauges gauges, histograms explicit-bucket histograms of the classic
-//! bounds or exponential histograms of the native buckets (scale = the native schema, OTLP
-//! index = native index - 1, the kernel's first bucket the zero bucket), exemplars OTLP
-//! exemplars; labels the spans name by a semantic convention take that name. Temporality
-//! follows `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`: cumulative points start at
-//! sysscope's start, or at the previous push for a series new (or re-created) since; delta
-//! points start at the previous push and carry what changed since it (a new series' whole
-//! value).
+//! The mapping of kinds, names, units, buckets, attributes and temporality is docs/spans.md's
+//! ("OTLP metrics"); the points below say how each is built.
 
 use std::{
     collections::{BTreeMap, HashMap},
