@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 
 use super::{
     admission::{peer_group, Activity, Queued},
-    handle, AppState,
+    routes::{handle, text, AppState},
 };
 use crate::exposition::web_config::{AuthPrecheck, BasicAuth, WebConfig, WebConfigFile};
 
@@ -204,24 +204,6 @@ pub(super) async fn handle_secured(
         resp.headers_mut().insert(name.clone(), value.clone());
     }
     resp
-}
-
-/// A response of `status` with `body` as `content_type`.
-pub(super) fn response(
-    status: StatusCode,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r
-}
-
-/// A plain-text response of `status`.
-pub(super) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    response(status, "text/plain; charset=utf-8", body)
 }
 
 #[cfg(test)]

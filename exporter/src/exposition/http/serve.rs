@@ -21,7 +21,7 @@ use tokio::{
 use super::{
     admission::{idle_deadline, Connections, InFlight, IDLE_TIMEOUT},
     auth_gate::{handle_secured, Security},
-    AppState,
+    routes::AppState,
 };
 use crate::exposition::web_config::WebConfigFile;
 
