@@ -1,31 +1,9 @@
 //! The one reader of the exposition text sysscope writes (prometheus-client's OpenMetrics, and
 //! the Prometheus text 0.0.4 made from it): descriptor lines (`# TYPE`, `# HELP`, `# UNIT`),
-//! metric families with their type, help and unit, samples with unescaped labels, and
-//! exemplars. The OTLP metrics push, the exemplar annotator, the 0.0.4 rewrite, `sysscope top
-//! --from` and the integration tests all read the exposition through it. A leaf: it imports
-//! nothing from the crate.
-
-/// Metric types of the OpenMetrics text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Counter,
-    Gauge,
-    Histogram,
-    Info,
-    Unknown,
-}
-
-impl Kind {
-    fn parse(s: &str) -> Kind {
-        match s {
-            "counter" => Kind::Counter,
-            "gauge" => Kind::Gauge,
-            "histogram" => Kind::Histogram,
-            "info" => Kind::Info,
-            _ => Kind::Unknown,
-        }
-    }
-}
+//! samples with unescaped labels, and exemplars. The exemplar annotator, the 0.0.4 rewrite,
+//! `sysscope top --from` and the integration tests read the exposition through it (the OTLP
+//! push and the protobuf exposition take the families typed). A leaf: it imports nothing from
+//! the crate.
 
 /// An exemplar attached to a sample (` # {labels} value [timestamp]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -51,16 +29,6 @@ impl Sample {
             .iter()
             .find_map(|(k, v)| (k == name).then_some(v.as_str()))
     }
-}
-
-/// A metric family: its descriptor lines and samples.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Family {
-    pub name: String,
-    pub kind: Kind,
-    pub help: String,
-    pub unit: String,
-    pub samples: Vec<Sample>,
 }
 
 fn parse_value(s: &str) -> Option<f64> {
@@ -154,61 +122,8 @@ pub fn sample_lines(text: &str) -> impl Iterator<Item = (&str, Option<Sample>)> 
         .map(|l| (l, parse_sample(l)))
 }
 
-/// Parses a whole exposition into families, in order. Samples that do not parse are skipped.
-pub fn parse_families(text: &str) -> Vec<Family> {
-    let mut families: Vec<Family> = Vec::new();
-    let family_named = |families: &mut Vec<Family>, name: &str| -> usize {
-        if let Some(i) = families.iter().rposition(|f| f.name == name) {
-            return i;
-        }
-        families.push(Family {
-            name: name.to_string(),
-            kind: Kind::Unknown,
-            help: String::new(),
-            unit: String::new(),
-            samples: Vec::new(),
-        });
-        families.len() - 1
-    };
-    for line in text.lines() {
-        if let Some((what, name, arg)) = parse_descriptor(line) {
-            match what {
-                "TYPE" => {
-                    let i = family_named(&mut families, name);
-                    families[i].kind = Kind::parse(arg);
-                }
-                "HELP" => {
-                    let i = family_named(&mut families, name);
-                    families[i].help = arg.replace("\\n", "\n").replace("\\\\", "\\");
-                }
-                "UNIT" => {
-                    let i = family_named(&mut families, name);
-                    families[i].unit = arg.to_string();
-                }
-                _ => {}
-            }
-            continue;
-        }
-        if line.trim().is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some(sample) = parse_sample(line) else {
-            continue;
-        };
-        // Samples follow their family's descriptor; the last family is theirs.
-        match families.last_mut() {
-            Some(f) if sample.name.starts_with(f.name.as_str()) => f.samples.push(sample),
-            _ => {
-                let i = family_named(&mut families, &sample.name.clone());
-                families[i].samples.push(sample);
-            }
-        }
-    }
-    families
-}
-
 /// Escapes a label value the way the text formats quote it.
-pub fn escape_label_value(v: &str) -> String {
+fn escape_label_value(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     for c in v.chars() {
         match c {
@@ -263,18 +178,6 @@ mod tests {
             Some("+Inf")
         );
         assert!(parse_sample("garbage").is_none());
-    }
-
-    #[test]
-    fn families_group_samples() {
-        let text = "# HELP a_total_things Things.\n# TYPE a_total_things counter\na_total_things_total{x=\"1\"} 3\n# HELP h Latency.\n# TYPE h histogram\n# UNIT h seconds\nh_sum 1.5\nh_count 2\nh_bucket{le=\"1.0\"} 1\nh_bucket{le=\"+Inf\"} 2\n# EOF\n";
-        let f = parse_families(text);
-        assert_eq!(f.len(), 2);
-        assert_eq!((f[0].kind, f[0].samples.len()), (Kind::Counter, 1));
-        assert_eq!(f[1].kind, Kind::Histogram);
-        assert_eq!(f[1].unit, "seconds");
-        assert_eq!(f[1].help, "Latency.");
-        assert_eq!(f[1].samples.len(), 4);
     }
 
     #[test]

@@ -18,16 +18,13 @@ use std::{
 use opentelemetry_sdk::Resource;
 
 use crate::{
-    config::{CollectorFlags, Config},
+    config::{
+        otlp::{Settings, SettingsError},
+        CollectorFlags, Config,
+    },
     exposition::{
         http::{self, AppState, HttpError},
-        otlp::{
-            self,
-            config::{Settings, SettingsError},
-            metrics::MetricPushError,
-            traces::{SpanExport, TraceExportError},
-        },
-        protobuf::HistogramForms,
+        otlp::{self, traces::SpanExport, ExportError},
         scrape::Scraper,
         web_config::WebConfigFile,
     },
@@ -65,9 +62,7 @@ pub enum ServeError {
     #[error(transparent)]
     Start(#[from] StartError),
     #[error(transparent)]
-    SpanExport(#[from] TraceExportError),
-    #[error(transparent)]
-    MetricPush(#[from] MetricPushError),
+    OtlpExport(#[from] ExportError),
     // Running on with capabilities it promised to give up would be worse than not running:
     // the operator learns why and the supervisor restarts it.
     #[error("could not drop the capabilities sysscope does not need after start-up")]
@@ -106,9 +101,13 @@ where
             Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
         let (mut agent, labeler, mut report) = startup::start(&config)?;
         // Slow-call spans (and their self-metrics), before the agent is shared.
-        let otlp_stats = Arc::new(otlp::Stats::new(agent.self_metrics()));
         let ring = report.slow_events.take();
         let sampled = config.slow_calls.enabled && ring.is_some();
+        let otlp_stats = Arc::new(otlp::Stats::new(
+            agent.self_metrics(),
+            otlp_settings.traces.is_some() && sampled,
+            otlp_settings.metrics.is_some(),
+        ));
         let otlp_spans = match (&otlp_settings.traces, sampled) {
             (Some(traces), true) => Some(Arc::new(SpanExport::start(
                 traces.clone(),
@@ -117,7 +116,7 @@ where
                 otlp_settings.max_batch,
                 otlp_settings.schedule_delay,
                 otlp_stats.clone(),
-                Some(tokio::runtime::Handle::current()),
+                tokio::runtime::Handle::current(),
             )?)),
             _ => None,
         };
@@ -125,8 +124,8 @@ where
         // without an OTLP endpoint, so `exported` never counts one span twice.
         let mut recent = RecentCalls::new(config.slow_calls.recent_capacity);
         if otlp_spans.is_none() && config.slow_calls.recent_capacity > 0 {
-            otlp_stats.enable_local();
-            recent = recent.counted_as_local(otlp_stats.span_counters());
+            otlp_stats.spans.exported("local");
+            recent = recent.counted_as_local(otlp_stats.spans.clone());
         }
         let recent = Arc::new(recent);
         let exemplars = Arc::new(ExemplarStore::new(spans::EXEMPLAR_SERIES));
@@ -135,13 +134,7 @@ where
             sinks.push(otlp.clone());
         }
         sinks.push(recent.clone());
-        let slow_calls =
-            SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.span_counters());
-        otlp_stats.register(
-            agent.self_metrics(),
-            otlp_spans.is_some(),
-            otlp_settings.metrics.is_some(),
-        );
+        let slow_calls = SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.spans.clone());
         // Everything is attached and the span reader runs: give up what running does not need
         // (see privileges.rs); threads started later inherit the reduced set.
         let dropped = privileges::drop_after_start(&config).map_err(ServeError::Privileges)?;
@@ -168,14 +161,9 @@ where
             reload_stats,
         ));
         let scraper = Arc::new(
-            Scraper::new(agent.clone(), config.collection.min_interval).with_histogram_forms(
-                HistogramForms {
-                    native: config.exposition.native_histograms,
-                    classic: config.exposition.classic_histograms,
-                },
-            ),
+            Scraper::new(agent.clone(), config.collection.min_interval)
+                .with(config.exposition.clone(), exemplars.clone()),
         );
-        scraper.set_exemplars(exemplars.clone());
         let mut routes = BTreeMap::new();
         routes.insert(
             spans::recent::ROUTE.to_string(),
@@ -202,23 +190,12 @@ where
                 })
             }),
         });
-        let metric_push = match &otlp_settings.metrics {
-            Some(settings) => Some(otlp::metrics::MetricPush::start(
-                otlp::metrics::PushOptions {
-                    settings: settings.clone(),
-                    resource: otlp_settings.resource.clone(),
-                    interval: otlp_settings.metric_interval,
-                    export_timeout: otlp_settings.metric_export_timeout,
-                    started: std::time::SystemTime::now(),
-                    temporality: otlp_settings.metric_temporality,
-                    histograms: otlp_settings.metric_histograms,
-                },
-                scraper.clone(),
-                otlp_stats.clone(),
-                Some(tokio::runtime::Handle::current()),
-            )?),
-            None => None,
-        };
+        let metric_push = otlp::metrics::MetricPush::start(
+            &otlp_settings,
+            scraper.clone(),
+            otlp_stats.clone(),
+            tokio::runtime::Handle::current(),
+        )?;
 
         let background = {
             let scraper = scraper.clone();

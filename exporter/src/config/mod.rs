@@ -59,6 +59,7 @@ pub mod otlp;
 mod reference;
 mod slow_calls;
 mod syscalls;
+pub mod web;
 
 pub(crate) use self::{
     block_io::*, cpu::*, exposition::*, gpu::*, labels::*, limits::*, slow_calls::*, syscalls::*,

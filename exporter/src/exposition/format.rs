@@ -16,12 +16,12 @@
 use crate::openmetrics::parse_descriptor;
 
 /// The formats `/metrics` can serve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Format {
-    OpenMetrics,
-    PrometheusText,
     /// Length-delimited `io.prometheus.client.MetricFamily` messages.
     Protobuf,
+    OpenMetrics,
+    PrometheusText,
 }
 
 /// The media type of the Prometheus protobuf exposition, and its two required parameters.
@@ -43,56 +43,31 @@ impl Format {
     /// OpenMetrics and text/plain, preferring them in that order on a tie; the 0.0.4 text
     /// when none is listed.
     pub fn negotiate(accept: Option<&str>) -> Format {
-        let Some(accept) = accept else {
-            return Format::PrometheusText;
-        };
-        let mut best_pb: Option<f32> = None;
-        let mut best_om: Option<f32> = None;
-        let mut best_text: Option<f32> = None;
-        for part in accept.split(',') {
+        let mut best: Option<(f32, Format)> = None;
+        for part in accept.unwrap_or("").split(',') {
             let mut params = part.split(';').map(str::trim);
             let media = params.next().unwrap_or("").to_ascii_lowercase();
-            let mut q = 1.0f32;
-            let (mut proto, mut encoding) = (None, None);
-            for p in params {
-                let Some((key, value)) = p.split_once('=') else {
-                    continue;
-                };
+            let (mut q, mut proto, mut encoding) = (1.0f32, "", "");
+            for (key, value) in params.filter_map(|p| p.split_once('=')) {
                 let value = value.trim().trim_matches('"');
                 match key.trim().to_ascii_lowercase().as_str() {
                     "q" => q = value.parse().unwrap_or(0.0),
-                    "proto" => proto = Some(value.to_string()),
-                    "encoding" => encoding = Some(value.to_string()),
+                    "proto" => proto = value,
+                    "encoding" => encoding = value,
                     _ => {}
                 }
             }
-            if q <= 0.0 {
-                continue;
-            }
-            let slot = match media.as_str() {
-                PROTOBUF_MEDIA
-                    if proto.as_deref() == Some(PROTOBUF_PROTO)
-                        && encoding.as_deref() == Some(PROTOBUF_ENCODING) =>
-                {
-                    &mut best_pb
+            let format = match media.as_str() {
+                PROTOBUF_MEDIA if proto == PROTOBUF_PROTO && encoding == PROTOBUF_ENCODING => {
+                    Format::Protobuf
                 }
-                "application/openmetrics-text" => &mut best_om,
-                "text/plain" | "*/*" | "text/*" => &mut best_text,
+                "application/openmetrics-text" => Format::OpenMetrics,
+                "text/plain" | "*/*" | "text/*" => Format::PrometheusText,
                 _ => continue,
             };
-            *slot = Some(slot.map_or(q, |old: f32| old.max(q)));
-        }
-        let ranked = [
-            (best_pb, Format::Protobuf),
-            (best_om, Format::OpenMetrics),
-            (best_text, Format::PrometheusText),
-        ];
-        let mut best: Option<(f32, Format)> = None;
-        for (q, format) in ranked {
-            if let Some(q) = q {
-                if best.is_none_or(|(b, _)| q > b) {
-                    best = Some((q, format));
-                }
+            // The variants are declared in the order a tie prefers them.
+            if q > 0.0 && best.is_none_or(|(b, f)| q > b || (q == b && format < f)) {
+                best = Some((q, format));
             }
         }
         best.map_or(Format::PrometheusText, |(_, f)| f)

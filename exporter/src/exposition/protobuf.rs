@@ -6,61 +6,50 @@
 //! generates at build time from its `metrics.proto`, serialized with prost). The duration
 //! histograms (`sysscope_syscall_duration_seconds`, `sysscope_block_io_duration_seconds`)
 //! come with both their classic buckets and their native form, built from the kernel's
-//! buckets by `hist.rs`; [`HistogramForms`] keeps what the configuration asks for. Exemplars
+//! buckets by `hist.rs`; [`finish`] keeps the forms `[exposition]` asks for. Exemplars
 //! of slow calls are added from the exemplar store by label set, as typed messages: the native
 //! histogram's list, and the classic bucket that holds the call's duration. The same typed
 //! families feed the OTLP metrics push.
 
-use std::collections::HashMap;
-
 use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
-    Bucket, Exemplar, Histogram, LabelPair, MetricFamily, MetricType,
+    Exemplar, Histogram, LabelPair, MetricFamily, MetricType,
 };
 use prost::Message;
 
-use crate::spans::exemplars::{ExemplarStore, RecentCall, EXEMPLAR_FAMILY};
+use crate::{
+    config::ExpositionConfig,
+    spans::exemplars::{ExemplarStore, RecentCall, EXEMPLAR_FAMILY},
+};
 
-/// Which forms of the duration histograms a protobuf scrape carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HistogramForms {
-    /// The native histogram (schema, zero bucket, spans and deltas).
-    pub native: bool,
-    /// The classic buckets (`le` bounds and cumulative counts).
-    pub classic: bool,
-}
-
-impl HistogramForms {
-    /// Both forms, for consumers that pick one themselves (the OTLP push).
-    pub(crate) const BOTH: Self = Self {
-        native: true,
-        classic: true,
-    };
-}
+/// Both forms of the duration histograms, for consumers that pick one themselves (the OTLP
+/// push).
+pub(crate) const BOTH: ExpositionConfig = ExpositionConfig {
+    native_histograms: true,
+    classic_histograms: true,
+};
 
 /// Whether a histogram message carries a native histogram: a zero bucket or any span (an
 /// empty native histogram has the no-op span).
-fn is_native(h: &Histogram) -> bool {
+pub(crate) fn is_native(h: &Histogram) -> bool {
     h.zero_threshold > 0.0 || !h.positive_span.is_empty() || !h.negative_span.is_empty()
 }
 
+/// The classic form of `h` alone.
 fn drop_native(h: &mut Histogram) {
-    h.schema = 0;
-    h.zero_threshold = 0.0;
-    h.zero_count = 0;
-    h.zero_count_float = 0.0;
-    h.positive_span.clear();
-    h.positive_delta.clear();
-    h.positive_count.clear();
-    h.negative_span.clear();
-    h.negative_delta.clear();
-    h.negative_count.clear();
-    h.exemplars.clear();
+    *h = Histogram {
+        sample_count: h.sample_count,
+        sample_count_float: h.sample_count_float,
+        sample_sum: h.sample_sum,
+        bucket: std::mem::take(&mut h.bucket),
+        start_timestamp: h.start_timestamp.take(),
+        ..Histogram::default()
+    };
 }
 
 /// Keeps the histogram forms asked for, adds exemplars, and drops families without a metric.
 pub(crate) fn finish(
     families: &mut Vec<MetricFamily>,
-    forms: HistogramForms,
+    forms: &ExpositionConfig,
     exemplars: Option<&ExemplarStore>,
 ) {
     families.retain(|f| !f.metric.is_empty());
@@ -76,9 +65,9 @@ pub(crate) fn finish(
             if is_native(h) {
                 // A histogram needs one form at least: the classic buckets go only where the
                 // native one stays.
-                if !forms.native {
+                if !forms.native_histograms {
                     drop_native(h);
-                } else if !forms.classic {
+                } else if !forms.classic_histograms {
                     h.bucket.clear();
                 }
             }
@@ -118,21 +107,16 @@ fn add_exemplars(h: &mut Histogram, calls: &[RecentCall]) {
         h.exemplars = calls.iter().map(exemplar).collect();
     }
     let mut lower = f64::NEG_INFINITY;
-    let mut chosen: HashMap<usize, &RecentCall> = HashMap::new();
-    for (i, bucket) in h.bucket.iter().enumerate() {
+    for bucket in &mut h.bucket {
         let upper = bucket.upper_bound;
-        if let Some(call) = calls.iter().rev().find(|c| {
+        let held = |c: &&RecentCall| {
             let s = c.duration_ns as f64 / 1e9;
             s > lower && s <= upper
-        }) {
-            chosen.insert(i, call);
+        };
+        if let Some(call) = calls.iter().rev().find(held) {
+            bucket.exemplar = Some(exemplar(call));
         }
         lower = upper;
-    }
-    for (i, call) in chosen {
-        if let Some(Bucket { exemplar: slot, .. }) = h.bucket.get_mut(i) {
-            *slot = Some(exemplar(call));
-        }
     }
 }
 
@@ -146,22 +130,22 @@ pub(crate) fn encode_delimited(families: &[MetricFamily]) -> Vec<u8> {
     out
 }
 
-/// Reads a length-delimited body back (the tests' and tools' reader).
-pub fn decode_delimited(mut body: &[u8]) -> Result<Vec<MetricFamily>, prost::DecodeError> {
-    let mut out = Vec::new();
-    while !body.is_empty() {
-        out.push(MetricFamily::decode_length_delimited(&mut body)?);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
-        BucketSpan, Metric,
+        Bucket, BucketSpan, Metric,
     };
 
     use super::*;
+
+    /// Reads a length-delimited body back.
+    fn decode_delimited(mut body: &[u8]) -> Result<Vec<MetricFamily>, prost::DecodeError> {
+        let mut out = Vec::new();
+        while !body.is_empty() {
+            out.push(MetricFamily::decode_length_delimited(&mut body)?);
+        }
+        Ok(out)
+    }
 
     fn family(h: Histogram, name: &str) -> MetricFamily {
         MetricFamily {
@@ -208,27 +192,30 @@ mod tests {
 
     #[test]
     fn keeps_the_forms_asked_for() {
-        let forms = |native, classic| HistogramForms { native, classic };
+        let forms = |native_histograms, classic_histograms| ExpositionConfig {
+            native_histograms,
+            classic_histograms,
+        };
         let mut f = vec![family(both(), "h")];
-        finish(&mut f, forms(true, false), None);
+        finish(&mut f, &forms(true, false), None);
         let h = f[0].metric[0].histogram.as_ref().unwrap();
         assert!(h.bucket.is_empty() && is_native(h));
         let mut f = vec![family(both(), "h")];
-        finish(&mut f, forms(false, true), None);
+        finish(&mut f, &forms(false, true), None);
         let h = f[0].metric[0].histogram.as_ref().unwrap();
         assert!(!is_native(h) && h.bucket.len() == 2 && h.schema == 0);
         let mut f = vec![family(both(), "h")];
-        finish(&mut f, HistogramForms::BOTH, None);
+        finish(&mut f, &BOTH, None);
         assert_eq!(f[0].metric[0].histogram.as_ref().unwrap(), &both());
         // A classic-only histogram keeps its buckets whatever is asked.
         let mut classic = both();
         drop_native(&mut classic);
         let mut f = vec![family(classic.clone(), "h")];
-        finish(&mut f, forms(true, false), None);
+        finish(&mut f, &forms(true, false), None);
         assert_eq!(f[0].metric[0].histogram.as_ref().unwrap(), &classic);
         // Families without a metric are left out.
         let mut f = vec![MetricFamily::default()];
-        finish(&mut f, HistogramForms::BOTH, None);
+        finish(&mut f, &BOTH, None);
         assert!(f.is_empty());
     }
 

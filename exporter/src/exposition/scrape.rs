@@ -7,7 +7,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -23,9 +23,12 @@ use prometheus_client::{
 
 use super::{
     format::{openmetrics_to_prometheus_text, Format},
-    protobuf::{self, HistogramForms},
+    protobuf,
 };
-use crate::{agent::Agent, spans::exemplars::ExemplarStore, util::memory::HeapTrimmer};
+use crate::{
+    agent::Agent, config::ExpositionConfig, spans::exemplars::ExemplarStore,
+    util::memory::HeapTrimmer,
+};
 
 /// How often at most the background refresh hands freed heap pages back to the kernel.
 const HEAP_TRIM_GAP: Duration = Duration::from_secs(10);
@@ -51,9 +54,9 @@ pub struct Scraper {
     registry: Registry,
     min_interval: Duration,
     cache: Mutex<Cache>,
-    exemplars: OnceLock<Arc<ExemplarStore>>,
+    exemplars: Option<Arc<ExemplarStore>>,
     /// What the protobuf exposition carries of the duration histograms.
-    forms: HistogramForms,
+    forms: ExpositionConfig,
     trimmer: Mutex<HeapTrimmer>,
 }
 
@@ -74,30 +77,19 @@ impl Scraper {
             registry,
             min_interval,
             cache: Mutex::new(Cache::default()),
-            exemplars: OnceLock::new(),
-            forms: HistogramForms {
-                native: true,
-                classic: false,
-            },
+            exemplars: None,
+            forms: ExpositionConfig::default(),
             trimmer: Mutex::new(HeapTrimmer::new(HEAP_TRIM_GAP)),
         }
     }
 
     /// The forms of the duration histograms the protobuf exposition carries (native only by
-    /// default).
-    pub fn with_histogram_forms(mut self, forms: HistogramForms) -> Self {
+    /// default), and the store whose slow calls are the exemplars of every format that
+    /// carries them.
+    pub(crate) fn with(mut self, forms: ExpositionConfig, exemplars: Arc<ExemplarStore>) -> Self {
         self.forms = forms;
+        self.exemplars = Some(exemplars);
         self
-    }
-
-    /// Sets the store whose slow calls are the exemplars of every format that carries them
-    /// (once; later calls are ignored).
-    pub(crate) fn set_exemplars(&self, store: Arc<ExemplarStore>) {
-        let _ = self.exemplars.set(store);
-    }
-
-    pub fn agent(&self) -> &Arc<Mutex<Agent>> {
-        &self.agent
     }
 
     /// Whether a panic left the agent or the scrape cache locked mid-update: every scrape then
@@ -109,22 +101,16 @@ impl Scraper {
     /// The exposition in `format`. Blocking (reads kernel maps): call from a blocking thread.
     pub fn scrape(&self, format: Format) -> Bytes {
         let mut cache = self.cache.lock().expect("scrape cache lock");
-        let fresh = cache
-            .refreshed_at
-            .is_some_and(|t| t.elapsed() < self.min_interval);
-        if fresh {
-            if let Some(body) = cache.bodies.get(&format) {
-                return body.clone();
-            }
-        }
         let started = Instant::now();
-        if !fresh {
-            self.refresh_agent(&mut cache);
+        self.refresh_agent(&mut cache, self.min_interval);
+        // Refreshing empties the cache: a body found was encoded since the last refresh.
+        if let Some(body) = cache.bodies.get(&format) {
+            return body.clone();
         }
         let body = match format {
             Format::OpenMetrics => {
                 let mut om = self.openmetrics();
-                if let Some(store) = self.exemplars.get() {
+                if let Some(store) = &self.exemplars {
                     store.annotate(&mut om);
                 }
                 Bytes::from(om)
@@ -132,7 +118,7 @@ impl Scraper {
             Format::PrometheusText => {
                 Bytes::from(openmetrics_to_prometheus_text(&self.openmetrics()))
             }
-            Format::Protobuf => Bytes::from(protobuf::encode_delimited(&self.typed(self.forms))),
+            Format::Protobuf => Bytes::from(protobuf::encode_delimited(&self.typed(&self.forms))),
         };
         self.agent
             .lock()
@@ -146,16 +132,15 @@ impl Scraper {
     /// refreshed as a scrape would be (the OTLP push). Blocking, as [`Self::scrape`].
     pub(crate) fn families(&self) -> Vec<MetricFamily> {
         let mut cache = self.cache.lock().expect("scrape cache lock");
-        let fresh = cache
-            .refreshed_at
-            .is_some_and(|t| t.elapsed() < self.min_interval);
-        if !fresh {
-            self.refresh_agent(&mut cache);
-        }
-        self.typed(HistogramForms::BOTH)
+        self.refresh_agent(&mut cache, self.min_interval);
+        self.typed(&protobuf::BOTH)
     }
 
-    fn refresh_agent(&self, cache: &mut Cache) {
+    /// Refreshes the collectors unless the last refresh is younger than `max_age`.
+    fn refresh_agent(&self, cache: &mut Cache, max_age: Duration) {
+        if cache.refreshed_at.is_some_and(|t| t.elapsed() < max_age) {
+            return;
+        }
         self.agent.lock().expect("agent lock").refresh();
         cache.refreshed_at = Some(Instant::now());
         cache.bodies.clear();
@@ -168,7 +153,7 @@ impl Scraper {
         om
     }
 
-    fn typed(&self, forms: HistogramForms) -> Vec<MetricFamily> {
+    fn typed(&self, forms: &ExpositionConfig) -> Vec<MetricFamily> {
         // The protobuf encoder fails only where a collector's own encoding does, and then
         // leaves nothing to serve: say so rather than serve an empty body unexplained.
         let mut families = match prometheus_protobuf::encode(&self.registry) {
@@ -178,7 +163,7 @@ impl Scraper {
                 Vec::new()
             }
         };
-        protobuf::finish(&mut families, forms, self.exemplars.get().map(|s| &**s));
+        protobuf::finish(&mut families, forms, self.exemplars.as_deref());
         families
     }
 
@@ -188,7 +173,7 @@ impl Scraper {
     pub fn refresh(&self) {
         {
             let mut cache = self.cache.lock().expect("scrape cache lock");
-            self.refresh_agent(&mut cache);
+            self.refresh_agent(&mut cache, Duration::ZERO);
         }
         if let Some(took) = self.trimmer.lock().expect("trimmer lock").maybe_trim() {
             tracing::debug!(?took, "freed heap pages given back to the kernel");

@@ -422,7 +422,7 @@ fn malformed_web_config_files_are_rejected_naming_the_key() {
             "basic_auth_users.alice",
         ),
         ("basic_auth_users: 7\n", "basic_auth_users"),
-        // Cost 31 would hang start-up for days computing the dummy hash: refused at load.
+        // Cost 31 would take days per check (every first login): refused at load.
         (
             "basic_auth_users:\n  alice: '$2y$31$N9qo8uLOickgx2ZMRZoMyeIjZAgcfl7p92ldGxad68LJZdL17lhWy'\n",
             "bcrypt cost 31 of user `alice` is above 16",

@@ -6,8 +6,8 @@ use std::{
     collections::HashMap,
     net::IpAddr,
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc,
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
     },
     time::{Duration, Instant},
 };
@@ -27,43 +27,34 @@ pub(super) struct Activity {
     in_flight: AtomicUsize,
     /// Of those, the requests waiting for their password check to start.
     queued: AtomicUsize,
-    /// Milliseconds since the connection table's epoch at the last request start or end.
-    last_ms: AtomicU64,
+    /// When the last request started or ended (or the connection was accepted).
+    last: Mutex<Instant>,
 }
 
 impl Activity {
-    pub(super) fn new(epoch: Instant) -> Self {
+    pub(super) fn new() -> Self {
         Self {
             in_flight: AtomicUsize::new(0),
             queued: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(epoch.elapsed().as_millis() as u64),
+            last: Mutex::new(Instant::now()),
         }
     }
 
-    fn since_last(&self, epoch: Instant) -> Duration {
-        let now = epoch.elapsed().as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Acquire)))
+    fn touch(&self) {
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
 
-    /// How long no request has been in progress; `None` while one is.
-    fn idle_for(&self, epoch: Instant) -> Option<Duration> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return None;
-        }
-        Some(self.since_last(epoch))
-    }
-
-    /// Whether closing the connection costs no work in progress: it is idle, or every request
-    /// on it still waits for its peer's earlier password checks (a client can send those
-    /// faster than bcrypt answers them, and must not fill the cap with them). For how long.
-    fn evictable_for(&self, epoch: Instant) -> Option<Duration> {
+    /// For how long no request has been in progress (`None` while one is), or, `waiting_idle`,
+    /// none but requests still waiting for their peer's earlier password checks: closing such
+    /// a connection costs no work in progress, and a client can send those faster than bcrypt
+    /// answers them, so they must not fill the cap.
+    fn idle_for(&self, waiting_idle: bool) -> Option<Duration> {
         // Requests in progress first: one that stops waiting between the two loads (its
         // `queued` drops, its `in_flight` stays) is then seen busy, never idle.
         let in_flight = self.in_flight.load(Ordering::SeqCst);
-        if in_flight > self.queued.load(Ordering::SeqCst) {
-            return None;
-        }
-        Some(self.since_last(epoch))
+        let waiting = waiting_idle.then(|| self.queued.load(Ordering::SeqCst));
+        let last = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        (in_flight <= waiting.unwrap_or(0)).then(|| last.elapsed())
     }
 }
 
@@ -85,27 +76,20 @@ impl Drop for Queued<'_> {
 }
 
 /// Marks a request in progress on its connection for as long as it lives.
-pub(super) struct InFlight {
-    activity: Arc<Activity>,
-    epoch: Instant,
-}
+pub(super) struct InFlight(pub(super) Arc<Activity>);
 
 impl InFlight {
-    pub(super) fn start(activity: Arc<Activity>, epoch: Instant) -> Self {
-        activity.in_flight.fetch_add(1, Ordering::AcqRel);
-        activity
-            .last_ms
-            .store(epoch.elapsed().as_millis() as u64, Ordering::Release);
-        Self { activity, epoch }
+    pub(super) fn start(activity: Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        activity.touch();
+        Self(activity)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.activity
-            .last_ms
-            .store(self.epoch.elapsed().as_millis() as u64, Ordering::Release);
-        self.activity.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -116,21 +100,13 @@ struct Connection {
 }
 
 /// The open connections, to pick one to close when the cap is reached.
+#[derive(Default)]
 pub(super) struct Connections {
-    pub(super) epoch: Instant,
     next_id: u64,
     open: HashMap<u64, Connection>,
 }
 
 impl Connections {
-    pub(super) fn new() -> Self {
-        Self {
-            epoch: Instant::now(),
-            next_id: 0,
-            open: HashMap::new(),
-        }
-    }
-
     /// Registers a new connection from `peer`. At the cap, a connection that is idle or only
     /// waits for password checks is evicted first: one of the peer (an IPv6 /64 counts as
     /// one, [`peer_group`]) with the most connections, the longest idle (or waiting) of those;
@@ -146,7 +122,7 @@ impl Connections {
                 .open
                 .iter()
                 .filter_map(|(id, c)| {
-                    let idle = c.activity.evictable_for(self.epoch)?;
+                    let idle = c.activity.idle_for(true)?;
                     Some((per_peer[&peer_group(c.peer)], idle, *id))
                 })
                 .max()
@@ -158,7 +134,7 @@ impl Connections {
         }
         let id = self.next_id;
         self.next_id += 1;
-        let activity = Arc::new(Activity::new(self.epoch));
+        let activity = Arc::new(Activity::new());
         let evict = Arc::new(Notify::new());
         self.open.insert(
             id,
@@ -178,9 +154,9 @@ impl Connections {
 }
 
 /// Resolves once the connection has had no request in progress for [`IDLE_TIMEOUT`].
-pub(super) async fn idle_deadline(activity: &Activity, epoch: Instant) {
+pub(super) async fn idle_deadline(activity: &Activity) {
     loop {
-        let wait = match activity.idle_for(epoch) {
+        let wait = match activity.idle_for(false) {
             Some(idle) if idle >= IDLE_TIMEOUT => return,
             Some(idle) => IDLE_TIMEOUT - idle,
             None => IDLE_TIMEOUT,
@@ -208,7 +184,7 @@ mod tests {
 
     #[test]
     fn at_the_cap_requests_waiting_for_password_checks_make_room_and_work_in_progress_does_not() {
-        let mut table = Connections::new();
+        let mut table = Connections::default();
         let (flooder, scraper): (IpAddr, IpAddr) =
             ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
         // Every connection has a request in progress: one being served, the rest waiting in
@@ -256,18 +232,13 @@ mod tests {
         let (id, activity, _) = table.admit(peer.parse().unwrap()).expect("admitted");
         activity.in_flight.store(in_flight, Ordering::SeqCst);
         activity.queued.store(queued, Ordering::SeqCst);
-        let at = table.epoch.elapsed().saturating_sub(ago);
-        activity
-            .last_ms
-            .store(at.as_millis() as u64, Ordering::SeqCst);
+        *activity.last.lock().unwrap() = Instant::now() - ago;
         id
     }
 
     #[test]
     fn at_the_cap_young_connections_stay_and_an_ipv6_subnet_is_one_peer() {
-        let mut table = Connections::new();
-        // Backdated, so "30 s ago" lies after the table's epoch.
-        table.epoch -= Duration::from_secs(60);
+        let mut table = Connections::default();
         // One IPv4 peer per connection, all busy but three: a waiter of 30 s, one just
         // admitted (in its TLS handshake: idle for no time), and an idle one of 20 s.
         let mut ids = Vec::new();

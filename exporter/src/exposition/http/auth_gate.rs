@@ -20,60 +20,29 @@ use hyper::{
 };
 use tokio::sync::Semaphore;
 
-use super::admission::{peer_group, Activity, Queued};
+use super::{
+    admission::{peer_group, Activity, Queued},
+    routes::{handle, text, AppState},
+};
 use crate::exposition::web_config::{AuthPrecheck, BasicAuth, WebConfig, WebConfigFile};
+
 /// bcrypt checks running at once: each costs tens of milliseconds of CPU by design, so
 /// guessing passwords must not take more than this many cores.
 const MAX_CONCURRENT_PASSWORD_CHECKS: usize = 2;
 
-/// What `--web.config.file` asks of every request, shared by the connections.
-pub(super) struct Security {
-    pub(super) web: Option<Arc<WebConfigFile>>,
-    pub(super) password_checks: PasswordChecks,
-}
-
-impl Security {
-    /// Checks a request's credentials against `file` as it is in force: the config checked
-    /// against and whether they are allowed; `None` while the file is invalid. A password
-    /// check can wait for its turn; if the file changed meanwhile (a rotated password), the
-    /// request is checked again against what is in force now.
-    async fn authorize(
-        &self,
-        file: &WebConfigFile,
-        peer: IpAddr,
-        header: Option<&[u8]>,
-        activity: &Activity,
-    ) -> Option<(Arc<WebConfig>, bool)> {
-        for _ in 0..3 {
-            let web = file.current().ok()?;
-            let allowed = match &web.basic_auth {
-                None => true,
-                Some(auth) => {
-                    self.password_checks
-                        .allowed(peer, auth, header, activity)
-                        .await
-                }
-            };
-            if Arc::ptr_eq(&file.current().ok()?, &web) {
-                return Some((web, allowed));
-            }
-        }
-        // Changed at every check: refuse rather than check forever.
-        Some((file.current().ok()?, false))
-    }
-}
-
-/// Who runs bcrypt, and when. Checks are capped at [`MAX_CONCURRENT_PASSWORD_CHECKS`] and
-/// each peer (an IPv6 /64 counts as one, [`peer_group`]) gets one lane: its requests are
-/// checked one after another, so however many guesses one peer sends, they hold one slot at
-/// most and a login from another address waits for at most one check in progress. Verified
-/// credentials are looked up before the lane and again after it: the same peer's login checked
-/// meanwhile is not checked again.
+/// What `--web.config.file` asks of every request, shared by the connections, and who runs
+/// bcrypt, and when. Checks are capped at [`MAX_CONCURRENT_PASSWORD_CHECKS`] and each peer (an
+/// IPv6 /64 counts as one, [`peer_group`]) gets one lane: its requests are checked one after
+/// another, so however many guesses one peer sends, they hold one slot at most and a login
+/// from another address waits for at most one check in progress. Verified credentials are
+/// looked up before the lane and again after it: the same peer's login checked meanwhile is
+/// not checked again.
 ///
 /// The lane and the slot are held by the check itself, not by the request: a request whose
 /// client hangs up (or whose connection is evicted) mid-check frees neither before bcrypt is
 /// done, so hanging up cannot start more checks than the caps allow.
-pub(super) struct PasswordChecks {
+pub(super) struct Security {
+    pub(super) web: Option<Arc<WebConfigFile>>,
     slots: Arc<Semaphore>,
     lanes: Mutex<Lanes>,
 }
@@ -90,15 +59,41 @@ struct Lanes {
 /// The fewest entries of [`Lanes`] before a sweep.
 const LANES_SWEEP_MIN: usize = 64;
 
-impl PasswordChecks {
-    pub(super) fn new() -> Self {
+impl Security {
+    pub(super) fn new(web: Option<Arc<WebConfigFile>>) -> Self {
         Self {
+            web,
             slots: Arc::new(Semaphore::new(MAX_CONCURRENT_PASSWORD_CHECKS)),
             lanes: Mutex::new(Lanes {
                 by_peer: HashMap::new(),
                 sweep_at: LANES_SWEEP_MIN,
             }),
         }
+    }
+
+    /// Checks a request's credentials against `file` as it is in force: the config checked
+    /// against and whether they are allowed; `None` while the file is invalid. A password
+    /// check can wait for its turn; if the file changed meanwhile (a rotated password), the
+    /// request is checked again against what is in force now.
+    async fn authorize(
+        &self,
+        file: &WebConfigFile,
+        peer: IpAddr,
+        header: Option<&[u8]>,
+        activity: &Activity,
+    ) -> Option<(Arc<WebConfig>, bool)> {
+        for _ in 0..3 {
+            let web = file.current().ok()?;
+            let allowed = match &web.basic_auth {
+                None => true,
+                Some(auth) => self.allowed(peer, auth, header, activity).await,
+            };
+            if Arc::ptr_eq(&file.current().ok()?, &web) {
+                return Some((web, allowed));
+            }
+        }
+        // Changed at every check: refuse rather than check forever.
+        Some((file.current().ok()?, false))
     }
 
     /// The lane of `peer`'s group, made if no request holds it.
@@ -130,78 +125,59 @@ impl PasswordChecks {
         // A credential verified before, or none at all, is answered at once: it never waits
         // in a lane behind guesses from its own address (a shared NAT, say).
         match auth.precheck(header) {
-            AuthPrecheck::Allowed => return true,
-            AuthPrecheck::Denied => return false,
             AuthPrecheck::Verify { .. } => {}
+            checked => return checked == AuthPrecheck::Allowed,
         }
         let lane = self.lane(peer);
-        // Counted as waiting only while it does wait: an uncontended turn never makes its
-        // connection look evictable.
-        let turn = match lane.clone().try_lock_owned() {
-            Ok(turn) => turn,
-            Err(_) => {
-                let _queued = Queued::start(activity);
-                lane.lock_owned().await
-            }
+        let turn = waiting(
+            activity,
+            lane.clone().try_lock_owned().ok(),
+            lane.lock_owned(),
+        )
+        .await;
+        let (user, password) = match auth.precheck(header) {
+            AuthPrecheck::Verify { user, password } => (user, password),
+            // Verified meanwhile (the same login, checked in the lane before this one).
+            checked => return checked == AuthPrecheck::Allowed,
         };
-        match auth.precheck(header) {
-            AuthPrecheck::Allowed => true,
-            AuthPrecheck::Denied => false,
-            AuthPrecheck::Verify { user, password } => {
-                let slot = match self.slots.clone().try_acquire_owned() {
-                    Ok(slot) => Ok(slot),
-                    Err(_) => {
-                        // Waiting for a check slot (other peers' checks) is waiting too.
-                        let _queued = Queued::start(activity);
-                        self.slots.clone().acquire_owned().await
-                    }
-                };
-                let Ok(slot) = slot else {
-                    return false;
-                };
-                let auth = auth.clone();
-                tokio::task::spawn_blocking(move || {
-                    let _held = (turn, slot);
-                    auth.verify(&user, &password)
-                })
-                .await
-                .unwrap_or(false)
-            }
+        let slots = &self.slots;
+        let slot = slots.clone().try_acquire_owned().ok().map(Ok);
+        let Ok(slot) = waiting(activity, slot, slots.clone().acquire_owned()).await else {
+            return false;
+        };
+        let auth = auth.clone();
+        tokio::task::spawn_blocking(move || {
+            let _held = (turn, slot);
+            auth.verify(&user, &password)
+        })
+        .await
+        .unwrap_or(false)
+    }
+}
+
+/// `ready`, or else what `wait` resolves to, the request counted as waiting meanwhile (waiting
+/// for the peer's lane or for a check slot): an uncontended turn never makes its connection
+/// look evictable.
+async fn waiting<T>(activity: &Activity, ready: Option<T>, wait: impl Future<Output = T>) -> T {
+    match ready {
+        Some(ready) => ready,
+        None => {
+            let _queued = Queued::start(activity);
+            wait.await
         }
     }
 }
 
-/// The answer to every request while the web config file is invalid.
-fn web_config_invalid() -> Response<Full<Bytes>> {
-    text(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "The web config file is invalid; see the exporter's log.\n",
-    )
-}
-
-fn unauthorized() -> Response<Full<Bytes>> {
-    let mut r = text(StatusCode::UNAUTHORIZED, "Unauthorized\n");
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Basic realm=\"sysscope\""),
-    );
-    r
-}
-
-/// Serves one request with `routes` after basic auth, adding the configured headers.
-pub(super) async fn handle_secured<R, F>(
-    routes: &R,
+/// Serves one request after basic auth, adding the configured headers.
+pub(super) async fn handle_secured(
+    state: Arc<AppState>,
     security: &Security,
     peer: IpAddr,
     activity: &Activity,
     req: Request<Incoming>,
-) -> Response<Full<Bytes>>
-where
-    R: Fn(Request<Incoming>) -> F,
-    F: Future<Output = Response<Full<Bytes>>>,
-{
+) -> Response<Full<Bytes>> {
     let Some(file) = &security.web else {
-        return routes(req).await;
+        return handle(state, req).await;
     };
     let header = req
         .headers()
@@ -209,12 +185,20 @@ where
         .map(|v| v.as_bytes());
     let Some((web, allowed)) = security.authorize(file, peer, header, activity).await else {
         // Logged when the file changed; refused until it is fixed.
-        return web_config_invalid();
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "The web config file is invalid; see the exporter's log.\n",
+        );
     };
     let mut resp = if allowed {
-        routes(req).await
+        handle(state, req).await
     } else {
-        unauthorized()
+        let mut r = text(StatusCode::UNAUTHORIZED, "Unauthorized\n");
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"sysscope\""),
+        );
+        r
     };
     for (name, value) in &web.headers {
         resp.headers_mut().insert(name.clone(), value.clone());
@@ -222,27 +206,9 @@ where
     resp
 }
 
-/// A response of `status` with `body` as `content_type`.
-pub(super) fn response(
-    status: StatusCode,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r
-}
-
-/// A plain-text response of `status`.
-pub(super) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    response(status, "text/plain; charset=utf-8", body)
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::*;
 
@@ -272,12 +238,12 @@ mod tests {
         );
         assert!(auth.check(Some(header.as_bytes())), "verified once");
         two_thread_runtime().block_on(async {
-            let checks = PasswordChecks::new();
+            let checks = Security::new(None);
             let peer: IpAddr = "192.0.2.1".parse().unwrap();
             // A guess from the same address (a shared NAT) holds the address's turn.
             let lane = checks.lane(peer);
             let _guess = lane.lock().await;
-            let activity = Activity::new(Instant::now());
+            let activity = Activity::new();
             let answered = tokio::time::timeout(
                 Duration::from_secs(5),
                 checks.allowed(peer, &auth, Some(header.as_bytes()), &activity),
@@ -295,7 +261,7 @@ mod tests {
     fn a_check_whose_request_is_dropped_holds_its_slot_until_bcrypt_is_done_and_leaves_no_lane() {
         let runtime = two_thread_runtime();
         runtime.block_on(async {
-            let checks = Arc::new(PasswordChecks::new());
+            let checks = Arc::new(Security::new(None));
             // Cost 11: a check takes long enough (about a second, unoptimized) to drop the
             // request during it and look, even on a loaded machine.
             let hash = bcrypt::hash("right", 11).unwrap();
@@ -318,7 +284,7 @@ mod tests {
             let request = {
                 let (checks, auth) = (checks.clone(), auth.clone());
                 tokio::spawn(async move {
-                    let activity = Activity::new(Instant::now());
+                    let activity = Activity::new();
                     checks
                         .allowed(peer, &auth, Some(header.as_bytes()), &activity)
                         .await
@@ -354,7 +320,7 @@ mod tests {
         });
 
         // Lanes of peers gone are swept: many peers one after another leave a bounded table.
-        let checks = PasswordChecks::new();
+        let checks = Security::new(None);
         for i in 0..10_000u32 {
             drop(checks.lane(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i))));
         }
@@ -373,10 +339,7 @@ mod tests {
         let path = dir.path().join("web.yml");
         std::fs::write(&path, users("old")).unwrap();
         let file = Arc::new(WebConfigFile::load(&path).unwrap());
-        let security = Arc::new(Security {
-            web: Some(file.clone()),
-            password_checks: PasswordChecks::new(),
-        });
+        let security = Arc::new(Security::new(Some(file.clone())));
         let peer: IpAddr = "192.0.2.1".parse().unwrap();
         let header = format!(
             "Basic {}",
@@ -387,7 +350,7 @@ mod tests {
             let allowed = |security: Arc<Security>, file: Arc<WebConfigFile>| {
                 let header = header.clone();
                 async move {
-                    let activity = Activity::new(Instant::now());
+                    let activity = Activity::new();
                     security
                         .authorize(&file, peer, Some(header.as_bytes()), &activity)
                         .await
@@ -398,7 +361,7 @@ mod tests {
             // without waiting, so it could not wait through anything.)
             // The peer's lane is busy (another check of its in progress): the request waits,
             // and the password is rotated meanwhile.
-            let lane = security.password_checks.lane(peer);
+            let lane = security.lane(peer);
             let busy = lane.lock().await;
             let waiting = tokio::spawn(allowed(security.clone(), file.clone()));
             // The request holds the lane (ours, its own) once it has read the config in force

@@ -1,56 +1,27 @@
-//! The HTTP endpoint (hyper on tokio): the metrics at `--web.telemetry-path`, a landing page
-//! at `/`, `/-/healthy`, `/-/ready`, and JSON routes other modules register (e.g. recent slow
-//! calls). Only GET and HEAD are served; everything else gets a clear status.
+//! The HTTP endpoint (hyper on tokio): the routes of [`routes`] at the listen address.
 //!
-//! With `--web.config.file` ([`super::web_config`]) connections are TLS (a plain-HTTP request
-//! to the TLS port gets a readable 400, as Go's servers answer), every request needs basic
-//! auth when users are configured (401 otherwise), and the configured headers are added. The
-//! file is followed as it changes ([`WebConfigFile`]): each request is checked against it as
-//! it is now, and answered 500 while a change left it invalid.
-//! Concurrent connections are capped ([`MAX_CONNECTIONS`]) so a flood of clients cannot take
-//! the file descriptors the collectors need to read /proc and the cgroup tree.
+//! With `--web.config.file` ([`super::web_config`]) connections are TLS, every request needs
+//! basic auth when users are configured (401 otherwise), and the configured headers are added;
+//! each request is checked against the file as it is now, and answered 500 while a change left
+//! it invalid. No client can hold a connection without using it, nor lock others out by
+//! filling the connection cap or the password checks.
 //!
-//! No client can hold a connection without using it: every phase has a deadline (the TLS
-//! handshake, the first request, which covers HTTP/1-vs-2 detection and request headers, and
-//! [`IDLE_TIMEOUT`] between requests, HTTP/2 included). And when the cap is reached, a new
-//! client is not turned away while a connection sits idle: the idle connection of the peer
-//! holding the most connections is closed to make room, so silent or half-open connections
-//! from one peer can never lock out Prometheus or the liveness probe. A connection whose
-//! requests only wait for their password checks counts as idle for this: peers can send bad
-//! passwords far faster than bcrypt answers them.
-
-//!
-//! By role: this module holds the routes; [`admission`] the connection cap and deadlines,
-//! [`auth_gate`] basic auth (who runs bcrypt, and when) and the configured headers, [`serve`]
-//! the accept loop, TLS and shutdown.
+//! By role: this module binds the listen address; [`routes`] holds the routes, [`admission`]
+//! the connection cap and deadlines, [`auth_gate`] basic auth (who runs bcrypt, and when) and
+//! the configured headers, [`serve`] the accept loop, TLS and shutdown.
 
 mod admission;
 mod auth_gate;
+mod routes;
 mod serve;
 
-use std::{
-    collections::BTreeMap,
-    future::Future,
-    net::SocketAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
-    time::{Duration, Instant},
-};
+use tokio::net::TcpListener;
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{
-    body::Incoming,
-    header::{self, HeaderValue},
-    Method, Request, Response, StatusCode,
+pub use self::{
+    admission::{IDLE_TIMEOUT, MAX_CONNECTIONS},
+    routes::{cached, handle, AppState, Handler, ReloadHandler},
+    serve::serve_with,
 };
-use tokio::{net::TcpListener, sync::Semaphore};
-
-pub use self::admission::{IDLE_TIMEOUT, MAX_CONNECTIONS};
-use self::auth_gate::{response, text};
-use super::{format::Format, scrape::Scraper, web_config::WebConfigFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
@@ -69,237 +40,17 @@ pub enum HttpError {
     Address(String),
 }
 
-/// A route that returns a body computed on each request (e.g. JSON state).
-pub type Handler = Arc<dyn Fn() -> (&'static str, Bytes) + Send + Sync>;
-
-pub struct AppState {
-    pub scraper: Arc<Scraper>,
-    pub telemetry_path: String,
-    pub ready: AtomicBool,
-    pub routes: BTreeMap<String, Handler>,
-    /// `POST /-/reload`: reloads the configuration; `Ok` with what changed, `Err` with why
-    /// nothing did.
-    pub reload: Option<ReloadHandler>,
-}
-
-/// What `POST /-/reload` runs.
-pub type ReloadHandler = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
-
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState")
-            .field("telemetry_path", &self.telemetry_path)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Resolves `--web.listen-address` and binds it.
 pub async fn bind(address: &str) -> Result<TcpListener, HttpError> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(address)
+    let invalid = || HttpError::Address(address.to_string());
+    let mut resolved = tokio::net::lookup_host(address)
         .await
-        .map_err(|_| HttpError::Address(address.to_string()))?
-        .collect();
-    let first = *addrs
-        .first()
-        .ok_or_else(|| HttpError::Address(address.to_string()))?;
+        .map_err(|_| invalid())?;
+    let first = resolved.next().ok_or_else(invalid)?;
     TcpListener::bind(first)
         .await
         .map_err(|source| HttpError::Bind {
             address: address.to_string(),
             source,
         })
-}
-
-fn landing_page(state: &AppState) -> String {
-    let mut extra = String::new();
-    for path in state.routes.keys() {
-        extra.push_str(&format!("<li><a href=\"{path}\">{path}</a></li>"));
-    }
-    format!(
-        "<!DOCTYPE html><html><head><title>sysscope</title></head><body>\
-         <h1>sysscope {}</h1><p>Always-on eBPF syscall, block-I/O, CPU and GPU metrics.</p>\
-         <ul><li><a href=\"{}\">Metrics</a></li><li><a href=\"/-/healthy\">Health</a></li>\
-         <li><a href=\"/-/ready\">Readiness</a></li>{}</ul></body></html>\n",
-        crate::build_info::VERSION,
-        state.telemetry_path,
-        extra
-    )
-}
-
-/// Renders of registered routes running at once (see [`handle`]).
-static ROUTE_RENDERS: Semaphore = Semaphore::const_new(1);
-
-/// A route whose body is rendered at most once per `ttl`; requests in between get the same
-/// body. JSON state pages are read by people and dashboards, a second old is fresh enough.
-pub fn cached(handler: Handler, ttl: Duration) -> Handler {
-    let last: Mutex<Option<(Instant, &'static str, Bytes)>> = Mutex::new(None);
-    Arc::new(move || {
-        let mut last = last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((at, content_type, body)) = &*last {
-            if at.elapsed() < ttl {
-                return (content_type, body.clone());
-            }
-        }
-        let (content_type, body) = handler();
-        *last = Some((Instant::now(), content_type, body.clone()));
-        (content_type, body)
-    })
-}
-
-/// `/-/healthy`: 503 once a panic poisoned the agent's state, since every scrape would fail
-/// from then on and only a restart (the liveness probe's job) brings metrics back.
-fn health(state: &AppState) -> Response<Full<Bytes>> {
-    if state.scraper.is_poisoned() {
-        text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Unhealthy: the agent's state was poisoned by a panic; restart the process\n",
-        )
-    } else {
-        text(StatusCode::OK, "Healthy\n")
-    }
-}
-
-/// 405 naming the methods `allow`ed.
-fn not_allowed(allow: &'static str, body: &'static str) -> Response<Full<Bytes>> {
-    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, body);
-    r.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static(allow));
-    r
-}
-
-/// `/-/reload`: POST reloads the configuration file (behind the same TLS and basic auth as
-/// every route); any other method is refused.
-async fn reload(state: &AppState, method: &Method) -> Response<Full<Bytes>> {
-    let Some(handler) = state.reload.clone() else {
-        return text(StatusCode::NOT_FOUND, "not found\n");
-    };
-    if method != Method::POST {
-        return not_allowed("POST", "only POST reloads the configuration\n");
-    }
-    match tokio::task::spawn_blocking(move || handler()).await {
-        Ok(Ok(changed)) => text(StatusCode::OK, format!("{changed}\n")),
-        Ok(Err(why)) => text(StatusCode::BAD_REQUEST, format!("{why}\n")),
-        Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "reload failed\n"),
-    }
-}
-
-/// Serves one request.
-pub async fn handle(state: Arc<AppState>, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    let head = req.method() == Method::HEAD;
-    if req.uri().path() == "/-/reload" {
-        return reload(&state, req.method()).await;
-    }
-    if req.method() != Method::GET && !head {
-        return not_allowed("GET, HEAD", "only GET and HEAD are supported\n");
-    }
-    let mut resp = match req.uri().path() {
-        path if path == state.telemetry_path => {
-            let accept = req.headers().get(header::ACCEPT);
-            let format = Format::negotiate(accept.and_then(|v| v.to_str().ok()));
-            let scraper = state.scraper.clone();
-            match tokio::task::spawn_blocking(move || scraper.scrape(format)).await {
-                Ok(body) => response(StatusCode::OK, format.content_type(), body),
-                Err(e) => {
-                    tracing::error!(error = %e, "scrape failed");
-                    text(StatusCode::INTERNAL_SERVER_ERROR, "scrape failed\n")
-                }
-            }
-        }
-        "/" => response(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
-            landing_page(&state),
-        ),
-        "/-/healthy" => health(&state),
-        "/-/ready" if state.ready.load(Ordering::Relaxed) => text(StatusCode::OK, "Ready\n"),
-        "/-/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "Not ready\n"),
-        path => match state.routes.get(path).cloned() {
-            Some(handler) => {
-                // One render at a time, waiting here rather than on a blocking thread: a burst
-                // of these requests must not take the blocking threads `/metrics` scrapes run
-                // on.
-                let _turn = ROUTE_RENDERS.acquire().await;
-                match tokio::task::spawn_blocking(move || handler()).await {
-                    Ok((content_type, body)) => response(StatusCode::OK, content_type, body),
-                    Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "handler failed\n"),
-                }
-            }
-            None => text(StatusCode::NOT_FOUND, "not found\n"),
-        },
-    };
-    if head {
-        *resp.body_mut() = Full::new(Bytes::new());
-    }
-    resp
-}
-
-/// Accepts connections until `shutdown` resolves and serves them, with the TLS, basic auth and
-/// headers of a `--web.config.file` when one is given; then lets in-flight requests finish (for
-/// at most `grace`).
-pub async fn serve_with(
-    listener: TcpListener,
-    state: Arc<AppState>,
-    web: Option<Arc<WebConfigFile>>,
-    shutdown: impl Future<Output = ()>,
-    grace: Duration,
-) {
-    let routes = move |req| handle(state.clone(), req);
-    serve::run(listener, routes, web, shutdown, grace).await
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::AtomicUsize;
-
-    use super::*;
-
-    #[test]
-    fn a_poisoned_agent_is_unhealthy() {
-        let agent = Arc::new(Mutex::new(crate::agent::Agent::new(None)));
-        let state = AppState {
-            scraper: Arc::new(Scraper::new(agent.clone(), Duration::ZERO)),
-            telemetry_path: "/metrics".into(),
-            ready: true.into(),
-            routes: BTreeMap::new(),
-            reload: None,
-        };
-        assert_eq!(health(&state).status(), StatusCode::OK);
-        let poisoner = agent.clone();
-        let _ = std::thread::spawn(move || {
-            let _held = poisoner.lock().unwrap();
-            panic!("poison the agent lock (expected in this test)");
-        })
-        .join();
-        assert_eq!(health(&state).status(), StatusCode::SERVICE_UNAVAILABLE);
-    }
-
-    #[test]
-    fn cached_routes_render_once_per_ttl() {
-        let renders = Arc::new(AtomicUsize::new(0));
-        let counter = renders.clone();
-        let route = cached(
-            Arc::new(move || {
-                let n = counter.fetch_add(1, Ordering::SeqCst);
-                ("application/json", Bytes::from(n.to_string()))
-            }),
-            Duration::from_secs(3600),
-        );
-        assert_eq!(route().1, route().1);
-        assert_eq!(renders.load(Ordering::SeqCst), 1);
-        let uncached = cached(
-            Arc::new({
-                let renders = renders.clone();
-                move || {
-                    renders.fetch_add(1, Ordering::SeqCst);
-                    ("text/plain", Bytes::new())
-                }
-            }),
-            Duration::ZERO,
-        );
-        uncached();
-        uncached();
-        assert_eq!(renders.load(Ordering::SeqCst), 3);
-    }
 }

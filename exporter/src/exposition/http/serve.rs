@@ -9,9 +9,6 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{body::Incoming, Request, Response};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::{conn::auto, graceful::GracefulShutdown},
@@ -23,7 +20,8 @@ use tokio::{
 
 use super::{
     admission::{idle_deadline, Connections, InFlight, IDLE_TIMEOUT},
-    auth_gate::{handle_secured, PasswordChecks, Security},
+    auth_gate::{handle_secured, Security},
+    routes::AppState,
 };
 use crate::exposition::web_config::WebConfigFile;
 
@@ -49,10 +47,7 @@ async fn refuse_plain_http(mut stream: TcpStream) {
     let mut buf = [0u8; 4096];
     let mut head = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while let Ok(n) = stream.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
+        while let Ok(n @ 1..) = stream.read(&mut buf).await {
             head.extend_from_slice(&buf[..n]);
             if head.len() > 16 * 1024 || head.windows(4).any(|w| w == b"\r\n\r\n") {
                 break;
@@ -63,28 +58,21 @@ async fn refuse_plain_http(mut stream: TcpStream) {
     let _ = stream.write_all(ANSWER).await;
     let _ = stream.shutdown().await;
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while let Ok(n) = stream.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-        }
+        while let Ok(1..) = stream.read(&mut buf).await {}
     })
     .await;
 }
 
-/// Accepts connections until `shutdown` resolves and serves their requests with `routes`
-/// behind `web` (TLS, basic auth, headers), then lets in-flight requests finish (for at most
-/// `grace`).
-pub(super) async fn run<R, F>(
+/// Accepts connections until `shutdown` resolves and serves them, with the TLS, basic auth and
+/// headers of a `--web.config.file` when one is given; then lets in-flight requests finish (for
+/// at most `grace`).
+pub async fn serve_with(
     listener: TcpListener,
-    routes: R,
+    state: Arc<AppState>,
     web: Option<Arc<WebConfigFile>>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
-) where
-    R: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
+) {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -102,105 +90,81 @@ pub(super) async fn run<R, F>(
             tracing::error!(error = %e, "cannot follow the web config file: changes need a restart");
         }
     }
-    let security = Arc::new(Security {
-        web,
-        password_checks: PasswordChecks::new(),
-    });
-    let connections = Arc::new(Mutex::new(Connections::new()));
-    let epoch = connections.lock().expect("connection table lock").epoch;
+    let security = Arc::new(Security::new(web));
+    let connections = Arc::new(Mutex::new(Connections::default()));
     tokio::pin!(shutdown);
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let admitted = connections
-                    .lock()
-                    .expect("connection table lock")
-                    .admit(peer.ip());
-                let Some((id, activity, evict)) = admitted else {
-                    tracing::debug!(%peer, "too many busy connections; closing this one");
-                    drop(stream);
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
-                };
-                let routes = routes.clone();
-                let security = security.clone();
-                let builder = builder.clone();
-                // The file's TLS settings as they are now (they may have been changed).
-                let tls = security
-                    .web
-                    .as_ref()
-                    .and_then(|w| w.tls())
-                    .map(tokio_rustls::TlsAcceptor::from);
-                let watcher = graceful.watcher();
-                let table = connections.clone();
-                tokio::spawn(async move {
-                    let serve_activity = activity.clone();
-                    let service = hyper::service::service_fn(move |req| {
-                        let in_flight = InFlight::start(serve_activity.clone(), epoch);
-                        let (routes, security) = (routes.clone(), security.clone());
-                        let activity = serve_activity.clone();
-                        async move {
-                            let resp =
-                                handle_secured(&routes, &security, peer.ip(), &activity, req).await;
-                            drop(in_flight);
-                            Ok::<_, std::convert::Infallible>(resp)
-                        }
-                    });
-                    let serve = async move {
-                    let result = match tls {
-                        None => {
-                            let conn = builder.serve_connection(TokioIo::new(stream), service);
-                            watcher.watch(conn.into_owned()).await
-                        }
-                        Some(acceptor) => {
-                            if !starts_with_tls_handshake(&stream).await {
-                                refuse_plain_http(stream).await;
-                                return;
-                            }
-                            let tls_stream = match tokio::time::timeout(
-                                TLS_HANDSHAKE_TIMEOUT,
-                                acceptor.accept(stream),
-                            )
-                            .await
-                            {
-                                Ok(Ok(s)) => s,
-                                Ok(Err(e)) => {
-                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                                    return;
-                                }
-                                Err(_) => {
-                                    tracing::debug!(%peer, "TLS handshake timed out");
-                                    return;
-                                }
-                            };
-                            let conn = builder.serve_connection(TokioIo::new(tls_stream), service);
-                            watcher.watch(conn.into_owned()).await
-                        }
-                    };
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                    };
-                    tokio::select! {
-                        _ = serve => {}
-                        _ = evict.notified() => {}
-                        _ = idle_deadline(&activity, epoch) => {
-                            tracing::debug!(%peer, "no request within {:?}; closing", IDLE_TIMEOUT);
-                        }
-                    }
-                    table.lock().expect("connection table lock").close(id);
-                });
-            }
+                }
+            },
             _ = &mut shutdown => break,
-        }
+        };
+        let admitted = connections
+            .lock()
+            .expect("connection table lock")
+            .admit(peer.ip());
+        let Some((id, activity, evict)) = admitted else {
+            tracing::debug!(%peer, "too many busy connections; closing this one");
+            continue;
+        };
+        let (state, security, builder) = (state.clone(), security.clone(), builder.clone());
+        // The file's TLS settings as they are now (they may have been changed).
+        let tls = security.web.as_ref().and_then(|w| w.tls());
+        let watcher = graceful.watcher();
+        let table = connections.clone();
+        tokio::spawn(async move {
+            let serving = activity.clone();
+            let service = hyper::service::service_fn(move |req| {
+                let in_flight = InFlight::start(serving.clone());
+                let (state, security) = (state.clone(), security.clone());
+                async move {
+                    let resp = handle_secured(state, &security, peer.ip(), &in_flight.0, req).await;
+                    Ok::<_, std::convert::Infallible>(resp)
+                }
+            });
+            let serve = async move {
+                let result = match tls {
+                    None => {
+                        let conn = builder.serve_connection(TokioIo::new(stream), service);
+                        watcher.watch(conn.into_owned()).await
+                    }
+                    Some(tls) => {
+                        if !starts_with_tls_handshake(&stream).await {
+                            return refuse_plain_http(stream).await;
+                        }
+                        let accept = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+                        let stream = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, accept).await
+                        {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => {
+                                return tracing::debug!(%peer, error = %e, "TLS handshake failed")
+                            }
+                            Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                        };
+                        let conn = builder.serve_connection(TokioIo::new(stream), service);
+                        watcher.watch(conn.into_owned()).await
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            };
+            tokio::select! {
+                _ = serve => {}
+                _ = evict.notified() => {}
+                _ = idle_deadline(&activity) => {
+                    tracing::debug!(%peer, "no request within {:?}; closing", IDLE_TIMEOUT);
+                }
+            }
+            table.lock().expect("connection table lock").close(id);
+        });
     }
     drop(listener);
     if tokio::time::timeout(grace, graceful.shutdown())

@@ -1,41 +1,18 @@
 //! OTLP metrics push: every `OTEL_METRIC_EXPORT_INTERVAL`, the families Prometheus scrapes
 //! (typed, as the protobuf exposition builds them: [`Scraper::families`]) are sent as one OTLP
 //! request, over gRPC (tonic `MetricsService`) or OTLP/HTTP (`POST /v1/metrics`, protobuf or
-//! JSON body), with TLS for `https://` endpoints as `otlp::tls` builds it.
-//!
-//! JSON bodies are opentelemetry-proto's serde encoding of the same request, which follows the
-//! OTLP/JSON mapping: lowerCamelCase field names, trace and span ids as hex strings, 64-bit
-//! integers (times, counts, bucket counts) as decimal strings, enums as integers (checked by
-//! the unit tests below).
+//! opentelemetry-proto's serde JSON, which follows the OTLP/JSON mapping), with TLS for
+//! `https://` endpoints as `otlp::tls` builds it.
 //!
 //! Why not the OpenTelemetry SDK's instruments: the kernel aggregates latency into histograms,
-//! and the SDK can only build histograms from individual observations (its data types cannot
-//! be constructed outside the crate), so the request is built from `opentelemetry-proto`
-//! types. Why from the exposition's families rather than from each collector: it is the one
-//! place every collector (present and future) already encodes its families, with its labels,
-//! cardinality budget and buckets, as data (the client_model messages, never text); reading
-//! them keeps one data flow (probe → map → collector → exposition → Prometheus and OTLP) and
-//! guarantees both outputs agree.
+//! and the SDK builds histograms only from individual observations (its data types cannot be
+//! constructed outside the crate), so the request is built from `opentelemetry-proto` types.
+//! Why from the exposition's families: every collector already encodes its families there,
+//! with its labels, budget and buckets, as data; reading them keeps one data flow and both
+//! outputs equal.
 //!
-//! Mapping: counters become monotonic sums named like the OpenMetrics family (so
-//! `sysscope_syscalls`, which OTLP-to-Prometheus bridges export as `sysscope_syscalls_total`),
-//! gauges become gauges, histograms become explicit-bucket histograms with exactly the
-//! classic bounds, or with `base2_exponential_bucket_histogram` exponential histograms of the
-//! kernel's buckets (scale = the native schema: 0 for `log2`, -1 for `log4`; OTLP's bucket
-//! index is the native index minus one; the zero bucket is the kernel's first), and exemplars
-//! become OTLP exemplars with trace and span ids. Labels the slow-call spans name by an
-//! OpenTelemetry semantic convention take that name (`cgroup` is `process.linux.cgroup` with
-//! the spans' `0::` form, `comm` `process.executable.name`, `pid` `process.pid`, `errno`
-//! `error.type`, the Kubernetes labels `k8s.pod.name`, `k8s.namespace.name`,
-//! `k8s.container.name`, `k8s.pod.uid`, `container.id`); the others keep their names.
-//!
-//! Temporality follows `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`: cumulative,
-//! delta (sums and histograms as the change since the previous push, starting there), or
-//! lowmemory (histograms delta; the counters, read from the kernel as running totals, are
-//! asynchronous counters and stay cumulative, as the specification has it). Cumulative start
-//! times are sysscope's start for series present from the first push, and the previous push
-//! for series that appeared (or went backwards, i.e. were re-created) since; such a series'
-//! first delta is its whole value.
+//! The mapping of kinds, names, units, buckets, attributes and temporality is docs/spans.md's
+//! ("OTLP metrics"); the points below say how each is built.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -58,38 +35,20 @@ use opentelemetry_proto::tonic::{
     resource::v1::Resource,
 };
 use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
-    Exemplar as PromExemplar, Histogram as PromHistogram, LabelPair, Metric as PromMetric,
-    MetricFamily, MetricType,
+    Exemplar as PromExemplar, Histogram as PromHistogram, Metric as PromMetric, MetricFamily,
+    MetricType,
 };
 use prost::Message;
 
-use super::{grpc_metadata, http_headers, HeaderError, Stats};
+use super::{built_off_runtime, grpc_metadata, http_headers, ExportError, Stats};
 use crate::{
-    config::otlp::{HistogramAggregation, Protocol, SignalSettings, Temporality},
-    exposition::scrape::Scraper,
+    config::otlp::{HistogramAggregation, Protocol, Settings, SignalSettings, Temporality},
+    exposition::{protobuf::is_native, scrape::Scraper},
     hist::expand_spans,
     metadata::kubernetes,
     openmetrics,
     util::error::Chain,
 };
-
-#[derive(Debug, thiserror::Error)]
-pub enum MetricPushError {
-    #[error("OTLP metrics endpoint `{endpoint}`: {problem}")]
-    Endpoint { endpoint: String, problem: String },
-    #[error(transparent)]
-    Header(#[from] HeaderError),
-    #[error("OTLP gRPC export needs a tokio runtime")]
-    NoRuntime,
-    #[error("OTLP metrics endpoint `{endpoint}`")]
-    Tls {
-        endpoint: String,
-        #[source]
-        source: super::tls::TlsError,
-    },
-    #[error("starting the metrics push thread")]
-    Thread(#[source] std::io::Error),
-}
 
 fn unix_ns(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -184,31 +143,28 @@ pub(crate) struct Conversion {
     pub(crate) histograms: HistogramAggregation,
 }
 
-/// The cumulative values of one series at the previous push: what a delta is taken from, and
-/// what tells a reset (a value that went down: the series was re-created).
-#[derive(Debug, Clone, PartialEq)]
-enum Last {
-    Value(f64),
-    Explicit {
-        count: u64,
-        sum: f64,
-        counts: Vec<u64>,
-    },
-    Exponential {
-        count: u64,
-        sum: f64,
-        zero: u64,
-        /// Counts by OTLP bucket index.
-        counts: BTreeMap<i32, u64>,
-    },
+/// A series' cumulative values: a counter's value or a histogram's count, its sum, its zero
+/// bucket, and its buckets' counts by index (the classic buckets' positions, or OTLP's
+/// exponential indexes). What a delta is taken from, and what tells a reset (a count that went
+/// down: the series was re-created).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Values {
+    count: f64,
+    sum: f64,
+    zero: u64,
+    buckets: BTreeMap<i32, u64>,
 }
 
-impl Last {
-    fn total(&self) -> f64 {
-        match self {
-            Last::Value(v) => *v,
-            Last::Explicit { count, .. } | Last::Exponential { count, .. } => *count as f64,
+impl Values {
+    /// What was added since `before`.
+    fn since(mut self, before: &Values) -> Values {
+        self.count -= before.count;
+        self.sum -= before.sum;
+        self.zero = self.zero.saturating_sub(before.zero);
+        for (i, n) in self.buckets.iter_mut() {
+            *n = n.saturating_sub(before.buckets.get(i).copied().unwrap_or(0));
         }
+        self
     }
 }
 
@@ -217,7 +173,7 @@ impl Last {
 struct Tracked {
     /// Start of its cumulative values.
     start: u64,
-    last: Last,
+    last: Values,
 }
 
 /// Turns the exposition's families into OTLP requests, tracking each series' start time and
@@ -233,7 +189,12 @@ pub(crate) struct Converter {
     series: HashMap<String, Tracked>,
     /// The series seen by the push under way (they replace `series` at its end).
     seen: HashMap<String, Tracked>,
+    /// The series and the push time before the last request, until it is delivered.
+    before_last: Option<(HashMap<String, Tracked>, Option<u64>)>,
 }
+
+/// A point's attributes, start and values (cumulative, or the delta).
+type Point = (Vec<KeyValue>, u64, Values);
 
 impl Converter {
     pub(crate) fn new(
@@ -256,32 +217,32 @@ impl Converter {
             previous_push_ns: None,
             series: HashMap::new(),
             seen: HashMap::new(),
+            before_last: None,
         }
     }
 
-    /// Series tracked for start times (bounded by what the exposition holds).
-    #[cfg(test)]
-    fn tracked_series(&self) -> usize {
-        self.series.len()
-    }
-
-    /// Records `now` as the series' values and returns where its point starts and, for a
-    /// delta, the values it is taken from. A cumulative point starts where the series' values
-    /// do; a delta point at the previous push. A series new since the previous push, or whose
-    /// values went down (it was re-created), starts at the previous push (or sysscope's start)
-    /// and counts whole.
-    fn window(&mut self, key: String, now: Last, delta: bool) -> (u64, Option<Last>) {
+    /// Records `now` as the values of `m`'s series and returns its point. A cumulative point
+    /// starts where the series' values do; a delta point at the previous push, with what
+    /// changed since. A series new since the previous push, or whose count went down (it was
+    /// re-created), starts at the previous push (or sysscope's start) and counts whole.
+    fn point(&mut self, family: &str, m: &PromMetric, now: Values, delta: bool) -> Point {
+        let key = format!(
+            "{family}{{{}}}",
+            openmetrics::label_key(m.label.iter().map(|l| (&*l.name, &*l.value)))
+        );
         let fallback = self.previous_push_ns.unwrap_or(self.started_ns);
-        let (start, previous) = match self.series.remove(&key) {
-            Some(t) if now.total() >= t.last.total() => (t.start, Some(t.last)),
-            _ => (fallback, None),
+        let (start, values) = match self.series.get(&key) {
+            Some(t) if now.count >= t.last.count && delta => (t.start, now.clone().since(&t.last)),
+            Some(t) if now.count >= t.last.count => (t.start, now.clone()),
+            _ => (fallback, now.clone()),
         };
         self.seen.insert(key, Tracked { start, last: now });
-        if delta {
-            (fallback, previous)
-        } else {
-            (start, None)
-        }
+        let attributes = m
+            .label
+            .iter()
+            .map(|l| attribute(&l.name, &l.value))
+            .collect();
+        (attributes, if delta { fallback } else { start }, values)
     }
 
     /// One OTLP request for `families` (typed, with both forms of the duration histograms),
@@ -295,21 +256,18 @@ impl Converter {
         let mut metrics = Vec::with_capacity(families.len());
         for family in families {
             let kind = MetricType::try_from(family.r#type).unwrap_or(MetricType::Untyped);
-            // Counters keep their OpenMetrics family name (`sysscope_syscalls`), which
-            // OTLP-to-Prometheus bridges export with `_total` again.
-            let name = match kind {
-                MetricType::Counter => family
-                    .name
-                    .strip_suffix("_total")
-                    .unwrap_or(&family.name)
-                    .to_string(),
-                _ => family.name.clone(),
-            };
             let data = match kind {
                 MetricType::Counter => self.sum(family, now_ns),
                 MetricType::Histogram => self.histogram(family, now_ns),
-                _ => Self::gauge(family, now_ns),
+                _ => gauge(family, now_ns),
             };
+            // Counters keep their OpenMetrics family name (`sysscope_syscalls`), which
+            // OTLP-to-Prometheus bridges export with `_total` again.
+            let name = match kind {
+                MetricType::Counter => family.name.strip_suffix("_total"),
+                _ => None,
+            };
+            let name = name.unwrap_or(&family.name).to_string();
             metrics.push(Metric {
                 unit: unit_of(family, &name).to_string(),
                 name,
@@ -319,8 +277,8 @@ impl Converter {
             });
         }
         // Series that disappeared start afresh if they come back.
-        self.series = std::mem::take(&mut self.seen);
-        self.previous_push_ns = Some(now_ns);
+        let series = std::mem::replace(&mut self.series, std::mem::take(&mut self.seen));
+        self.before_last = Some((series, self.previous_push_ns.replace(now_ns)));
         ExportMetricsServiceRequest {
             resource_metrics: vec![ResourceMetrics {
                 resource: Some(self.resource.clone()),
@@ -334,106 +292,67 @@ impl Converter {
         }
     }
 
-    fn attributes(labels: &[LabelPair]) -> Vec<KeyValue> {
-        labels
-            .iter()
-            .map(|l| attribute(&l.name, &l.value))
-            .collect()
-    }
-
-    fn series_key(family: &str, labels: &[LabelPair]) -> String {
-        let key = openmetrics::label_key(labels.iter().map(|l| (&*l.name, &*l.value)));
-        format!("{family}{{{key}}}")
-    }
-
-    fn temporality(delta: bool) -> i32 {
-        if delta {
-            AggregationTemporality::Delta as i32
-        } else {
-            AggregationTemporality::Cumulative as i32
+    /// Whether the last request was delivered. If not, the next one is taken from where the
+    /// last delivered one left the series: its deltas carry what the lost one did.
+    pub(crate) fn delivered(&mut self, delivered: bool) {
+        let before = self.before_last.take();
+        if let (false, Some((series, previous))) = (delivered, before) {
+            self.series = series;
+            self.previous_push_ns = previous;
         }
     }
 
     fn sum(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
         let delta = self.conversion.temporality.delta_sums();
-        let mut points = Vec::with_capacity(family.metric.len());
-        for m in &family.metric {
-            let Some(counter) = &m.counter else { continue };
-            let key = Self::series_key(&family.name, &m.label);
-            let (start, previous) = self.window(key, Last::Value(counter.value), delta);
-            let value = match previous {
-                Some(Last::Value(before)) => counter.value - before,
-                _ => counter.value,
+        let data_points = family.metric.iter().filter_map(|m| {
+            let counter = m.counter.as_ref()?;
+            let now = Values {
+                count: counter.value,
+                ..Values::default()
             };
-            points.push(NumberDataPoint {
-                attributes: Self::attributes(&m.label),
+            let (attributes, start, values) = self.point(&family.name, m, now, delta);
+            Some(NumberDataPoint {
+                attributes,
                 start_time_unix_nano: start,
                 time_unix_nano: now_ns,
                 exemplars: counter.exemplar.iter().map(otlp_exemplar).collect(),
-                value: Some(number_data_point::Value::AsDouble(value)),
+                value: Some(number_data_point::Value::AsDouble(values.count)),
                 ..Default::default()
-            });
-        }
-        metric::Data::Sum(Sum {
-            data_points: points,
-            aggregation_temporality: Self::temporality(delta),
-            is_monotonic: true,
-        })
-    }
-
-    fn gauge(family: &MetricFamily, now_ns: u64) -> metric::Data {
-        let points = family
-            .metric
-            .iter()
-            .map(|m| {
-                let value = m
-                    .gauge
-                    .as_ref()
-                    .map(|g| g.value)
-                    .or_else(|| m.untyped.as_ref().map(|u| u.value))
-                    .unwrap_or(0.0);
-                NumberDataPoint {
-                    attributes: Self::attributes(&m.label),
-                    time_unix_nano: now_ns,
-                    value: Some(number_data_point::Value::AsDouble(value)),
-                    ..Default::default()
-                }
             })
-            .collect();
-        metric::Data::Gauge(Gauge {
-            data_points: points,
+        });
+        metric::Data::Sum(Sum {
+            data_points: data_points.collect(),
+            aggregation_temporality: temporality(delta),
+            is_monotonic: true,
         })
     }
 
     fn histogram(&mut self, family: &MetricFamily, now_ns: u64) -> metric::Data {
         let delta = self.conversion.temporality.delta_histograms();
-        let histograms = || {
-            family
-                .metric
-                .iter()
-                .filter_map(|m| Some((m, m.histogram.as_ref()?)))
-        };
+        let aggregation_temporality = temporality(delta);
+        let histograms = family
+            .metric
+            .iter()
+            .filter_map(|m| Some((m, m.histogram.as_ref()?)));
         // Exponential only where every series has its native form (the kernel's histograms
         // do); a family is one kind of data in OTLP.
-        let exponential = self.conversion.histograms == HistogramAggregation::Base2Exponential
-            && histograms().all(|(_, h)| h.zero_threshold > 0.0 || !h.positive_span.is_empty());
-        if exponential {
-            let mut points = Vec::with_capacity(family.metric.len());
-            for (m, h) in histograms() {
-                points.push(self.exponential_point(&family.name, m, h, now_ns, delta));
-            }
+        if self.conversion.histograms == HistogramAggregation::Base2Exponential
+            && histograms.clone().all(|(_, h)| is_native(h))
+        {
+            let data_points = histograms
+                .map(|(m, h)| self.exponential_point(&family.name, m, h, now_ns, delta))
+                .collect();
             return metric::Data::ExponentialHistogram(ExponentialHistogram {
-                data_points: points,
-                aggregation_temporality: Self::temporality(delta),
+                data_points,
+                aggregation_temporality,
             });
         }
-        let mut points = Vec::with_capacity(family.metric.len());
-        for (m, h) in histograms() {
-            points.push(self.explicit_point(&family.name, m, h, now_ns, delta));
-        }
+        let data_points = histograms
+            .map(|(m, h)| self.explicit_point(&family.name, m, h, now_ns, delta))
+            .collect();
         metric::Data::Histogram(OtlpHistogram {
-            data_points: points,
-            aggregation_temporality: Self::temporality(delta),
+            data_points,
+            aggregation_temporality,
         })
     }
 
@@ -446,50 +365,36 @@ impl Converter {
         now_ns: u64,
         delta: bool,
     ) -> HistogramDataPoint {
-        let mut bounds = Vec::with_capacity(h.bucket.len());
-        let mut counts = Vec::with_capacity(h.bucket.len() + 1);
+        let mut now = Values {
+            count: h.sample_count as f64,
+            sum: h.sample_sum,
+            ..Values::default()
+        };
         let mut previous = 0u64;
-        for b in &h.bucket {
-            if b.upper_bound.is_finite() {
-                bounds.push(b.upper_bound);
-            }
-            counts.push(b.cumulative_count.saturating_sub(previous));
+        for (i, b) in h.bucket.iter().enumerate() {
+            now.buckets
+                .insert(i as i32, b.cumulative_count.saturating_sub(previous));
             previous = b.cumulative_count;
         }
         if h.bucket.last().is_none_or(|b| b.upper_bound.is_finite()) {
             // No +Inf bucket: the overflow bucket holds what the bounds do not.
-            counts.push(h.sample_count.saturating_sub(previous));
+            let overflow = h.sample_count.saturating_sub(previous);
+            now.buckets.insert(h.bucket.len() as i32, overflow);
         }
-        let now = Last::Explicit {
-            count: h.sample_count,
-            sum: h.sample_sum,
-            counts: counts.clone(),
-        };
-        let key = Self::series_key(family, &m.label);
-        let (start, before) = self.window(key, now, delta);
-        let (mut count, mut sum) = (h.sample_count, h.sample_sum);
-        if let Some(Last::Explicit {
-            count: c,
-            sum: s,
-            counts: was,
-        }) = before
-        {
-            if was.len() == counts.len() {
-                count -= c;
-                sum -= s;
-                for (n, w) in counts.iter_mut().zip(was) {
-                    *n = n.saturating_sub(w);
-                }
-            }
-        }
+        let (attributes, start, values) = self.point(family, m, now, delta);
         HistogramDataPoint {
-            attributes: Self::attributes(&m.label),
+            attributes,
             start_time_unix_nano: start,
             time_unix_nano: now_ns,
-            count,
-            sum: Some(sum),
-            bucket_counts: counts,
-            explicit_bounds: bounds,
+            count: values.count as u64,
+            sum: Some(values.sum),
+            bucket_counts: values.buckets.into_values().collect(),
+            explicit_bounds: h
+                .bucket
+                .iter()
+                .map(|b| b.upper_bound)
+                .filter(|b| b.is_finite())
+                .collect(),
             exemplars: h
                 .bucket
                 .iter()
@@ -516,56 +421,74 @@ impl Converter {
             .iter()
             .map(|s| (s.offset, s.length))
             .collect();
-        let mut counts: BTreeMap<i32, u64> = expand_spans(&spans, &h.positive_delta)
-            .into_iter()
-            .map(|(i, n)| (i - 1, n))
-            .collect();
-        let now = Last::Exponential {
-            count: h.sample_count,
+        let now = Values {
+            count: h.sample_count as f64,
             sum: h.sample_sum,
             zero: h.zero_count,
-            counts: counts.clone(),
+            buckets: expand_spans(&spans, &h.positive_delta)
+                .into_iter()
+                .map(|(i, n)| (i - 1, n))
+                .collect(),
         };
-        let key = Self::series_key(family, &m.label);
-        let (start, before) = self.window(key, now, delta);
-        let (mut count, mut sum, mut zero) = (h.sample_count, h.sample_sum, h.zero_count);
-        if let Some(Last::Exponential {
-            count: c,
-            sum: s,
-            zero: z,
-            counts: was,
-        }) = before
-        {
-            count -= c;
-            sum -= s;
-            zero = zero.saturating_sub(z);
-            for (i, n) in counts.iter_mut() {
-                *n = n.saturating_sub(was.get(i).copied().unwrap_or(0));
-            }
-        }
-        let positive = match (counts.keys().next(), counts.keys().next_back()) {
+        let (attributes, start, values) = self.point(family, m, now, delta);
+        let indexes = values.buckets.keys();
+        let positive = match (indexes.clone().next(), indexes.last()) {
             (Some(&first), Some(&last)) => Some(Buckets {
                 offset: first,
                 bucket_counts: (first..=last)
-                    .map(|j| counts.get(&j).copied().unwrap_or(0))
+                    .map(|j| values.buckets.get(&j).copied().unwrap_or(0))
                     .collect(),
             }),
             _ => None,
         };
         ExponentialHistogramDataPoint {
-            attributes: Self::attributes(&m.label),
+            attributes,
             start_time_unix_nano: start,
             time_unix_nano: now_ns,
-            count,
-            sum: Some(sum),
+            count: values.count as u64,
+            sum: Some(values.sum),
             scale: h.schema,
-            zero_count: zero,
+            zero_count: values.zero,
             zero_threshold: h.zero_threshold,
             positive,
             exemplars: h.exemplars.iter().map(otlp_exemplar).collect(),
             ..Default::default()
         }
     }
+}
+
+fn temporality(delta: bool) -> i32 {
+    if delta {
+        AggregationTemporality::Delta as i32
+    } else {
+        AggregationTemporality::Cumulative as i32
+    }
+}
+
+fn gauge(family: &MetricFamily, now_ns: u64) -> metric::Data {
+    let data_points = family
+        .metric
+        .iter()
+        .map(|m| {
+            let value = m
+                .gauge
+                .as_ref()
+                .map(|g| g.value)
+                .or_else(|| m.untyped.as_ref().map(|u| u.value))
+                .unwrap_or(0.0);
+            NumberDataPoint {
+                attributes: m
+                    .label
+                    .iter()
+                    .map(|l| attribute(&l.name, &l.value))
+                    .collect(),
+                time_unix_nano: now_ns,
+                value: Some(number_data_point::Value::AsDouble(value)),
+                ..Default::default()
+            }
+        })
+        .collect();
+    metric::Data::Gauge(Gauge { data_points })
 }
 
 /// How requests are sent.
@@ -575,13 +498,12 @@ enum Client {
         client: MetricsServiceClient<tonic::transport::Channel>,
         metadata: tonic::metadata::MetadataMap,
     },
+    /// OTLP/HTTP: protobuf or JSON bodies, gzip-compressed or not.
     Http {
         client: reqwest::blocking::Client,
         url: String,
         headers: reqwest::header::HeaderMap,
-        /// OTLP/JSON bodies instead of protobuf.
         json: bool,
-        /// Bodies gzip-compressed (`Content-Encoding: gzip`).
         gzip: bool,
     },
 }
@@ -605,14 +527,58 @@ fn http_body(request: &ExportMetricsServiceRequest, json: bool) -> (Vec<u8>, &'s
     }
 }
 
-/// Whether a failed request may succeed if repeated.
-#[derive(Debug)]
-struct SendError {
-    message: String,
-    retryable: bool,
-}
+/// A failed request: why, and whether it may succeed if repeated.
+struct SendError(String, bool);
 
 impl Client {
+    /// The client of `settings`; gRPC's channel lives on `runtime`.
+    fn new(
+        settings: &SignalSettings,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, ExportError> {
+        let endpoint = &settings.endpoint;
+        if settings.protocol != Protocol::Grpc {
+            let client = super::tls::http_client(settings).map_err(|source| ExportError::Tls {
+                endpoint: endpoint.clone(),
+                source,
+            })?;
+            return Ok(Client::Http {
+                client,
+                url: endpoint.clone(),
+                headers: http_headers(&settings.headers)?,
+                json: settings.protocol == Protocol::HttpJson,
+                gzip: settings.gzip,
+            });
+        }
+        let bad = |e: tonic::transport::Error| ExportError::Endpoint {
+            endpoint: endpoint.clone(),
+            problem: Chain(&e).to_string(),
+        };
+        let mut channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
+            .map_err(bad)?
+            .connect_timeout(settings.timeout)
+            .timeout(settings.timeout);
+        if let Some(tls) = &settings.tls {
+            channel = channel
+                .tls_config(super::tls::tonic_config(tls))
+                .map_err(bad)?;
+        }
+        let channel = {
+            let _guard = runtime.enter();
+            channel.connect_lazy()
+        };
+        let mut client = MetricsServiceClient::new(channel);
+        if settings.gzip {
+            client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        }
+        let metadata = grpc_metadata(&settings.headers)?;
+        Ok(Client::Grpc {
+            runtime,
+            client,
+            metadata,
+        })
+    }
+
     fn send(
         &mut self,
         request: &ExportMetricsServiceRequest,
@@ -627,26 +593,22 @@ impl Client {
                 let mut req = tonic::Request::new(request.clone());
                 *req.metadata_mut() = metadata.clone();
                 req.set_timeout(timeout);
-                match runtime.block_on(client.export(req)) {
-                    Ok(_) => Ok(()),
-                    Err(status) => {
-                        use tonic::Code::*;
-                        let retryable = matches!(
-                            status.code(),
-                            Cancelled
-                                | DeadlineExceeded
-                                | ResourceExhausted
-                                | Aborted
-                                | OutOfRange
-                                | Unavailable
-                                | DataLoss
-                        );
-                        Err(SendError {
-                            message: format!("gRPC {:?}: {}", status.code(), status.message()),
-                            retryable,
-                        })
-                    }
-                }
+                let Err(status) = runtime.block_on(client.export(req)) else {
+                    return Ok(());
+                };
+                use tonic::Code as C;
+                let retryable = matches!(
+                    status.code(),
+                    C::Cancelled
+                        | C::DeadlineExceeded
+                        | C::ResourceExhausted
+                        | C::Aborted
+                        | C::OutOfRange
+                        | C::Unavailable
+                        | C::DataLoss
+                );
+                let message = format!("gRPC {:?}: {}", status.code(), status.message());
+                Err(SendError(message, retryable))
             }
             Client::Http {
                 client,
@@ -659,86 +621,28 @@ impl Client {
                 let mut req = client
                     .post(url.as_str())
                     .headers(headers.clone())
-                    .header(reqwest::header::CONTENT_TYPE, content_type);
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .timeout(timeout);
                 let body = if *compress {
                     req = req.header(reqwest::header::CONTENT_ENCODING, "gzip");
                     gzip(&body)
                 } else {
                     body
                 };
-                let result = req.timeout(timeout).body(body).send();
-                match result {
+                match req.body(body).send() {
                     Ok(resp) if resp.status().is_success() => Ok(()),
                     Ok(resp) => {
                         let code = resp.status().as_u16();
-                        Err(SendError {
-                            message: format!("HTTP status {code}"),
-                            retryable: matches!(code, 429 | 502 | 503 | 504),
-                        })
+                        let retryable = matches!(code, 429 | 502 | 503 | 504);
+                        Err(SendError(format!("HTTP status {code}"), retryable))
                     }
                     // reqwest's own message hides the cause (refused, TLS, timeout).
-                    Err(e) => Err(SendError {
-                        message: format!("HTTP request failed: {}", Chain(&e)),
-                        retryable: true,
-                    }),
+                    Err(e) => Err(SendError(
+                        format!("HTTP request failed: {}", Chain(&e)),
+                        true,
+                    )),
                 }
             }
-        }
-    }
-}
-
-fn build_client(
-    settings: &SignalSettings,
-    runtime: Option<&tokio::runtime::Handle>,
-) -> Result<Client, MetricPushError> {
-    match settings.protocol {
-        Protocol::Grpc => {
-            let runtime = runtime.ok_or(MetricPushError::NoRuntime)?.clone();
-            let endpoint = tonic::transport::Endpoint::from_shared(settings.endpoint.clone())
-                .map_err(|e| MetricPushError::Endpoint {
-                    endpoint: settings.endpoint.clone(),
-                    problem: e.to_string(),
-                })?
-                .connect_timeout(settings.timeout)
-                .timeout(settings.timeout);
-            let endpoint = match &settings.tls {
-                Some(tls) => endpoint
-                    .tls_config(super::tls::tonic_config(tls))
-                    .map_err(|e| MetricPushError::Endpoint {
-                        endpoint: settings.endpoint.clone(),
-                        problem: format!("TLS: {e}"),
-                    })?,
-                None => endpoint,
-            };
-            let channel = {
-                let _guard = runtime.enter();
-                endpoint.connect_lazy()
-            };
-            let metadata = grpc_metadata(&settings.headers)?;
-            let mut client = MetricsServiceClient::new(channel);
-            if settings.gzip {
-                client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
-            }
-            Ok(Client::Grpc {
-                runtime,
-                client,
-                metadata,
-            })
-        }
-        Protocol::HttpProtobuf | Protocol::HttpJson => {
-            let headers = http_headers(&settings.headers)?;
-            let client =
-                super::tls::http_client(settings).map_err(|source| MetricPushError::Tls {
-                    endpoint: settings.endpoint.clone(),
-                    source,
-                })?;
-            Ok(Client::Http {
-                client,
-                url: settings.endpoint.clone(),
-                headers,
-                json: settings.protocol == Protocol::HttpJson,
-                gzip: settings.gzip,
-            })
         }
     }
 }
@@ -751,83 +655,54 @@ pub struct MetricPush {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Everything the push thread needs.
-pub struct PushOptions {
-    pub settings: SignalSettings,
-    pub resource: Vec<(String, String)>,
-    pub interval: Duration,
-    pub export_timeout: Duration,
-    pub started: SystemTime,
-    pub temporality: Temporality,
-    pub histograms: HistogramAggregation,
-}
-
 impl MetricPush {
-    /// Starts pushing every `options.interval`. For gRPC, `runtime` must be the agent's.
+    /// Starts pushing every `OTEL_METRIC_EXPORT_INTERVAL` when `otlp` has a metrics endpoint;
+    /// gRPC runs on `runtime` (the agent's).
     pub fn start(
-        options: PushOptions,
+        otlp: &Settings,
         scraper: Arc<Scraper>,
         stats: Arc<Stats>,
-        runtime: Option<tokio::runtime::Handle>,
-    ) -> Result<Self, MetricPushError> {
-        if options.settings.protocol == Protocol::Grpc && runtime.is_none() {
-            return Err(MetricPushError::NoRuntime);
-        }
-        let (stop_tx, stop_rx) = mpsc::channel::<()>();
-        let (done_tx, done_rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel();
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Option<Self>, ExportError> {
+        let Some(signal) = otlp.metrics.clone() else {
+            return Ok(None);
+        };
+        let mut client = built_off_runtime(|| Client::new(&signal, runtime))?;
+        let conversion = Conversion {
+            temporality: otlp.metric_temporality,
+            histograms: otlp.metric_histograms,
+        };
+        let mut converter = Converter::new(&otlp.resource, SystemTime::now(), conversion);
+        let interval = otlp.metric_interval;
+        // Within the export timeout and the interval, so pushes never pile up.
+        let budget = otlp.metric_export_timeout.min(interval);
+        let (stop, stop_rx) = mpsc::channel::<()>();
+        let (done_tx, done) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("otlp-metrics".into())
             .spawn(move || {
-                // Built here: the blocking HTTP client must live outside the runtime.
-                let mut client = match build_client(&options.settings, runtime.as_ref()) {
-                    Ok(c) => {
-                        let _ = ready_tx.send(Ok(()));
-                        c
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                tracing::info!(endpoint = %options.settings.endpoint, protocol = options.settings.protocol.as_str(), tls = options.settings.tls.is_some(), interval = ?options.interval, "pushing metrics over OTLP");
-                let conversion = Conversion {
-                    temporality: options.temporality,
-                    histograms: options.histograms,
-                };
-                let mut converter =
-                    Converter::new(&options.resource, options.started, conversion);
+                tracing::info!(endpoint = %signal.endpoint, protocol = signal.protocol.as_str(), tls = signal.tls.is_some(), ?interval, "pushing metrics over OTLP");
                 let mut failing = false;
                 // Each interval, unless told to stop (or the agent is gone).
-                while let Err(mpsc::RecvTimeoutError::Timeout) =
-                    stop_rx.recv_timeout(options.interval)
-                {
-                    let families = scraper.families();
-                    let request = converter.convert(&families, SystemTime::now());
-                    let ok = push_with_retry(&mut client, &request, &options, &stats, &mut failing);
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(interval) {
+                    let request = converter.convert(&scraper.families(), SystemTime::now());
+                    let ok = push_with_retry(&mut client, &request, &signal, budget, &stats, failing);
                     if ok && failing {
                         tracing::info!("OTLP metrics push recovered");
                     }
+                    converter.delivered(ok);
                     failing = !ok;
                 }
+                // The blocking HTTP client is dropped here, outside the runtime.
                 drop(client);
                 let _ = done_tx.send(());
             })
-            .map_err(MetricPushError::Thread)?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(MetricPushError::Thread(std::io::Error::other(
-                    "metrics push thread ended during start-up",
-                )))
-            }
-        }
-        Ok(Self {
-            stop: stop_tx,
-            done: done_rx,
+            .map_err(ExportError::Thread)?;
+        Ok(Some(Self {
+            stop,
+            done,
             thread: Some(thread),
-        })
+        }))
     }
 
     /// Stops the push (waiting at most `grace` for a request in flight).
@@ -841,53 +716,53 @@ impl MetricPush {
     }
 }
 
-/// Sends one request, retrying retryable failures with a doubling pause, all within the
-/// export timeout (and the interval, so pushes never pile up). Returns whether it succeeded.
+/// Sends one request, retrying retryable failures with a doubling pause, all within `budget`.
+/// Returns whether it succeeded.
 fn push_with_retry(
     client: &mut Client,
     request: &ExportMetricsServiceRequest,
-    options: &PushOptions,
+    signal: &SignalSettings,
+    budget: Duration,
     stats: &Stats,
-    failing: &mut bool,
+    failing: bool,
 ) -> bool {
-    let deadline = Instant::now() + options.export_timeout.min(options.interval);
+    let deadline = Instant::now() + budget;
     let mut pause = Duration::from_millis(200);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let timeout = options
-            .settings
-            .timeout
-            .min(left.max(Duration::from_millis(100)));
-        match client.send(request, timeout) {
-            Ok(()) => {
-                stats.request("metrics", true);
-                return true;
+        let timeout = signal.timeout.min(left.max(Duration::from_millis(100)));
+        let result = client.send(request, timeout);
+        stats.request("metrics", result.is_ok());
+        let Err(SendError(error, retryable)) = result else {
+            return true;
+        };
+        if !retryable || Instant::now() + pause >= deadline {
+            if failing {
+                tracing::debug!(%error, "OTLP metrics push failed again");
+            } else {
+                tracing::warn!(endpoint = %signal.endpoint, %error, "OTLP metrics push failed; the next push carries what this one did");
             }
-            Err(e) => {
-                stats.request("metrics", false);
-                let again = e.retryable && Instant::now() + pause < deadline;
-                if !again {
-                    if *failing {
-                        tracing::debug!(error = %e.message, "OTLP metrics push failed again");
-                    } else {
-                        tracing::warn!(endpoint = %options.settings.endpoint, error = %e.message, "OTLP metrics push failed; the next push carries the cumulative values");
-                    }
-                    return false;
-                }
-                std::thread::sleep(pause);
-                pause *= 2;
-            }
+            return false;
         }
+        std::thread::sleep(pause);
+        pause *= 2;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
-        Bucket, BucketSpan, Counter, Gauge as PromGauge,
+        Bucket, BucketSpan, Counter, Gauge as PromGauge, LabelPair,
     };
 
     use super::*;
+
+    impl Converter {
+        /// Series tracked for start times (bounded by what the exposition holds).
+        fn tracked_series(&self) -> usize {
+            self.series.len()
+        }
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
         pairs
@@ -1195,6 +1070,46 @@ mod tests {
                 assert_eq!(sum.data_points[0].start_time_unix_nano, 300_000_000_000);
             }
         }
+    }
+
+    /// A push that did not arrive is carried by the next one: its delta starts where the last
+    /// delivered push ended.
+    #[test]
+    fn an_undelivered_delta_is_carried_by_the_next_push() {
+        let t = |s| UNIX_EPOCH + Duration::from_secs(s);
+        let conversion = Conversion {
+            temporality: Temporality::Delta,
+            ..Conversion::default()
+        };
+        let mut c = Converter::new(&[], t(100), conversion);
+        let sum = |r: &ExportMetricsServiceRequest| {
+            let Some(metric::Data::Sum(sum)) = &metric(r, "sysscope_syscalls").data else {
+                panic!()
+            };
+            let p = &sum.data_points[0];
+            (p.value, p.start_time_unix_nano)
+        };
+        c.convert(&[counter(12.0)], t(200));
+        c.delivered(true);
+        c.convert(&[counter(36.0)], t(300));
+        c.delivered(false);
+        let r = c.convert(&[counter(48.0)], t(400));
+        assert_eq!(
+            sum(&r),
+            (
+                Some(number_data_point::Value::AsDouble(36.0)),
+                200_000_000_000
+            )
+        );
+        c.delivered(true);
+        let r = c.convert(&[counter(50.0)], t(500));
+        assert_eq!(
+            sum(&r),
+            (
+                Some(number_data_point::Value::AsDouble(2.0)),
+                400_000_000_000
+            )
+        );
     }
 
     #[test]

@@ -1,13 +1,10 @@
 //! OTLP: slow-call spans and the metric catalogue pushed to an OpenTelemetry endpoint.
 //!
 //! Configured by the standard `OTEL_*` environment variables over the config file's `[otlp]`
-//! section (resolved in [`crate::config::otlp`]); with no endpoint set nothing is sent. TLS (system roots or a CA file,
-//! optional client certificates) and the shared blocking HTTP client are in `tls`.
-//! Spans go through `traces` (opentelemetry-otlp's exporter behind sysscope's own bounded
-//! queue, batching and backoff, so every drop is counted).
-//! Metrics go through [`metrics`]: the same OpenMetrics exposition Prometheus scrapes is read
-//! back (`crate::openmetrics`) and sent as OTLP sums, gauges and explicit-bucket histograms, so both
-//! outputs always carry the same numbers and bucket bounds.
+//! section (resolved in [`crate::config::otlp`]); with no endpoint set nothing is sent. TLS and
+//! the blocking HTTP client are in `tls`. Spans go through `traces` (the SDK's batch span
+//! processor, with every drop counted), metrics through [`metrics`] (built from the typed
+//! families the protobuf exposition serves, so both outputs carry the same numbers).
 //!
 //! Self-metrics ([`Stats`]): `sysscope_spans_exported_total{destination}`,
 //! `sysscope_spans_dropped_total{reason}` (user-space reasons), `sysscope_spans_queued`,
@@ -20,42 +17,64 @@ pub(crate) mod traces;
 use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 
 use crate::collectors::self_metrics::{SelfMetrics, SpanCounters};
-/// The OTLP settings, at the path the span pipeline's wiring still names.
-pub use crate::config::otlp as config;
+
+/// Why an OTLP exporter could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("OTLP endpoint `{endpoint}`: {problem}")]
+    Endpoint { endpoint: String, problem: String },
+    #[error("OTLP span exporter for {endpoint}")]
+    Build {
+        endpoint: String,
+        #[source]
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    #[error("OTLP endpoint `{endpoint}`")]
+    Tls {
+        endpoint: String,
+        #[source]
+        source: tls::TlsError,
+    },
+    #[error("starting an OTLP export thread")]
+    Thread(#[source] std::io::Error),
+}
+
+/// What `build` makes, built on a thread of its own: the blocking HTTP client must not be
+/// built inside the tokio runtime, where the exporters are started (tonic's channel must be:
+/// `build` enters the runtime for gRPC).
+fn built_off_runtime<T: Send>(
+    build: impl FnOnce() -> Result<T, ExportError> + Send,
+) -> Result<T, ExportError> {
+    std::thread::scope(|scope| {
+        let thread = std::thread::Builder::new().name("otlp-init".into());
+        let panicked = || std::io::Error::other("building an OTLP exporter panicked");
+        let built = thread
+            .spawn_scoped(scope, build)
+            .map_err(ExportError::Thread)?;
+        built
+            .join()
+            .unwrap_or_else(|_| Err(ExportError::Thread(panicked())))
+    })
+}
 
 /// A configured header that cannot be sent as it is.
 #[derive(Debug, thiserror::Error)]
-#[error("OTLP header `{name}`: not a valid {what}")]
-pub struct HeaderError {
-    name: String,
-    what: &'static str,
-}
-
-/// Hands each configured header to `put`, which says what it could not take.
-fn each_header(
-    headers: &[(String, String)],
-    mut put: impl FnMut(&str, &str) -> Result<(), &'static str>,
-) -> Result<(), HeaderError> {
-    for (name, value) in headers {
-        put(name, value).map_err(|what| HeaderError {
-            name: name.clone(),
-            what,
-        })?;
-    }
-    Ok(())
-}
+#[error("OTLP header `{0}`: not a valid {1}")]
+pub struct HeaderError(String, &'static str);
 
 /// The configured headers as gRPC metadata (keys lower-cased, as gRPC requires).
 pub(crate) fn grpc_metadata(
     headers: &[(String, String)],
 ) -> Result<tonic::metadata::MetadataMap, HeaderError> {
     let mut metadata = tonic::metadata::MetadataMap::new();
-    each_header(headers, |k, v| {
-        let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-            .map_err(|_| "gRPC metadata key")?;
-        metadata.insert(key, v.parse().map_err(|_| "gRPC metadata value")?);
-        Ok(())
-    })?;
+    for (name, value) in headers {
+        let bad = |what| HeaderError(name.clone(), what);
+        let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .map_err(|_| bad("gRPC metadata key"))?;
+        metadata.insert(key, value.parse().map_err(|_| bad("gRPC metadata value"))?);
+    }
     Ok(metadata)
 }
 
@@ -63,16 +82,13 @@ pub(crate) fn grpc_metadata(
 pub(crate) fn http_headers(
     headers: &[(String, String)],
 ) -> Result<reqwest::header::HeaderMap, HeaderError> {
-    use reqwest::header::{HeaderName, HeaderValue};
     let mut map = reqwest::header::HeaderMap::new();
-    each_header(headers, |k, v| {
-        let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| "HTTP header name")?;
-        map.insert(
-            name,
-            HeaderValue::from_str(v).map_err(|_| "HTTP header value")?,
-        );
-        Ok(())
-    })?;
+    for (name, value) in headers {
+        let bad = |what| HeaderError(name.clone(), what);
+        let key = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| bad("HTTP header name"))?;
+        map.insert(key, value.parse().map_err(|_| bad("HTTP header value"))?);
+    }
     Ok(map)
 }
 
@@ -80,7 +96,8 @@ pub(crate) fn http_headers(
 /// the self-metrics ([`Stats::register`]) and incremented where the event happens.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
-    spans: SpanCounters,
+    /// The span families (`sysscope_spans_exported_total`, `sysscope_spans_dropped_total`).
+    pub(crate) spans: SpanCounters,
     /// Spans waiting in the export queue.
     pub(crate) queued: Gauge,
     requests: Family<[(&'static str, &'static str); 2], Counter>,
@@ -88,42 +105,40 @@ pub struct Stats {
 
 impl Stats {
     /// Counters writing into the self-metrics' span families, which always carry
-    /// `reason="malformed"`; the OTLP and local series appear once those destinations are
-    /// enabled ([`Self::enable_otlp_traces`], [`Self::enable_local`]).
-    pub fn new(self_metrics: &SelfMetrics) -> Self {
+    /// `reason="malformed"`, with the series of OTLP spans (`traces`) and the OTLP request
+    /// families (either signal) registered; the local destination's series appears once
+    /// `spans.exported("local")` makes it.
+    pub fn new(self_metrics: &mut SelfMetrics, traces: bool, metrics: bool) -> Self {
         let stats = Self {
             spans: self_metrics.span_counters(),
             ..Self::default()
         };
         stats.spans.dropped("malformed");
+        if traces {
+            stats.spans.exported("otlp");
+            stats.spans.dropped("export_queue_full");
+            stats.spans.dropped("export_failed");
+            self_metrics.register(
+                "sysscope_spans_queued",
+                "Slow-call spans waiting in the OTLP export queue (at most slow_calls.export_queue).",
+                stats.queued.clone(),
+            );
+        }
+        for (signal, on) in [("traces", traces), ("metrics", metrics)] {
+            for result in ["success", "failure"].into_iter().filter(|_| on) {
+                let _ = stats
+                    .requests
+                    .get_or_create(&[("signal", signal), ("result", result)]);
+            }
+        }
+        if traces || metrics {
+            self_metrics.register(
+                "sysscope_otlp_requests",
+                "OTLP export requests sent to the configured endpoint, by signal and result.",
+                stats.requests.clone(),
+            );
+        }
         stats
-    }
-
-    /// The span counters, for the span pipeline's reader.
-    pub(crate) fn span_counters(&self) -> SpanCounters {
-        self.spans.clone()
-    }
-
-    /// Spans go to an OTLP endpoint: their export and drop series exist from now on.
-    pub(crate) fn enable_otlp_traces(&self) {
-        self.spans.exported("otlp");
-        self.spans.dropped("export_queue_full");
-        self.spans.dropped("export_failed");
-    }
-
-    /// Spans are kept for the local endpoint only (no OTLP endpoint).
-    pub(crate) fn enable_local(&self) {
-        self.spans.exported("local");
-    }
-
-    /// `n` spans handed to `destination` (`otlp`, `local`).
-    pub(crate) fn exported(&self, destination: &'static str, n: u64) {
-        self.spans.exported(destination).inc_by(n);
-    }
-
-    /// `n` spans dropped for `reason` (`export_queue_full`, `export_failed`, `malformed`).
-    pub(crate) fn dropped(&self, reason: &'static str, n: u64) {
-        self.spans.dropped(reason).inc_by(n);
     }
 
     /// One OTLP export request of `signal` (`traces`, `metrics`) and its outcome.
@@ -132,33 +147,5 @@ impl Stats {
         self.requests
             .get_or_create(&[("signal", signal), ("result", result)])
             .inc();
-    }
-
-    /// Registers the families that are not span counters: the export queue's length
-    /// (with OTLP traces) and the OTLP requests by signal and result (with either signal).
-    pub fn register(&self, self_metrics: &mut SelfMetrics, traces: bool, metrics: bool) {
-        if traces {
-            self_metrics.register(
-                "sysscope_spans_queued",
-                "Slow-call spans waiting in the OTLP export queue (at most slow_calls.export_queue).",
-                self.queued.clone(),
-            );
-        }
-        if traces || metrics {
-            for (signal, on) in [("traces", traces), ("metrics", metrics)] {
-                if on {
-                    for result in ["success", "failure"] {
-                        let _ = self
-                            .requests
-                            .get_or_create(&[("signal", signal), ("result", result)]);
-                    }
-                }
-            }
-            self_metrics.register(
-                "sysscope_otlp_requests",
-                "OTLP export requests sent to the configured endpoint, by signal and result.",
-                self.requests.clone(),
-            );
-        }
     }
 }

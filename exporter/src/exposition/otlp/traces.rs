@@ -4,7 +4,7 @@
 //! client of [`super::tls`]; TLS for `https://` endpoints as [`super::tls`] builds it).
 //!
 //! What the SDK does not count is counted here. At most `slow_calls.export_queue` spans are
-//! held, the batch being sent included ([`SpanExport::push`] admits a span only below that
+//! held, the batch being sent included (the sink admits a span only below that
 //! bound, and the processor's own queue is as large, so it never drops one itself): memory
 //! stays bounded however long the endpoint is down or slow, and a span that does not fit is
 //! dropped and counted (`export_queue_full`). A batch that still fails after the exporter's
@@ -33,7 +33,7 @@ use opentelemetry_sdk::{
     Resource,
 };
 
-use super::{grpc_metadata, HeaderError, Stats};
+use super::{built_off_runtime, grpc_metadata, ExportError, Stats};
 use crate::config::otlp::{Protocol, SignalSettings};
 
 /// Retries of a failed request, after the first attempt.
@@ -45,36 +45,22 @@ pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Pause after a batch was dropped, before the next one is tried.
 pub(crate) const OUTAGE_PAUSE: Duration = Duration::from_secs(5);
 
-#[derive(Debug, thiserror::Error)]
-pub enum TraceExportError {
-    #[error("OTLP span exporter for {endpoint}")]
-    Build {
-        endpoint: String,
-        #[source]
-        source: opentelemetry_otlp::ExporterBuildError,
-    },
-    #[error(transparent)]
-    Header(#[from] HeaderError),
-    #[error("OTLP span exporter for {endpoint}")]
-    Tls {
-        endpoint: String,
-        #[source]
-        source: super::tls::TlsError,
-    },
-    #[error("OTLP gRPC export needs a tokio runtime")]
-    NoRuntime,
-    #[error("starting the span export thread")]
-    Thread(#[source] std::io::Error),
-}
-
 /// The running span exporter.
 #[derive(Debug)]
 pub(crate) struct SpanExport {
     processor: BatchSpanProcessor,
-    closing: Arc<AtomicBool>,
-    /// Spans handed to the processor and not yet exported or dropped.
-    held: Arc<AtomicUsize>,
     capacity: usize,
+    shared: Arc<Shared>,
+}
+
+/// What the exporter's side and the processor's thread share.
+#[derive(Debug)]
+struct Shared {
+    /// Spans handed to the processor and not yet exported or dropped.
+    held: AtomicUsize,
+    /// Set by shutdown: what is left is sent once, without pausing.
+    closing: AtomicBool,
+    failing: AtomicBool,
     stats: Arc<Stats>,
 }
 
@@ -84,12 +70,8 @@ struct Counted {
     otlp: opentelemetry_otlp::SpanExporter,
     /// gRPC: tonic's connections live on the agent's runtime.
     runtime: Option<tokio::runtime::Handle>,
-    held: Arc<AtomicUsize>,
-    stats: Arc<Stats>,
     endpoint: String,
-    failing: AtomicBool,
-    /// Set by [`SpanExport::shutdown`]: what is left is sent once, without pausing.
-    closing: Arc<AtomicBool>,
+    shared: Arc<Shared>,
 }
 
 impl SpanExporter for Counted {
@@ -99,27 +81,27 @@ impl SpanExporter for Counted {
             Some(runtime) => runtime.block_on(self.otlp.export(batch)),
             None => self.otlp.export(batch).await,
         };
-        self.stats.request("traces", result.is_ok());
-        let endpoint = &self.endpoint;
+        let (shared, endpoint) = (&self.shared, &self.endpoint);
+        shared.stats.request("traces", result.is_ok());
         match &result {
             Ok(()) => {
-                self.stats.exported("otlp", n as u64);
-                if self.failing.swap(false, Ordering::Relaxed) {
+                shared.stats.spans.exported("otlp").inc_by(n as u64);
+                if shared.failing.swap(false, Ordering::Relaxed) {
                     tracing::info!(endpoint, "OTLP span export recovered");
                 }
             }
             Err(e) => {
-                self.stats.dropped("export_failed", n as u64);
-                if !self.failing.swap(true, Ordering::Relaxed) {
+                shared.stats.spans.dropped("export_failed").inc_by(n as u64);
+                if !shared.failing.swap(true, Ordering::Relaxed) {
                     tracing::warn!(endpoint, error = %e, "OTLP span export failed; batches that fail their retries are dropped and counted, and so are spans beyond the queue");
                 } else {
                     tracing::debug!(endpoint, error = %e, "OTLP span export failed again");
                 }
             }
         }
-        let held = self.held.fetch_sub(n, Ordering::AcqRel) - n;
-        self.stats.queued.set(held as i64);
-        if result.is_err() && !self.closing.load(Ordering::Relaxed) {
+        let held = shared.held.fetch_sub(n, Ordering::AcqRel) - n;
+        shared.stats.queued.set(held as i64);
+        if result.is_err() && !shared.closing.load(Ordering::Relaxed) {
             // The processor's thread: no request until then, while spans beyond the queue
             // are counted as dropped.
             std::thread::sleep(OUTAGE_PAUSE);
@@ -140,7 +122,7 @@ impl SpanExporter for Counted {
 fn build_exporter(
     settings: &SignalSettings,
     resource: &Resource,
-) -> Result<opentelemetry_otlp::SpanExporter, TraceExportError> {
+) -> Result<opentelemetry_otlp::SpanExporter, ExportError> {
     let retry = RetryPolicy::default()
         .with_max_retries(RETRIES)
         .with_initial_delay(INITIAL_BACKOFF)
@@ -164,11 +146,10 @@ fn build_exporter(
             }
         }
         Protocol::HttpProtobuf | Protocol::HttpJson => {
-            let client =
-                super::tls::http_client(settings).map_err(|source| TraceExportError::Tls {
-                    endpoint: settings.endpoint.clone(),
-                    source,
-                })?;
+            let client = super::tls::http_client(settings).map_err(|source| ExportError::Tls {
+                endpoint: settings.endpoint.clone(),
+                source,
+            })?;
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(super::tls::BlockingHttpClient(client))
@@ -188,7 +169,7 @@ fn build_exporter(
                 .build()
         }
     };
-    let mut exporter = built.map_err(|source| TraceExportError::Build {
+    let mut exporter = built.map_err(|source| ExportError::Build {
         endpoint: settings.endpoint.clone(),
         source,
     })?;
@@ -197,8 +178,7 @@ fn build_exporter(
 }
 
 impl SpanExport {
-    /// Builds the exporter and starts the export thread. For gRPC, `runtime` must be the
-    /// agent's tokio runtime.
+    /// Builds the exporter and starts the export thread; gRPC runs on `runtime` (the agent's).
     pub(crate) fn start(
         settings: SignalSettings,
         resource: Resource,
@@ -206,41 +186,26 @@ impl SpanExport {
         max_batch: usize,
         schedule_delay: Duration,
         stats: Arc<Stats>,
-        runtime: Option<tokio::runtime::Handle>,
-    ) -> Result<Self, TraceExportError> {
-        let runtime = match settings.protocol {
-            Protocol::Grpc => Some(runtime.ok_or(TraceExportError::NoRuntime)?),
-            Protocol::HttpProtobuf | Protocol::HttpJson => None,
-        };
-        // Built on a thread of its own: the blocking HTTP client must not be built inside the
-        // runtime (start is called on it), tonic's channel must be (entered for gRPC).
-        let otlp = std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("otlp-spans-init".into())
-                .spawn_scoped(scope, || {
-                    let _guard = runtime.as_ref().map(|h| h.enter());
-                    build_exporter(&settings, &resource)
-                })
-                .map_err(TraceExportError::Thread)?
-                .join()
-                .map_err(|_| {
-                    TraceExportError::Thread(std::io::Error::other(
-                        "building the span exporter panicked",
-                    ))
-                })?
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, ExportError> {
+        let runtime = (settings.protocol == Protocol::Grpc).then_some(runtime);
+        let otlp = built_off_runtime(|| {
+            let _guard = runtime.as_ref().map(|h| h.enter());
+            build_exporter(&settings, &resource)
         })?;
-        let capacity = capacity.max(1);
-        let held = Arc::new(AtomicUsize::new(0));
-        let closing = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared {
+            held: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
+            stats,
+        });
         let exporter = Counted {
             otlp,
             runtime,
-            held: held.clone(),
-            stats: stats.clone(),
             endpoint: settings.endpoint.clone(),
-            failing: AtomicBool::new(false),
-            closing: closing.clone(),
+            shared: shared.clone(),
         };
+        let capacity = capacity.max(1);
         let config = BatchConfigBuilder::default()
             .with_max_queue_size(capacity)
             .with_max_export_batch_size(max_batch.max(1))
@@ -250,38 +215,11 @@ impl SpanExport {
             .with_batch_config(config)
             .build();
         tracing::info!(endpoint = %settings.endpoint, protocol = settings.protocol.as_str(), tls = settings.tls.is_some(), "exporting slow-call spans over OTLP");
-        stats.enable_otlp_traces();
         Ok(Self {
             processor,
-            closing,
-            held,
             capacity,
-            stats,
+            shared,
         })
-    }
-
-    /// Queues a span; when the queue is full it is dropped and counted.
-    pub(crate) fn push(&self, span: SpanData) -> bool {
-        let admitted = self
-            .held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.capacity).then_some(n + 1)
-            });
-        let Ok(before) = admitted else {
-            self.stats.dropped("export_queue_full", 1);
-            return false;
-        };
-        self.stats.queued.set(before as i64 + 1);
-        self.processor.on_end(span);
-        true
-    }
-
-    /// Sends what is queued (for at most `grace`) and stops the thread.
-    pub(crate) fn shutdown(&self, grace: Duration) {
-        self.closing.store(true, Ordering::Relaxed);
-        if self.processor.shutdown_with_timeout(grace).is_err() {
-            tracing::warn!("span export still busy after {grace:?}; leaving it behind");
-        }
     }
 }
 
@@ -295,15 +233,35 @@ static SCOPE: std::sync::LazyLock<opentelemetry::InstrumentationScope> =
 
 /// The OTLP endpoint as a destination of the slow-call source.
 impl crate::spans::SpanSink for SpanExport {
+    /// Queues the call's span; when the queue is full it is dropped and counted.
     fn deliver(
         &self,
         call: &Arc<crate::spans::event::SlowCall>,
         _series_labels: &[(&'static str, String)],
     ) {
-        self.push(call.to_span_data(&SCOPE));
+        let stats = &self.shared.stats;
+        let admitted = self
+            .shared
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
+        match admitted {
+            Ok(before) => {
+                stats.queued.set(before as i64 + 1);
+                self.processor.on_end(call.to_span_data(&SCOPE));
+            }
+            Err(_) => {
+                stats.spans.dropped("export_queue_full").inc();
+            }
+        }
     }
 
+    /// Sends what is queued (for at most `grace`) and stops the thread.
     fn shutdown(&self, grace: Duration) {
-        SpanExport::shutdown(self, grace);
+        self.shared.closing.store(true, Ordering::Relaxed);
+        if self.processor.shutdown_with_timeout(grace).is_err() {
+            tracing::warn!("span export still busy after {grace:?}; leaving it behind");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! `basic_auth_users`: credentials checked against bcrypt hashes. A verified credential is
 //! remembered (a SHA-256 of user, password and hash) so that a scrape does not pay bcrypt each
-//! time; an unknown user is checked against a dummy hash so that it costs what a wrong
-//! password costs. Who may run bcrypt, and when, is the HTTP endpoint's auth gate.
+//! time; an unknown user is checked against the costliest user's hash (and refused) so that
+//! it costs what a wrong password costs. Who may run bcrypt, and when, is the HTTP endpoint's auth gate.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -13,8 +13,9 @@ use base64::Engine;
 /// Password hashes of `basic_auth_users`, checked with bcrypt.
 pub struct BasicAuth {
     users: BTreeMap<String, String>,
-    /// Checked for unknown users, so a wrong user costs what a wrong password costs.
-    dummy_hash: String,
+    /// Checked for unknown users (who are refused whatever it says), so a wrong user costs
+    /// what a wrong password costs.
+    costliest: String,
     /// SHA-256 of (user, password, hash) of recent successful checks, and the user: bcrypt
     /// costs tens of milliseconds by design, too much to pay on every scrape.
     pub(super) cache: Mutex<HashMap<[u8; 32], String>>,
@@ -27,11 +28,6 @@ impl std::fmt::Debug for BasicAuth {
             .finish_non_exhaustive()
     }
 }
-
-/// The highest bcrypt cost accepted. Each step doubles the work: 16 already takes seconds per
-/// check on a server core, and 31 (the format's maximum) days, which would hang start-up
-/// (the dummy hash for unknown users is computed at load) and every first login.
-pub(crate) const MAX_BCRYPT_COST: u32 = 16;
 
 /// Successful checks remembered at most (the cache is cleared when full).
 const AUTH_CACHE_MAX: usize = 1024;
@@ -49,22 +45,11 @@ pub(crate) enum AuthPrecheck {
 
 impl BasicAuth {
     pub(super) fn new(users: BTreeMap<String, String>) -> Self {
-        let cost = users
-            .values()
-            .filter_map(|h| h.parse::<bcrypt::HashParts>().ok())
-            .map(|p| p.get_cost())
-            .max()
-            .unwrap_or(bcrypt::DEFAULT_COST);
-        // Costs are capped at load, but a high one still takes seconds: say why start-up waits.
-        tracing::info!(
-            cost,
-            "preparing basic auth: hashing a dummy password at the users' highest bcrypt cost"
-        );
-        let dummy_hash = bcrypt::hash("sysscope-no-such-user", cost)
-            .unwrap_or_else(|_| users.values().next().cloned().unwrap_or_default());
+        let cost = |h: &&String| h.parse::<bcrypt::HashParts>().map_or(0, |p| p.get_cost());
+        let costliest = users.values().max_by_key(cost).cloned().unwrap_or_default();
         Self {
             users,
-            dummy_hash,
+            costliest,
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -97,7 +82,7 @@ impl BasicAuth {
     pub(crate) fn verify(&self, user: &str, password: &[u8]) -> bool {
         let (hash, known) = match self.users.get(user) {
             Some(h) => (h.as_str(), true),
-            None => (self.dummy_hash.as_str(), false),
+            None => (self.costliest.as_str(), false),
         };
         let ok = bcrypt::verify(password, hash).unwrap_or(false) && known;
         if ok {
@@ -133,15 +118,6 @@ impl BasicAuth {
             }
         }
     }
-
-    /// Both steps at once (blocking).
-    pub fn check(&self, header: Option<&[u8]>) -> bool {
-        match self.precheck(header) {
-            AuthPrecheck::Allowed => true,
-            AuthPrecheck::Denied => false,
-            AuthPrecheck::Verify { user, password } => self.verify(&user, &password),
-        }
-    }
 }
 
 /// `Basic <base64(user:password)>` -> (user, password).
@@ -168,6 +144,17 @@ mod tests {
         tests::{basic_header, err},
         WebConfig,
     };
+
+    impl BasicAuth {
+        /// Both steps at once (blocking).
+        pub(crate) fn check(&self, header: Option<&[u8]>) -> bool {
+            match self.precheck(header) {
+                AuthPrecheck::Allowed => true,
+                AuthPrecheck::Denied => false,
+                AuthPrecheck::Verify { user, password } => self.verify(&user, &password),
+            }
+        }
+    }
 
     #[test]
     fn basic_auth_hashes_are_validated_and_checked() {

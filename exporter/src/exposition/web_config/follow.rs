@@ -1,6 +1,8 @@
-//! Following the web config file while the endpoint serves: the file and the files it names
-//! (certificate, key, client CA) are compared with what was last read once a second, and a
-//! change is applied once two checks in a row read it alike ([`WebConfigFile`]).
+//! The web config file as the endpoint enforces it: the file and the files it names
+//! (certificate, key, client CA) read as one [`Snapshot`] and built into a [`WebConfig`] (the
+//! settings `config::web` validates, with TLS and basic auth made ready), then followed while
+//! the endpoint serves: compared with what was last read once a second, a change applied once
+//! two checks in a row read it alike ([`WebConfigFile`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -8,50 +10,144 @@ use std::{
     time::Duration,
 };
 
-use rustls::ServerConfig;
+use hyper::header::{HeaderName, HeaderValue};
+use rustls::{sign::CertifiedKey, ServerConfig};
 
-use super::{
-    schema::{WebConfig, WebConfigError},
-    tls::{alpn, Compared, Reload},
-};
+use super::{basic_auth::BasicAuth, tls};
+use crate::config::web::{named_files, Pem, WebConfigError, WebSettings};
 
 /// How often the web config file and the files it names are compared with what was last read.
 const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
-/// The files web config text names (`tls_server_config`'s `cert_file`, `key_file` and
-/// `client_ca_file`), resolved against `base_dir`; whatever can be found of them in text that
-/// is not valid. A change to one of them is a change of the config, and a config refused
-/// because one was missing or unreadable is tried again when it changes.
-fn named_files(bytes: &[u8], base_dir: &Path) -> Vec<PathBuf> {
-    let Ok(value) = serde_yaml_ng::from_slice::<serde_yaml_ng::Value>(bytes) else {
-        return Vec::new();
-    };
-    let Some(tls) = value.get("tls_server_config") else {
-        return Vec::new();
-    };
-    ["cert_file", "key_file", "client_ca_file"]
-        .iter()
-        .filter_map(|key| tls.get(*key)?.as_str())
-        .filter(|name| !name.trim().is_empty())
-        .map(|name| base_dir.join(name))
-        .collect()
+/// The files a config is made from and their bytes (or why they could not be read): the web
+/// config file first when it is followed, then the files its bytes name, read after it. A
+/// config is built from the bytes its snapshot holds, never from a file read again meanwhile:
+/// a named file that changes after it was read differs at the next check and is read again.
+#[derive(Clone, PartialEq, Eq)]
+struct Snapshot(Vec<(PathBuf, Result<Vec<u8>, String>)>);
+
+impl Snapshot {
+    fn read(path: &Path) -> Result<Vec<u8>, String> {
+        std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// The files web config text names, resolved against `base_dir`, as they are now.
+    fn named(text: &[u8], base_dir: &Path) -> Self {
+        let files = named_files(text, base_dir).into_iter();
+        Self(files.map(|p| (p.clone(), Self::read(&p))).collect())
+    }
+
+    /// The web config file at `path` as `bytes`, and the files those bytes name.
+    fn of(path: &Path, bytes: Result<Vec<u8>, String>) -> Self {
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        let named = bytes
+            .as_deref()
+            .map_or(Self(Vec::new()), |b| Self::named(b, base_dir));
+        Self([vec![(path.to_path_buf(), bytes)], named.0].concat())
+    }
+
+    /// The settings of the web config file this snapshot starts with (read from `path`).
+    fn settings(&self, path: &Path) -> Result<WebSettings, WebConfigError> {
+        let text = self.0.first().and_then(|(_, b)| b.as_deref().ok());
+        let text = String::from_utf8_lossy(text.unwrap_or_default());
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        WebSettings::parse(&text, &path.display().to_string(), base_dir)
+    }
+
+    /// The PEM data of `pem` as read.
+    fn pem(&self, pem: &Pem) -> Result<Vec<u8>, String> {
+        let path = match pem {
+            Pem::Inline(text) => return Ok(text.as_bytes().to_vec()),
+            Pem::File(path) => path,
+        };
+        match self.0.iter().find(|(p, _)| p == path) {
+            Some((_, bytes)) => bytes.clone(),
+            None => Err(format!("{}: not read", path.display())),
+        }
+    }
+}
+
+/// The validated file: what the endpoint enforces.
+pub struct WebConfig {
+    /// TLS server configuration; `None` serves plain HTTP.
+    pub tls: Option<Arc<ServerConfig>>,
+    pub basic_auth: Option<Arc<BasicAuth>>,
+    /// Headers added to every response.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Whether HTTP/2 is offered (default true).
+    pub http2: bool,
+    /// The certificate and key TLS serves (with `tls`).
+    pub(super) served_cert: Option<Arc<CertifiedKey>>,
+}
+
+impl std::fmt::Debug for WebConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebConfig")
+            .field("tls", &self.tls.is_some())
+            .field("basic_auth", &self.basic_auth.is_some())
+            .field("headers", &self.headers)
+            .field("http2", &self.http2)
+            .finish()
+    }
+}
+
+impl WebConfig {
+    /// Parses and validates web config text, with the files it names as they are now;
+    /// `origin` names it in errors and relative paths are resolved against `base_dir`.
+    pub fn parse(text: &str, origin: &str, base_dir: &Path) -> Result<Self, WebConfigError> {
+        let settings = WebSettings::parse(text, origin, base_dir)?;
+        let files = Snapshot::named(text.as_bytes(), base_dir);
+        Self::build(settings, origin, &files, None)
+    }
+
+    /// The config of `settings` with the files as `files` read them. A certificate and key
+    /// files that do not load as a pair leave `serving`, the pair in use, served (`tls`).
+    fn build(
+        settings: WebSettings,
+        origin: &str,
+        files: &Snapshot,
+        serving: Option<&Arc<CertifiedKey>>,
+    ) -> Result<Self, WebConfigError> {
+        let (tls, served_cert) = match &settings.tls {
+            None => (None, None),
+            Some(tls) => {
+                let read = |pem: &Pem| files.pem(pem);
+                let (tls, served) = tls::server_config(tls, &read, settings.http2, serving)
+                    .map_err(|(key, problem)| WebConfigError::Invalid {
+                        path: origin.to_string(),
+                        key: format!("tls_server_config.{key}"),
+                        problem,
+                    })?;
+                (Some(tls), Some(served))
+            }
+        };
+        let users = settings.users;
+        Ok(Self {
+            tls,
+            basic_auth: (!users.is_empty()).then(|| Arc::new(BasicAuth::new(users))),
+            headers: settings.headers,
+            http2: settings.http2,
+            served_cert,
+        })
+    }
 }
 
 /// The web config file as the endpoint enforces it: read at start, then followed by
-/// [`WebConfigFile::follow`], which compares the file and the files it names (certificate,
-/// key, client CA) with what was last read, once a second ([`RELOAD_CHECK`]), off the request
-/// path. A change is applied once the files read the same at two checks in a row, and what is
-/// parsed is the bytes compared, so a file caught half written (a writer that truncates, then
-/// writes) is not applied unless it stays so; an empty file, which is what such a writer
-/// leaves while it stalls, is refused.
+/// [`WebConfigFile::follow`], which compares the file and the files it names with what was
+/// last read once a second ([`RELOAD_CHECK`]), off the request path, as exporter-toolkit
+/// re-reads its file on every request. A change is applied once the files read the same at
+/// two checks in a row, and what is parsed is the bytes compared, so a file caught half
+/// written (a writer that truncates, then writes) is not applied unless it stays so; an empty
+/// file, which is what such a writer leaves while it stalls, is refused.
 ///
 /// A change that makes the file invalid fails closed: [`WebConfigFile::current`] is an error
 /// (every request is refused) until the file is valid again, because the change may be the
-/// revocation of a leaked password, which keeping the previous users would undo. What the
-/// listener was started with stays: turning TLS on or off needs a restart (a file that does is
-/// refused the same way: serving plain HTTP when the file asks for TLS would send credentials
-/// in clear), and a change of `http2` is logged and applied at the next start. Connections
-/// already open keep the TLS session they negotiated.
+/// revocation of a leaked password, which keeping the previous users would undo; only a
+/// certificate and key that do not load as a pair (a key written before its certificate)
+/// leave the previous pair in use until they do. What the listener was started with stays:
+/// turning TLS on or off needs a restart (serving plain HTTP when the file asks for TLS would
+/// send credentials in clear), and a change of `http2` is logged and applied at the next
+/// start. Connections already open keep the TLS session they negotiated.
 pub struct WebConfigFile {
     path: PathBuf,
     started_tls: bool,
@@ -64,44 +160,6 @@ impl std::fmt::Debug for WebConfigFile {
         f.debug_struct("WebConfigFile")
             .field("path", &self.path)
             .finish_non_exhaustive()
-    }
-}
-
-/// The files a config is made from (the web config file first, then the files its bytes
-/// name) and their bytes (`None`: unreadable).
-#[derive(Clone, PartialEq, Eq)]
-struct Snapshot(Vec<(PathBuf, Option<Vec<u8>>)>);
-
-impl Compared for Snapshot {
-    /// The bytes of `path` as this snapshot read them; `None` if it did not (or could not).
-    fn compared(&self, path: &Path) -> Option<&[u8]> {
-        self.0.iter().find(|(p, _)| p == path)?.1.as_deref()
-    }
-}
-
-impl Snapshot {
-    /// The web config file at `path` as `bytes`, and the files those bytes name as they are
-    /// now. Taken before the bytes are parsed: a named file that changes meanwhile differs at
-    /// the next check and is read again, never taken for read when it was not.
-    fn of(path: &Path, bytes: Option<Vec<u8>>) -> Self {
-        let base_dir = path.parent().unwrap_or(Path::new("."));
-        let named = bytes.as_deref().map(|b| named_files(b, base_dir));
-        let mut files = vec![(path.to_path_buf(), bytes)];
-        for named in named.unwrap_or_default() {
-            let bytes = std::fs::read(&named).ok();
-            files.push((named, bytes));
-        }
-        Self(files)
-    }
-
-    /// The web config file's bytes.
-    fn config(&self) -> Option<&[u8]> {
-        self.0.first()?.1.as_deref()
-    }
-
-    /// A snapshot no read of the files equals: the next two checks apply them again.
-    fn forget(&mut self) {
-        self.0.clear();
     }
 }
 
@@ -126,8 +184,10 @@ impl WebConfigFile {
             path: path.display().to_string(),
             source,
         })?;
-        let applied = Snapshot::of(path, Some(bytes.clone()));
-        let config = Arc::new(Self::parse(path, &bytes, None)?);
+        let applied = Snapshot::of(path, Ok(bytes));
+        let origin = path.display().to_string();
+        let config = WebConfig::build(applied.settings(path)?, &origin, &applied, None)?;
+        let config = Arc::new(config);
         Ok(Self {
             path: path.to_path_buf(),
             started_tls: config.tls.is_some(),
@@ -153,13 +213,9 @@ impl WebConfigFile {
     }
 
     /// The TLS configuration of a new connection (`None`: plain HTTP): the current file's, or
-    /// the last valid one's while the file is invalid.
+    /// the last valid one's while the file is invalid (the current one, when it is valid).
     pub fn tls(&self) -> Option<Arc<ServerConfig>> {
-        let state = self.lock();
-        match &state.current {
-            Ok(config) => config.tls.clone(),
-            Err(_) => state.last_valid.tls.clone(),
-        }
+        self.lock().last_valid.tls.clone()
     }
 
     /// Checks the files every [`RELOAD_CHECK`] on a thread of its own until `self` is dropped
@@ -191,50 +247,43 @@ impl WebConfigFile {
     fn check_failed(&self) {
         let mut state = self.lock();
         state.current = Err("the web config file could not be checked".into());
-        state.applied.forget();
+        // A snapshot no read of the files equals: the next two checks apply them again.
+        state.applied.0.clear();
     }
 
     /// One check: reads the files, and applies a change that two checks in a row read alike.
     pub(crate) fn check(&self) {
-        let (applied, pending) = {
-            let state = self.lock();
-            (state.applied.clone(), state.pending.clone())
-        };
         // The file as it is now, and the files it names now (a new certificate or CA is
-        // followed from the change that names it, whether that change is applied or refused).
-        let seen = Snapshot::of(&self.path, std::fs::read(&self.path).ok());
-        if seen == applied {
-            self.lock().pending = None;
-            return;
-        }
-        if pending.as_ref() != Some(&seen) {
-            // First sight of this change: it may be a file still being written.
-            self.lock().pending = Some(seen);
-            return;
+        // followed from the change that names it, whether that change is applied or refused),
+        // read before the lock requests take.
+        let seen = Snapshot::of(&self.path, Snapshot::read(&self.path));
+        {
+            let mut state = self.lock();
+            if seen == state.applied {
+                state.pending = None;
+                return;
+            }
+            if state.pending.as_ref() != Some(&seen) {
+                // First sight of this change: it may be a file still being written.
+                state.pending = Some(seen);
+                return;
+            }
         }
         // The exact bytes compared are parsed, so what is in force is what was compared.
         let applied = seen;
-        let loaded = match applied.config() {
-            None => Err(format!(
+        let loaded = match &applied.0[0].1 {
+            Err(_) => Err(format!(
                 "cannot read web config file {}",
                 self.path.display()
             )),
             // Empty is valid at start (no TLS, no users), but while running it is what a
             // writer that truncates the file and stalls leaves behind: refused, not applied.
-            Some(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Err(format!(
+            Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Err(format!(
                 "web config file {} is empty: refused while running (to serve without TLS and \
                  users, restart sysscope with it empty)",
                 self.path.display()
             )),
-            Some(bytes) => {
-                let reload = Reload {
-                    files: &applied,
-                    serving: self.lock().last_valid.served_cert.clone(),
-                };
-                Self::parse(&self.path, bytes, Some(&reload))
-                    .map_err(|e| e.to_string())
-                    .and_then(|config| self.applicable(config))
-            }
+            Ok(_) => self.applicable(&applied),
         };
         match &loaded {
             Ok(_) => tracing::info!(path = %self.path.display(), "web config file reloaded"),
@@ -263,19 +312,6 @@ impl WebConfigFile {
         }
     }
 
-    fn parse(
-        path: &Path,
-        bytes: &[u8],
-        reload: Option<&Reload<'_>>,
-    ) -> Result<WebConfig, WebConfigError> {
-        WebConfig::parse_change(
-            &String::from_utf8_lossy(bytes),
-            &path.display().to_string(),
-            path.parent().unwrap_or(Path::new(".")),
-            reload,
-        )
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
         // Every update of the state is a few assignments made together: a panic elsewhere
         // cannot leave it half written.
@@ -284,10 +320,11 @@ impl WebConfigFile {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// `config` if the running listener can enforce it.
-    fn applicable(&self, mut config: WebConfig) -> Result<WebConfig, String> {
+    /// The config `files` make, if the running listener can enforce it.
+    fn applicable(&self, files: &Snapshot) -> Result<WebConfig, String> {
         let path = self.path.display();
-        match (self.started_tls, config.tls.is_some()) {
+        let mut settings = files.settings(&self.path).map_err(|e| e.to_string())?;
+        match (self.started_tls, settings.tls.is_some()) {
             (false, true) => {
                 return Err(format!(
                     "web config file {path}: tls_server_config now configures TLS, but the \
@@ -304,26 +341,28 @@ impl WebConfigFile {
         }
         // Users gone from a file that had them is also what a writer stalled after
         // `basic_auth_users:` leaves: serving everyone without credentials waits for a restart.
-        if config.basic_auth.is_none() && self.lock().last_valid.basic_auth.is_some() {
-            return Err(format!(
-                "web config file {path}: basic_auth_users no longer lists any user, but the \
-                 endpoint requires credentials: restart sysscope to serve without them"
-            ));
-        }
-        if config.http2 != self.started_http2 {
+        let serving = {
+            let state = self.lock();
+            if settings.users.is_empty() && state.last_valid.basic_auth.is_some() {
+                return Err(format!(
+                    "web config file {path}: basic_auth_users no longer lists any user, but \
+                     the endpoint requires credentials: restart sysscope to serve without them"
+                ));
+            }
+            state.last_valid.served_cert.clone()
+        };
+        if settings.http2 != self.started_http2 {
             tracing::warn!(
                 path = %path,
-                http2 = config.http2,
+                http2 = settings.http2,
                 "http_server_config.http2 changed: it takes effect at the next start"
             );
             // The listener serves what it was started with, so new handshakes must offer
             // exactly that: a client that negotiated `h2` with an HTTP/1-only server fails.
-            config.http2 = self.started_http2;
-            if let Some(tls) = config.tls.as_mut().and_then(Arc::get_mut) {
-                tls.alpn_protocols = alpn(self.started_http2);
-            }
+            settings.http2 = self.started_http2;
         }
-        Ok(config)
+        WebConfig::build(settings, &path.to_string(), files, serving.as_ref())
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -331,8 +370,9 @@ impl WebConfigFile {
 mod tests {
     use super::*;
     use crate::exposition::web_config::{
+        basic_auth::AuthPrecheck,
         tests::{basic_header, ops_with, serves, settle, write_cert},
-        AuthPrecheck,
+        tls::alpn,
     };
 
     #[test]
@@ -523,15 +563,12 @@ mod tests {
         let web = dir.path().join("web.yml");
         std::fs::write(&web, text).unwrap();
         // The follower compared a.crt and a.key holding b's pair; on disk they hold a's now.
-        let mut compared = Snapshot::of(&web, Some(text.as_bytes().to_vec()));
+        let mut compared = Snapshot::of(&web, Ok(text.as_bytes().to_vec()));
         for (i, name) in ["b.crt", "b.key"].iter().enumerate() {
-            compared.0[i + 1].1 = Some(std::fs::read(dir.path().join(name)).unwrap());
+            compared.0[i + 1].1 = Ok(std::fs::read(dir.path().join(name)).unwrap());
         }
-        let reload = Reload {
-            files: &compared,
-            serving: None,
-        };
-        let config = WebConfig::parse_change(text, "web.yml", dir.path(), Some(&reload)).unwrap();
+        let settings = WebSettings::parse(text, "web.yml", dir.path()).unwrap();
+        let config = WebConfig::build(settings, "web.yml", &compared, None).unwrap();
         assert!(
             serves(&config, dir.path(), "b"),
             "the files were read again"

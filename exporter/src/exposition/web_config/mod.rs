@@ -1,39 +1,20 @@
-//! `--web.config.file`: TLS and HTTP basic auth for the HTTP endpoint, in the Prometheus
-//! exporter-toolkit format (the YAML file node_exporter and the other exporters read), so one
-//! file can secure every exporter on a node.
+//! `--web.config.file` enforced: TLS (rustls with the ring provider) and HTTP basic auth for
+//! the HTTP endpoint. The file's format (exporter-toolkit's) and its validation are
+//! [`crate::config::web`]'s; here it is made ready and followed, so a rotated certificate,
+//! users, passwords, headers and TLS settings need no restart ([`WebConfigFile`]).
 //!
-//! Supported keys: `tls_server_config` (`cert_file`/`key_file` or inline `cert`/`key`,
-//! `client_auth_type`, `client_ca_file` or inline `client_ca`, `min_version`, `max_version`,
-//! `prefer_server_cipher_suites` (ignored, as Go does)), `basic_auth_users` (bcrypt hashes) and
-//! `http_server_config` (`http2`, `headers`). Refused with an error naming the key:
-//! `cipher_suites`, `curve_preferences`, `client_allowed_sans` (rustls picks its own safe
-//! suites and groups), TLS 1.0/1.1, and the client-auth types that would accept a client
-//! certificate without verifying it. Relative paths are relative to the file's directory.
-//!
-//! TLS is rustls with the ring provider.
-//!
-//! The file itself and the files it names (certificate, key, client CA) are followed as they
-//! change (compared once a second in the background; applied once two checks in a row read the
-//! change alike: [`WebConfigFile`]), so a rotated certificate, users, passwords, headers and TLS
-//! settings need no restart, as exporter-toolkit re-reads its file on every request. A change
-//! that makes the file invalid fails closed, except a certificate and key that do not load as a
-//! pair (a key written before its certificate): the previous pair stays in use, logged, until
-//! the new one loads.
-//!
-//! By role: [`schema`] reads the file (its keys, headers and users), [`tls`] builds the TLS
-//! server configuration of `tls_server_config`, [`basic_auth`] checks credentials, and
-//! [`follow`] follows the file and the files it names while the endpoint serves.
+//! By role: [`tls`] builds the TLS server configuration, [`basic_auth`] checks credentials, and
+//! [`follow`] reads the file and the files it names as one snapshot, builds the [`WebConfig`]
+//! the endpoint enforces, and follows them while the endpoint serves.
 
 mod basic_auth;
 mod follow;
-mod schema;
 mod tls;
 
 pub(crate) use self::basic_auth::AuthPrecheck;
 pub use self::{
     basic_auth::{parse_basic, BasicAuth},
-    follow::WebConfigFile,
-    schema::{WebConfig, WebConfigError},
+    follow::{WebConfig, WebConfigFile},
 };
 
 #[cfg(test)]
@@ -116,5 +97,46 @@ mod tests {
         let c = WebConfig::parse(yaml, "docs/operations.md", dir.path()).unwrap();
         assert!(c.tls.is_some() && c.basic_auth.is_some() && c.http2);
         assert_eq!(c.headers.len(), 2);
+    }
+
+    #[test]
+    fn empty_and_null_files_change_nothing() {
+        for text in ["", "\n", "---\n", "# only a comment\n", "{}"] {
+            let c = WebConfig::parse(text, "x", Path::new(".")).unwrap();
+            assert!(c.tls.is_none() && c.basic_auth.is_none() && c.headers.is_empty());
+            assert!(c.http2);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = err("tls_server_config:\n  cert_fil: a.pem\n");
+        assert!(e.contains("cert_fil"), "{e}");
+        let e = err("basic_auth:\n  a: b\n");
+        assert!(e.contains("basic_auth"), "{e}");
+    }
+
+    #[test]
+    fn wrong_types_are_explained() {
+        let e = err("basic_auth_users: [a, b]\n");
+        assert!(e.contains("basic_auth_users"), "{e}");
+        let e = err("http_server_config:\n  http2: maybe\n");
+        assert!(e.contains("http2"), "{e}");
+    }
+
+    #[test]
+    fn headers_are_checked() {
+        let c = WebConfig::parse(
+            "http_server_config:\n  http2: false\n  headers:\n    X-Frame-Options: deny\n    Strict-Transport-Security: max-age=31536000\n",
+            "x",
+            Path::new("."),
+        )
+        .unwrap();
+        assert!(!c.http2);
+        assert_eq!(c.headers.len(), 2);
+        let e = err("http_server_config:\n  headers:\n    X-Powered-By: me\n");
+        assert!(e.contains("http_server_config.headers.X-Powered-By"), "{e}");
+        let e = err("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n");
+        assert!(e.contains("nosniff"), "{e}");
     }
 }
