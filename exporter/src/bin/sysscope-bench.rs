@@ -72,6 +72,8 @@ fn default_tracepoint(program: &str) -> Option<&'static str> {
         Some("sched_process_exit")
     } else if program.ends_with("sched_switch") {
         Some("sched_switch")
+    } else if program.ends_with("sched_wakeup") {
+        Some("sched_wakeup")
     } else if program.ends_with("cgroup_attach_task") {
         Some("cgroup_attach_task")
     } else {
