@@ -24,17 +24,20 @@
 
 use std::{collections::HashMap, os::fd::AsFd};
 
-use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, Stack};
+use aya::maps::{
+    Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, RingBuf, Stack,
+};
 use sysscope_abi::{
-    maps, programs, ErrnoKey, ProcessExit, SlotStats, StateStats, SyscallKey, SyscallStats,
-    FOLDED_TGID,
+    maps, programs, ErrnoKey, OffCpuEvent, ProcessExit, SlotStats, StateStats, SyscallKey,
+    SyscallStats, FOLDED_TGID,
 };
 
 use crate::{
     config::Config,
     kernel::bpf_batch::{self, BatchError},
     kernel::cumulative::{deleted, HashReader, Snapshot},
-    kernel::{ProbeError, Probes},
+    kernel::ring,
+    kernel::{read_err, ProbeError, Probes},
     util::error::Chain,
 };
 
@@ -117,6 +120,26 @@ impl SyscallMaps {
             errors,
             exits,
         })
+    }
+}
+
+/// `OFFCPU_EVENTS`: every stretch a counted call spent off its CPU, as the scheduler programs
+/// stamped it (only when the probes were loaded with
+/// [`LoadOptions::state_trace_ring_buffer_bytes`](crate::kernel::LoadOptions), i.e. by
+/// `sysscope trace`, whose syscall programs count only its target).
+pub(crate) struct OffCpuEvents(RingBuf<MapData>);
+
+impl OffCpuEvents {
+    /// Takes the ring buffer (the programs are attached with [`SyscallMaps::attach`]).
+    pub(crate) fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
+        RingBuf::try_from(probes.take_map(maps::OFFCPU_EVENTS)?)
+            .map(Self)
+            .map_err(read_err(maps::OFFCPU_EVENTS))
+    }
+
+    /// Hands every record waiting to `each`; returns how many.
+    pub(crate) fn drain(&mut self, each: impl FnMut(&OffCpuEvent)) -> u64 {
+        ring::drain(&mut self.0, each)
     }
 }
 

@@ -425,3 +425,177 @@ fn slow_call_spans_carry_the_split() {
         );
     }
 }
+
+/// Runs the `sysscope` binary with `args`; returns (exit code, stdout, stderr).
+fn sysscope(args: &[&str]) -> (i32, String, String) {
+    let _node = share_node();
+    let out = Command::new(sysscope_bin())
+        .env_remove("LD_LIBRARY_PATH")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sysscope");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `summary` splits each syscall's seconds by state (in its JSON always, as a table with
+/// `--by-state`), and `trace` draws each stretch off CPU inside its call's slice.
+#[test]
+fn summary_and_trace_split_calls_by_state() {
+    if !require_root("summary_and_trace_split_calls_by_state") {
+        return;
+    }
+    let (code, out, err) = sysscope(&[
+        "summary",
+        "-q",
+        "--json",
+        "--",
+        workload_bin(),
+        "sleep",
+        "20",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = v["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["syscall"] == "nanosleep")
+        .expect("a nanosleep row")
+        .clone();
+    let part = |k: &str| ns(row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}")));
+    let parts = part("on_cpu_seconds")
+        + part("wait_cpu_seconds")
+        + part("blocked_seconds")
+        + part("unknown_seconds");
+    // Each column is rounded from ns to a float on its own: within a few ns of the total.
+    assert!((parts - part("seconds")).abs() <= 4, "{row}");
+    assert!(
+        part("blocked_seconds") + part("unknown_seconds") >= 99_000_000,
+        "{row}"
+    );
+    assert_eq!(row["switched_calls"], 20);
+
+    let (code, out, err) = sysscope(&[
+        "summary",
+        "-q",
+        "--by-state",
+        "--",
+        workload_bin(),
+        "sleep",
+        "3",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(
+            "    seconds      on-cpu    wait-cpu     blocked     unknown %switched syscall"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.ends_with(" nanosleep") && l.contains("100.0")),
+        "{out}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let (code, _, err) = sysscope(&[
+        "trace",
+        "-q",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        workload_bin(),
+        "sleep",
+        "5",
+        "20",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("stretches off CPU inside calls"), "{err}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    let slices = |cat: &str, name: &str| -> Vec<(u64, f64, f64)> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == cat && e["name"] == name)
+            .map(|e| {
+                (
+                    e["tid"].as_u64().unwrap(),
+                    e["ts"].as_f64().unwrap(),
+                    e["dur"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let sleeps = slices("syscall", "nanosleep");
+    assert_eq!(sleeps.len(), 5);
+    let blocked = slices("sched", "blocked");
+    assert!(blocked.len() >= 4, "{blocked:?}");
+    // Each stretch lies inside a call of its thread (µs, three decimals).
+    for (tid, ts, dur) in &blocked {
+        assert!(
+            sleeps
+                .iter()
+                .any(|(t, s, d)| t == tid && *s <= *ts && ts + dur <= s + d + 0.001),
+            "blocked {ts}+{dur} on {tid} outside every nanosleep {sleeps:?}"
+        );
+    }
+    let asleep: f64 = blocked.iter().map(|(_, _, d)| d).sum();
+    assert!(asleep >= 4.0 * 19_900.0, "{asleep} µs blocked");
+}
+
+/// `diagnose` says when reads wait for a CPU, with the numbers.
+#[test]
+fn diagnose_says_reads_wait_for_a_cpu() {
+    if !require_root("diagnose_says_reads_wait_for_a_cpu") {
+        return;
+    }
+    let _alone = alone();
+    let w = workload_bin();
+    let script = format!(
+        "{w} pin-cpu 0 spin 60000 & a=$!; {w} pin-cpu 0 spin 60000 & b=$!; \
+         {w} sleep 1 200; nice -n 19 {w} pin-cpu 0 sched-batch contended-pipe-read 40 0 >/dev/null; \
+         kill $a $b"
+    );
+    let (code, out, err) = sysscope(&[
+        "diagnose",
+        "-q",
+        "--json",
+        "--no-trace",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let verdict = v["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == "reads-wait-for-cpu")
+        .unwrap_or_else(|| panic!("no reads-wait-for-cpu verdict: {v:#}"))
+        .clone();
+    assert!(
+        verdict["title"]
+            .as_str()
+            .unwrap()
+            .starts_with("reads wait for a CPU"),
+        "{verdict:#}"
+    );
+    assert!(
+        verdict["evidence"][0]
+            .as_str()
+            .unwrap()
+            .contains("waiting for a CPU"),
+        "{verdict:#}"
+    );
+}
