@@ -210,6 +210,14 @@ const STEPS: &[Step] = &[
         run: |a| loop_pingpong(a.secs(0), a.num(1).max(1) as usize),
     },
     Step {
+        name: "loop-pingpong-procs",
+        args: "SECS PAIRS",
+        help: "the same between two processes (the echo is a forked child, so every switch also \
+               changes the address space): what a context switch between two programs costs; \
+               the CPU time printed is both processes'",
+        run: |a| loop_pingpong_procs(a.secs(0), a.num(1).max(1) as usize),
+    },
+    Step {
         name: "loop-dd",
         args: "SECS THREADS BS",
         help: "like `dd if=/dev/zero of=/dev/null bs=BS` on THREADS threads for SECS seconds (a \
@@ -990,6 +998,97 @@ fn loop_pingpong(duration: Duration, pairs: usize) {
     }
     let elapsed = start.elapsed();
     let cpu = process_cpu_ns() - cpu_start;
+    let total = calls.load(Ordering::Relaxed).max(1) as f64;
+    println!(
+        "calls={} ns_per_call={:.1} threads={pairs} cpu_ns_per_call={:.1}",
+        total as u64,
+        elapsed.as_nanos() as f64 * (2 * pairs) as f64 / total,
+        cpu as f64 / total
+    );
+}
+
+/// `loop-pingpong-procs`: as [`loop_pingpong`], each pair's echo a forked process.
+fn loop_pingpong_procs(duration: Duration, pairs: usize) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut echoes = Vec::new();
+    let mut pingers = Vec::new();
+    for pair in 0..pairs {
+        let cpu = pair % cpus;
+        let (ping_rd, ping_wr) = pipe_pair();
+        let (pong_rd, pong_wr) = pipe_pair();
+        // SAFETY: forked before any thread of this step starts; the child makes raw syscalls
+        // on its pipes and leaves with _exit.
+        let echo = unsafe { libc::fork() };
+        assert!(echo >= 0, "fork");
+        if echo == 0 {
+            pin_cpu(cpu);
+            let mut buf = [0u8; 1];
+            // SAFETY: one-byte reads and writes of valid buffers on our pipes; the pinger
+            // closing its end ends the loop.
+            unsafe {
+                libc::close(ping_wr);
+                libc::close(pong_rd);
+                while libc::read(ping_rd, buf.as_mut_ptr().cast(), 1) == 1 {
+                    libc::write(pong_wr, buf.as_ptr().cast(), 1);
+                }
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the echo's ends, which this process does not use.
+        unsafe {
+            libc::close(ping_rd);
+            libc::close(pong_wr);
+        }
+        echoes.push(echo);
+        pingers.push((cpu, ping_wr, pong_rd));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let cpu_start = process_cpu_ns();
+    let start = Instant::now();
+    let threads: Vec<_> = pingers
+        .into_iter()
+        .map(|(cpu, ping_wr, pong_rd)| {
+            let stop = stop.clone();
+            let calls = calls.clone();
+            std::thread::spawn(move || {
+                pin_cpu(cpu);
+                let mut buf = [0u8; 1];
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: one-byte writes and reads of valid buffers on our pipes.
+                    unsafe {
+                        libc::write(ping_wr, b"x".as_ptr().cast(), 1);
+                        libc::read(pong_rd, buf.as_mut_ptr().cast(), 1);
+                    }
+                    n += 4;
+                }
+                calls.fetch_add(n, Ordering::Relaxed);
+                // SAFETY: closing our ends; the echo reads end of file and exits.
+                unsafe {
+                    libc::close(ping_wr);
+                    libc::close(pong_rd);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let elapsed = start.elapsed();
+    let mut children_ns = 0u64;
+    for echo in echoes {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waits for our own child.
+        unsafe { libc::wait4(echo, &mut status, 0, &mut usage) };
+        let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+        children_ns += tv(usage.ru_utime) + tv(usage.ru_stime);
+    }
+    let cpu = process_cpu_ns() - cpu_start + children_ns;
     let total = calls.load(Ordering::Relaxed).max(1) as f64;
     println!(
         "calls={} ns_per_call={:.1} threads={pairs} cpu_ns_per_call={:.1}",
