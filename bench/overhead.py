@@ -313,7 +313,10 @@ class Bench:
             # attach:PROG+PROG...[@OBJECT]: chosen programs of the object, or of another build
             # of it (compares probe variants).
             # A trailing "+stats" turns run-time statistics on, as for the other rows.
-            spec, _, obj = name.split(":", 1)[1].removesuffix("+stats").partition("@")
+            # A trailing "+nosplit" loads the probes with syscalls.time_by_state off.
+            spec, _, obj = (
+                name.split(":", 1)[1].removesuffix("+stats").removesuffix("+nosplit").partition("@")
+            )
             return self.start_attach(name, spec.split("+"), obj or None)
         if name in ("probes", "probes+stats"):
             return self.start_attach(name, PROBE_PROGRAMS)
@@ -370,6 +373,8 @@ class Bench:
     def start_attach(self, name: str, programs: list[str], obj: Optional[str] = None,
                      extra: Optional[list[str]] = None) -> Running:
         cmd = [str(self.bin / "sysscope-bench"), "attach"] + (extra or [])
+        if name.removesuffix("+stats").endswith("+nosplit"):
+            cmd += ["--time-by-state", "off"]
         if name.endswith("+stats"):
             cmd += ["--stats", "always"]
         if obj or self.args.object:
@@ -442,6 +447,9 @@ class Bench:
             step = ["loop-getppid", s, str(threads)]
         elif workload == "dd":
             step = ["loop-dd", s, str(threads), "512"]
+        elif workload == "pingpong-procs":
+            # The same between two processes (a context switch changes the address space too).
+            step = ["loop-pingpong-procs", s, str(threads)]
         elif workload == "pingpong":
             # Pairs of threads: every read blocks, so every call is switched out mid-call.
             step = ["loop-pingpong", s, str(threads)]
@@ -730,11 +738,11 @@ def main() -> int:
     ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, clock, "
                     "empty+stats, probes, probes+stats, slow-reads, slow-reads-nopath (+stats: every read a "
                     "slow call), sysscope-syscalls, sysscope, sysscope-nofd, sysscope+stats, bpftrace, "
-                    "perf-trace, strace, or attach:PROG+PROG...[@OBJECT][+stats] for chosen programs of the "
-                    "object (or of another build of it)")
+                    "perf-trace, strace, or attach:PROG+PROG...[@OBJECT][+nosplit][+stats] for chosen programs of "
+                    "the object (or of another build of it; +nosplit: syscalls.time_by_state off)")
     ap.add_argument("--workloads", default="getppid,dd,read",
                     help="comma-separated: getppid, dd, read, read-deep (the read file 8 directories deeper), "
-                    "pingpong")
+                    "pingpong, pingpong-procs (the same between two processes)")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--object", help="another build of the probes object (compares probe variants)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))

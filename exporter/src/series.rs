@@ -506,6 +506,11 @@ where
         self.series.iter()
     }
 
+    /// Series `series`, if it exists.
+    pub(crate) fn get(&self, series: &S) -> Option<&Series<V>> {
+        self.series.get(series)
+    }
+
     pub(crate) fn has_series(&self, series: &S) -> bool {
         self.series.contains_key(series)
     }
@@ -513,6 +518,23 @@ where
     /// Takes every series out (a tool that wants what changed since it last asked).
     pub(crate) fn take_series(&mut self) -> HashMap<S, Series<V>> {
         std::mem::take(&mut self.series)
+    }
+
+    /// Drops the series `keep` rejects (a table whose series follow another table's).
+    pub(crate) fn retain_series(&mut self, keep: impl Fn(&S) -> bool) {
+        self.series.retain(|k, _| keep(k));
+    }
+
+    /// The series entry `key` counts in, once it is named.
+    pub(crate) fn series_of(&self, key: &K) -> Option<&S> {
+        self.entries.get(key)?.state.series.as_ref()
+    }
+
+    /// Each named entry with the series it counts in.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = (&K, &S)> {
+        self.entries
+            .iter()
+            .filter_map(|(k, r)| r.series.as_ref().map(|s| (k, s)))
     }
 
     /// The kernel keys of the entries tracked.

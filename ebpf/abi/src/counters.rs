@@ -45,5 +45,8 @@ pub const SYSCALL_FOLDED: u32 = 13;
 /// A syscall number outside the table (`syscall(20000)`, `syscall(-1)`) was counted as
 /// [`crate::INVALID_NR`].
 pub const SYSCALL_INVALID_NR: u32 = 14;
+/// Trace: an off-CPU stretch of a traced call was not streamed: `OFFCPU_EVENTS` was
+/// full.
+pub const TRACE_STATE_RINGBUF_FULL: u32 = 15;
 /// Number of counters.
 pub const COUNT: u32 = 16;

@@ -34,6 +34,12 @@ maps! {
     SLOW_EVENTS: RingBuf(() => SlowCallEvent),
     /// Per-CPU: where a slow-call record is built ([`crate::SlowCallScratch`]).
     SLOW_SCRATCH: PerCpuArray(u32 => SlowCallScratch),
+    /// The time calls spent off their CPU, by slot copy as in `SYSCALL_STATS` ([`crate::StateStats`]);
+    /// added to only for calls that were switched out.
+    SYSCALL_STATES: Array(u32 => StateStats),
+    /// Ring buffer of [`crate::OffCpuEvent`] records (`sysscope trace` only, see
+    /// [`globals::SYSCALL_STATE_TRACE`]).
+    OFFCPU_EVENTS: RingBuf(() => OffCpuEvent),
 }
 
 programs! {
@@ -42,9 +48,13 @@ programs! {
     PROCESS_EXIT = "sched_process_exit",
     /// On `cgroup:cgroup_attach_task`: invalidates the cached cgroup ids.
     CGROUP_ATTACH = "cgroup_attach_task",
-    /// On `sched:sched_switch`: moves a call in flight of a task switched out mid-call from its
-    /// CPU's `SYSCALL_CPU` to its `SYSCALL_THREADS` value.
+    /// On `sched:sched_switch` (BTF tracepoint): moves a call in flight of a task switched out
+    /// mid-call from its CPU's `SYSCALL_CPU` to its `SYSCALL_THREADS` value and, with
+    /// [`globals::SYSCALL_TIME_BY_STATE`], stamps the switch-out and the switch-in of tasks in a call.
     SCHED_SWITCH = "sched_switch",
+    /// On `sched:sched_wakeup` (BTF tracepoint): stamps the wakeup of a task blocked in a call
+    /// (attached only with [`globals::SYSCALL_TIME_BY_STATE`]).
+    SCHED_WAKEUP = "sched_wakeup",
 }
 
 globals! {
@@ -61,6 +71,14 @@ globals! {
     /// `u32`: slots one cgroup's keys may hold before its new keys fold into the cgroup's
     /// shared key ([`crate::FOLDED_TGID`]); 0: no quota.
     SYSCALL_CGROUP_QUOTA: u32,
+    /// `u32`: non-zero when the scheduler programs split each call's time into on CPU, waiting
+    /// for a CPU and blocked ([`crate::call_state`]); 0 leaves `sched_switch` as cheap as
+    /// the spill alone needs (`syscalls.time_by_state`).
+    SYSCALL_TIME_BY_STATE: u32,
+    /// `u32`: non-zero when the scheduler programs also stream each off-CPU part of a call to
+    /// `OFFCPU_EVENTS` (set by `sysscope trace`, whose syscall programs count only its
+    /// target, so only the target's calls are streamed).
+    SYSCALL_STATE_TRACE: u32,
 }
 
 /// Upper bound on syscall numbers the probes index arrays with (x86_64 < 470, aarch64 < 470).
@@ -139,6 +157,10 @@ pub struct CpuState {
     pub cgroup_id: u64,
     /// `bpf_ktime_get_ns()` at entry; 0 when no call is in flight on this CPU.
     pub start_ns: u64,
+    /// The task (`task_struct` address) `sched_switch` switched in on this CPU in the middle
+    /// of a call kept in its [`ThreadSpill`] (0: none): its next switch-out stamps that
+    /// spill without looking up the storage of every task switched out.
+    pub resumed: u64,
     /// tgid of `task`.
     pub tgid: u32,
     /// Syscall number at entry.
@@ -169,6 +191,13 @@ impl CpuState {
 /// A call in flight whose task was switched out mid-call (it blocked, or was preempted), kept
 /// in the thread's `SYSCALL_THREADS` value (task-local storage, freed with the thread) until
 /// its `sys_exit`, which may run on another CPU.
+///
+/// With [`globals::SYSCALL_TIME_BY_STATE`], every transition of the task while in the call
+/// is stamped with the same clock as its entry and exit: the switch-out (`state` becomes
+/// [`call_state::RUNNABLE`] or [`call_state::BLOCKED`] by the task's state then), the wakeup
+/// of a blocked task (`RUNNABLE`), the switch-in ([`call_state::ON_CPU`]). Each transition adds
+/// the time since `mark_ns` to the part the state it ends names, so the parts and the on-CPU
+/// remainder partition [entry, exit] exactly.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadSpill {
@@ -176,9 +205,87 @@ pub struct ThreadSpill {
     pub start_ns: u64,
     /// Syscall number at entry.
     pub nr: u32,
-    pub _pad: u32,
+    /// Where the task is now ([`call_state`]).
+    pub state: u32,
     /// The descriptor of the call, classified at entry.
     pub fd: FdClass,
+    /// When `state` began.
+    pub mark_ns: u64,
+    /// The call's time off CPU so far, by part (see [`StateStats`]).
+    pub wait_ns: u64,
+    pub blocked_ns: u64,
+    pub unknown_ns: u64,
+    /// The task's tgid and tid, kept only for [`globals::SYSCALL_STATE_TRACE`].
+    pub tgid: u32,
+    pub tid: u32,
+}
+
+/// Where a task in a syscall is ([`ThreadSpill::state`]).
+pub mod call_state {
+    /// Running on a CPU (switched back in).
+    pub const ON_CPU: u32 = 0;
+    /// Runnable and not running: preempted, or woken and not yet switched in.
+    pub const RUNNABLE: u32 = 1;
+    /// Asleep (I/O, a lock, a sleep), no wakeup seen yet.
+    pub const BLOCKED: u32 = 2;
+}
+
+/// The time calls spent off CPU, per copy of a statistics slot (`SYSCALL_STATES`, indexed
+/// as `SYSCALL_STATS`, and written only after the copy's owner check there). The probes add a
+/// call's parts here before its duration to `SYSCALL_STATS`, and user space reads
+/// `SYSCALL_STATS` first: a read never holds a call's duration without its parts. The on-CPU
+/// part is not kept: it is the duration less these, so a call that never left its CPU (the
+/// common case) adds nothing here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StateStats {
+    /// Runnable but not running: preempted, or woken and waiting to be switched in (CFS
+    /// bandwidth throttling included where the kernel throttles tasks inside the kernel).
+    pub wait_ns: u64,
+    /// Asleep, from the switch-out to the wakeup.
+    pub blocked_ns: u64,
+    /// Off CPU with no wakeup seen (a transition the probes missed): counted apart, never
+    /// guessed.
+    pub unknown_ns: u64,
+    /// Calls that left their CPU at least once.
+    pub switched: u64,
+}
+
+impl StateStats {
+    pub const ZERO: Self = Self {
+        wait_ns: 0,
+        blocked_ns: 0,
+        unknown_ns: 0,
+        switched: 0,
+    };
+
+    /// The time off CPU, all parts.
+    pub fn off_cpu_ns(&self) -> u64 {
+        self.wait_ns
+            .wrapping_add(self.blocked_ns)
+            .wrapping_add(self.unknown_ns)
+    }
+}
+
+/// One stretch of a traced call off its CPU (`OFFCPU_EVENTS`), written when it ends.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuEvent {
+    /// `bpf_ktime_get_ns()` when the stretch began and ended.
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// [`call_state::RUNNABLE`] or [`call_state::BLOCKED`]; `u32::MAX` for time with no
+    /// wakeup seen.
+    pub state: u32,
+    /// The call's syscall number.
+    pub nr: u32,
+}
+
+impl OffCpuEvent {
+    /// `state` of a stretch off CPU with no wakeup seen.
+    pub const UNKNOWN: u32 = u32::MAX;
 }
 
 /// A CPU's cache of (syscall number -> `SYSCALL_STATS` slot), two-way set-associative.
@@ -323,6 +430,13 @@ pub struct SlowCallEvent {
     /// The file of the descriptor the call names, read at its exit (its name, when the
     /// kernel read one, follows the event in the record).
     pub file: FileIdentity,
+    /// The call's time off CPU by part (as [`StateStats`]; all 0 without
+    /// [`globals::SYSCALL_TIME_BY_STATE`] or when the call never left its CPU). The record
+    /// is built in a per-CPU scratch value reused from call to call, so the probe writes
+    /// these on every record.
+    pub wait_ns: u64,
+    pub blocked_ns: u64,
+    pub unknown_ns: u64,
 }
 
 /// A slow-call record as the probe builds it, in its CPU's `SLOW_SCRATCH` value, before it
@@ -349,7 +463,9 @@ pod!(
     ErrnoKey,
     ProcessExit,
     RateWindow,
-    SlowCallEvent
+    SlowCallEvent,
+    StateStats,
+    OffCpuEvent
 );
 
 // The layouts both sides compile: a change here is a change of the kernel/user contract.
@@ -361,15 +477,17 @@ const _: () = {
     assert!(size_of::<ErrnoKey>() == 24);
     assert!(size_of::<ProcessExit>() == 32);
     assert!(size_of::<RateWindow>() == 16);
-    assert!(size_of::<SlowCallEvent>() == 144);
+    assert!(size_of::<SlowCallEvent>() == 168);
     assert!(
         size_of::<SlowCallScratch>()
             == size_of::<SlowCallEvent>() + 2 * file::NAME_BYTES + file::COMPONENT_BYTES + 8
     );
-    assert!(size_of::<ThreadSpill>() == 24);
+    assert!(size_of::<ThreadSpill>() == 64);
+    assert!(size_of::<StateStats>() == 32);
+    assert!(size_of::<OffCpuEvent>() == 32);
     assert!(
         size_of::<CpuState>()
-            == 48 + size_of::<FdCache>() * CpuState::FD_CACHE_ENTRIES + 8 * slot_cache::ENTRIES
+            == 56 + size_of::<FdCache>() * CpuState::FD_CACHE_ENTRIES + 8 * slot_cache::ENTRIES
     );
     assert!(MAX_STAT_STRIPES.is_power_of_two());
     assert!(INVALID_NR < MAX_SYSCALL_NR);

@@ -18,6 +18,8 @@ mod empty;
 #[cfg(target_arch = "bpf")]
 mod fd_class;
 #[cfg(target_arch = "bpf")]
+mod sched;
+#[cfg(target_arch = "bpf")]
 mod syscalls;
 #[cfg(target_arch = "bpf")]
 mod trace;

@@ -1,7 +1,8 @@
 //! Syscall probes: counts, errors by errno, latency histograms, slow-call samples.
 //!
-//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_switch`,
-//! `sched:sched_process_exit` and `cgroup:cgroup_attach_task` (raw_tp).
+//! Tracepoints: `raw_syscalls:sys_enter`, `raw_syscalls:sys_exit`, `sched:sched_process_exit`
+//! and `cgroup:cgroup_attach_task` (raw_tp); `sched:sched_switch` and `sched:sched_wakeup`
+//! (tp_btf) are in `sched.rs`.
 //! Maps: `SYSCALL_CPU` (per CPU: the running task's call in flight, its cached tgid, cgroup id
 //! and slots), `SYSCALL_THREADS` (task-local storage: a call in flight whose task was switched
 //! out mid-call), the statistics table (`SYSCALL_SLOTS`: (cgroup, tgid, nr) -> slot;
@@ -11,7 +12,9 @@
 //! `SYSCALL_ERRORS` ((cgroup, tgid, nr, errno) -> count, atomic adds), `PROCESS_EXITS` (tgid ->
 //! comm at exit, for reclaim), `SLOW_THRESHOLDS` (nr -> ns), `SLOW_RATE` (per-CPU rate
 //! window), `SLOW_SCRATCH` (per CPU: a slow-call record being built), `SLOW_EVENTS` (ring
-//! buffer: the record, with the file of the call's descriptor read by `fd_class.rs`).
+//! buffer: the record, with the file of the call's descriptor read by `fd_class.rs`),
+//! `SYSCALL_STATES` (the time switched-out calls spent waiting for a CPU, blocked or
+//! unaccounted, by slot copy as `SYSCALL_STATS`).
 //!
 //! The hot path (docs/performance.md) per syscall: two clock reads (unavoidable for a
 //! duration); the call in flight kept in the CPU's own `SYSCALL_CPU` value (an inlined array
@@ -22,6 +25,8 @@
 //! switched out mid-call (it blocked, or was preempted) has its call moved to its task-local
 //! storage by `sched_switch`, where its `sys_exit` finds it on whichever CPU it returns; the
 //! storage is freed by the kernel with the thread, so process churn never fills a thread map.
+//! There the scheduler programs (`sched.rs`) also stamp the call's time off CPU by part, which
+//! `sys_exit` adds to `SYSCALL_STATES`: a call that kept its CPU costs nothing more.
 //! The tgid and the cgroup id of the task on the CPU are cached beside the call and read again
 //! only when another task runs there or after a `cgroup_attach_task` or a task exit bumps
 //! `IDENTITY_GENERATION`. Per-CPU state is one small value per CPU; the statistics are shared,
@@ -46,6 +51,7 @@ use core::{
 };
 
 use aya_ebpf::{
+    bindings::task_struct,
     bindings::{
         BPF_F_NO_PREALLOC, BPF_LOCAL_STORAGE_GET_F_CREATE, BPF_NOEXIST, BPF_RB_FORCE_WAKEUP,
     },
@@ -59,11 +65,11 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    bounded_nr, counters,
+    bounded_nr, call_state, counters,
     fd_class::{self, file},
     hist, noreturn, slot_cache, CpuState, ErrnoKey, FdClass, FileIdentity, ProcessExit, RateWindow,
-    SlotStats, SlowCallEvent, SlowCallScratch, SyscallKey, ThreadSpill, FOLDED_TGID, INVALID_NR,
-    MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey, ThreadSpill, FOLDED_TGID,
+    INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
@@ -97,17 +103,27 @@ impl<V> TaskStorage<V> {
     /// The current thread's value, created zeroed when `create` and missing; null when missing
     /// (or when the kernel cannot allocate it).
     #[inline(always)]
-    fn current(&self, create: bool) -> *mut V {
+    pub(crate) fn current(&self, create: bool) -> *mut V {
+        // SAFETY: the helper has no preconditions; it returns a trusted BTF pointer.
+        self.of(unsafe { bpf_get_current_task_btf() }, create)
+    }
+
+    /// The value of `task`, which must be a trusted BTF pointer (the current task, or a task
+    /// a BTF tracepoint hands over), or null; created zeroed when `create` and missing; null
+    /// when missing.
+    #[inline(always)]
+    pub(crate) fn of(&self, task: *mut task_struct, create: bool) -> *mut V {
         let flags = if create {
             BPF_LOCAL_STORAGE_GET_F_CREATE as u64
         } else {
             0
         };
-        // SAFETY: the helper takes this map and the current task (a trusted BTF pointer).
+        // SAFETY: the helper takes this map and a task pointer the verifier has checked to be
+        // trusted (it refuses the program otherwise); a null task yields null.
         unsafe {
             bpf_task_storage_get(
                 self as *const Self as *mut core::ffi::c_void,
-                bpf_get_current_task_btf(),
+                task,
                 core::ptr::null_mut(),
                 flags,
             )
@@ -119,11 +135,11 @@ impl<V> TaskStorage<V> {
 /// Calls in flight of tasks switched out mid-call, one value per thread that ever was.
 #[unsafe(link_section = ".maps")]
 #[unsafe(export_name = "SYSCALL_THREADS")]
-static SYSCALL_THREADS: TaskStorage<ThreadSpill> = TaskStorage::new();
+pub(crate) static SYSCALL_THREADS: TaskStorage<ThreadSpill> = TaskStorage::new();
 
 /// The running task's call in flight and cached identity, per CPU (see `CpuState`).
 #[map(name = "SYSCALL_CPU")]
-static SYSCALL_CPU: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static SYSCALL_CPU: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
 
@@ -131,6 +147,11 @@ static SYSCALL_CPU: PerCpuArray<CpuState> = PerCpuArray::with_max_entries(1, 0);
 /// updated with atomic adds (see `SlotStats`), so the map does not grow with the CPU count.
 #[map(name = "SYSCALL_STATS")]
 static SYSCALL_STATS: Array<SlotStats> = Array::with_max_entries(16384, 0);
+
+/// The time switched-out calls spent off CPU, by part, one value per copy of `SYSCALL_STATS`
+/// (same index); the on-CPU part is the duration less these.
+#[map(name = "SYSCALL_STATES")]
+static SYSCALL_STATES: Array<StateStats> = Array::with_max_entries(16384, 0);
 
 /// (cgroup, process, syscall) -> its slot in `SYSCALL_STATS`. Looked up only when a thread's
 /// slot cache misses; user space deletes entries when it reclaims them.
@@ -197,6 +218,18 @@ static SYSCALL_CGROUP_QUOTA: u32 = 0;
 #[unsafe(no_mangle)]
 static SYSCALL_TARGET_ONLY: u32 = 0;
 
+/// Non-zero: split each call's time by where its task was (see `sched.rs`); set by the loader.
+#[unsafe(no_mangle)]
+static SYSCALL_TIME_BY_STATE: u32 = 0;
+
+/// Whether calls' time is split by state (a global the verifier folds: with 0, the code behind
+/// it is not even loaded).
+#[inline(always)]
+pub(crate) fn time_by_state() -> bool {
+    // SAFETY: a global the loader sets before the load, read as a whole.
+    unsafe { core::ptr::read_volatile(&SYSCALL_TIME_BY_STATE) != 0 }
+}
+
 #[inline(always)]
 fn target_only() -> bool {
     // SAFETY: a global the loader sets before the load, read as a whole.
@@ -237,7 +270,7 @@ const MAX_ERRNO: i64 = 4095;
 
 /// The current task (`task_struct` address), the identity of whatever the CPU caches.
 #[inline(always)]
-fn current_task() -> u64 {
+pub(crate) fn current_task() -> u64 {
     // SAFETY: the helper has no preconditions.
     unsafe { bpf_get_current_task() }
 }
@@ -301,7 +334,7 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
         // No sys_exit will follow: count the call now, with no duration.
         cpu.start_ns = 0;
         let key = key_of(cpu, nr, FdClass::NONE);
-        record_duration(cpu, &key, 0);
+        record_duration(cpu, &key, 0, &StateStats::ZERO);
         return 0;
     }
     cpu.nr = nr;
@@ -330,27 +363,31 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     // SAFETY: as in sys_enter.
     let cpu = unsafe { &mut *cpu };
     let task = current_task();
-    let (start_ns, nr, fd) = if cpu.task == task && cpu.start_ns != 0 {
-        // The common case: the task kept the CPU since its entry.
+    let (start_ns, nr, fd, now, parts) = if cpu.task == task && cpu.start_ns != 0 {
+        // The common case: the task kept the CPU since its entry, all of it on CPU.
         let start = cpu.start_ns;
         cpu.start_ns = 0;
-        (start, cpu.nr, cpu.fd)
+        (start, cpu.nr, cpu.fd, now, StateStats::ZERO)
     } else {
         // Switched out mid-call: `sched_switch` kept the entry in the thread's storage.
-        let Some(spill) = take_spill() else {
+        let Some(spill) = take_spill(now) else {
             // With a target, every other thread's calls end here: not a miss.
             if !target_only() {
                 count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
             }
             return 0;
         };
+        if cpu.resumed == task {
+            // The call ends here: the task's next switch-out has nothing to stamp.
+            cpu.resumed = 0;
+        }
         spill
     };
     // Also after a migration during the call (a task that wrote its own pid to cgroup.procs).
     identify(cpu, task);
     let duration = now.saturating_sub(start_ns);
     let key = key_of(cpu, nr, fd);
-    record_duration(cpu, &key, duration);
+    record_duration(cpu, &key, duration, &parts);
 
     // TP_PROTO(struct pt_regs *regs, long ret)
     let ret = ctx.arg::<i64>(1);
@@ -361,7 +398,12 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
     if let Some(threshold) = SLOW_THRESHOLDS.get(key.nr) {
         let threshold = *threshold;
         if threshold != 0 && duration >= threshold {
-            sample_slow_call(ctx.arg::<*const u8>(0), &key, start_ns, now, ret);
+            let span = SlowSpan {
+                start_ns,
+                end_ns: now,
+                parts,
+            };
+            sample_slow_call(ctx.arg::<*const u8>(0), &key, &span, ret);
         }
     }
     0
@@ -401,48 +443,11 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// A task is switched out: if it is inside a syscall, its entry moves from the CPU's value to
-/// the thread's storage, where its `sys_exit` finds it on whichever CPU it returns. Costs an
-/// inlined array lookup on a switch of a task not inside a syscall (preempted in user mode, or
-/// never traced).
-#[raw_tracepoint(tracepoint = "sched_switch")]
-pub fn sched_switch(_ctx: RawTracePointContext) -> i32 {
-    let Some(cpu) = SYSCALL_CPU.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: as in sys_enter.
-    let cpu = unsafe { &mut *cpu };
-    if cpu.start_ns == 0 {
-        return 0;
-    }
-    // The tracepoint fires in the context of the task switched out. An entry of another task
-    // (possible only if this program missed a switch) is dropped: its exit is counted as
-    // without entry rather than given a wrong duration.
-    if cpu.task == current_task() {
-        let spill = SYSCALL_THREADS.current(true);
-        if spill.is_null() {
-            count_drop(counters::SYSCALL_THREADS_FULL);
-        } else {
-            // SAFETY: a non-null task-storage value of the current task, ours until the
-            // program ends.
-            unsafe {
-                *spill = ThreadSpill {
-                    start_ns: cpu.start_ns,
-                    nr: cpu.nr,
-                    _pad: 0,
-                    fd: cpu.fd,
-                }
-            };
-        }
-    }
-    cpu.start_ns = 0;
-    0
-}
-
-/// The entry `sched_switch` kept for the current thread, taken (start, nr, class); `None`
-/// when there is none.
+/// The entry `sched_switch` kept for the current thread, taken, as (start, nr, class, end,
+/// parts off CPU); `None` when there is none. `now` is the exit's clock read; the end is never
+/// before the last stamp, so the parts never exceed the duration.
 #[inline(always)]
-fn take_spill() -> Option<(u64, u32, FdClass)> {
+fn take_spill(now: u64) -> Option<(u64, u32, FdClass, u64, StateStats)> {
     let spill = SYSCALL_THREADS.current(false);
     if spill.is_null() {
         return None;
@@ -454,14 +459,33 @@ fn take_spill() -> Option<(u64, u32, FdClass)> {
     }
     let start = spill.start_ns;
     spill.start_ns = 0;
-    Some((start, spill.nr, spill.fd))
+    if !time_by_state() {
+        return Some((start, spill.nr, spill.fd, now, StateStats::ZERO));
+    }
+    let end = if now > spill.mark_ns {
+        now
+    } else {
+        spill.mark_ns
+    };
+    let mut parts = StateStats {
+        wait_ns: spill.wait_ns,
+        blocked_ns: spill.blocked_ns,
+        unknown_ns: spill.unknown_ns,
+        switched: 1,
+    };
+    if spill.state != call_state::ON_CPU {
+        // Running now, yet never seen switched in: the stretch since the last stamp is not
+        // known to be any one part.
+        parts.unknown_ns += end - spill.mark_ns;
+    }
+    Some((start, spill.nr, spill.fd, end, parts))
 }
 
 /// Adds one call to the key's statistics, in the copy of its slot this CPU writes. The common
 /// case costs an inlined array lookup: the CPU's cache names the slot, and the copy's owner
-/// confirms it.
+/// confirms it. A call that left its CPU (`parts.switched`) also adds its parts off CPU, first.
 #[inline(always)]
-fn record_duration(cpu: &mut CpuState, key: &SyscallKey, duration: u64) {
+fn record_duration(cpu: &mut CpuState, key: &SyscallKey, duration: u64, parts: &StateStats) {
     let bucket = hist::bucket_index(duration);
     let epoch = SLOT_EPOCH.get(0).copied().unwrap_or(0);
     let tag = slot_cache::tag(epoch, key.tgid, key.nr, &key.fd);
@@ -476,6 +500,9 @@ fn record_duration(cpu: &mut CpuState, key: &SyscallKey, duration: u64) {
             // atomic adds (counts) or by the probe that takes the slot before publishing it.
             let copy = unsafe { &mut *copy };
             if counts_for(&copy.key, key) {
+                if parts.switched != 0 {
+                    add_parts(slot, stripe, parts);
+                }
                 add_call(copy, bucket, duration);
                 return;
             }
@@ -496,6 +523,9 @@ fn record_duration(cpu: &mut CpuState, key: &SyscallKey, duration: u64) {
         // this thread still ran): the call cannot be placed.
         count_drop(counters::SYSCALL_STATS_FULL);
         return;
+    }
+    if parts.switched != 0 {
+        add_parts(slot, stripe, parts);
     }
     add_call(copy, bucket, duration);
     // The new entry goes first and the set's previous first entry second, unless the first
@@ -553,6 +583,42 @@ fn add_call(copy: &mut SlotStats, bucket: usize, duration: u64) {
     }
     if copy.key.tgid == FOLDED_TGID {
         count_drop(counters::SYSCALL_FOLDED);
+    }
+}
+
+/// Adds a switched-out call's parts off CPU to the copy of `SYSCALL_STATES` beside the
+/// copy of `SYSCALL_STATS` it is counted in. Called before the duration is added there: user
+/// space reads `SYSCALL_STATS` first, so what it reads of the durations always has its parts
+/// (the on-CPU remainder it derives never runs ahead). Off the common path, and a BPF
+/// subprogram of its own, as [`slot_of`].
+#[inline(never)]
+fn add_parts(slot: u32, stripe: u32, parts: &StateStats) {
+    // SAFETY: as in `stripe_of_this_cpu`.
+    let stripes = unsafe { core::ptr::read_volatile(&SYSCALL_STAT_STRIPES) };
+    let Some(copy) = SYSCALL_STATES.get_ptr_mut(slot.wrapping_mul(stripes).wrapping_add(stripe))
+    else {
+        return;
+    };
+    // SAFETY: aligned u64 fields of an array value shared by the CPUs of this stripe, updated
+    // atomically (as `add_call`).
+    unsafe {
+        let copy = &mut *copy;
+        if parts.wait_ns != 0 {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&mut copy.wait_ns, parts.wait_ns);
+        }
+        if parts.blocked_ns != 0 {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+                &mut copy.blocked_ns,
+                parts.blocked_ns,
+            );
+        }
+        if parts.unknown_ns != 0 {
+            atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(
+                &mut copy.unknown_ns,
+                parts.unknown_ns,
+            );
+        }
+        atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&mut copy.switched, 1);
     }
 }
 
@@ -708,11 +774,20 @@ fn insert_error(key: &ErrnoKey) -> bool {
     }
 }
 
+/// A slow call's entry and exit and its time off CPU, as `sys_exit` hands them to
+/// [`sample_slow_call`] (by reference: a BPF subprogram takes at most five arguments).
+struct SlowSpan {
+    start_ns: u64,
+    end_ns: u64,
+    parts: StateStats,
+}
+
 /// Writes one slow call to the ring buffer, within the per-CPU events-per-second budget; `regs`
 /// is the tracepoint's `pt_regs`. A BPF subprogram: its work runs for slow calls only, and
 /// inlined it would take registers from `sys_exit`'s common path.
 #[inline(never)]
-fn sample_slow_call(regs: *const u8, key: &SyscallKey, start_ns: u64, end_ns: u64, ret: i64) {
+fn sample_slow_call(regs: *const u8, key: &SyscallKey, span: &SlowSpan, ret: i64) {
+    let (start_ns, end_ns) = (span.start_ns, span.end_ns);
     // SAFETY: a global the loader sets before the load, read as a whole.
     let limit = unsafe { core::ptr::read_volatile(&SLOW_EVENTS_PER_CPU_PER_SEC) } as u64;
     if limit == 0 {
@@ -752,6 +827,9 @@ fn sample_slow_call(regs: *const u8, key: &SyscallKey, start_ns: u64, end_ns: u6
     event.ret = ret;
     read_syscall_args(regs, &mut event.args);
     event.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    event.wait_ns = span.parts.wait_ns;
+    event.blocked_ns = span.parts.blocked_ns;
+    event.unknown_ns = span.parts.unknown_ns;
     let name_len = name_file(key.nr, ret, record);
     // The event and as many bytes of the name as it has. (A name is never longer than
     // NAME_BYTES: the mask and the check only prove it to the verifier.)

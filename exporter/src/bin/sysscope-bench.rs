@@ -2,10 +2,12 @@
 //!
 //! ```text
 //! sysscope-bench attach [--object PATH] [--stats off|sampled|always] [--slow SYSCALL]...
-//!                       [--no-paths] PROGRAM[=TRACEPOINT] ...
+//!                       [--no-paths] [--time-by-state on|off] PROGRAM[=TRACEPOINT] ...
 //!     Loads the probes object (the embedded one, or another build of it) and attaches just the
-//!     named raw-tracepoint programs, e.g. `empty_sys_enter empty_sys_exit`, the calibration
-//!     floor of the overhead benchmark. Prints `attached` when done, then holds the programs
+//!     named tracepoint programs (raw or BTF), e.g. `empty_sys_enter empty_sys_exit`, the
+//!     calibration floor of the overhead benchmark; `--time-by-state off` loads the syscall
+//!     programs with `syscalls.time_by_state = false` (default on, as sysscope's). Prints
+//!     `attached` when done, then holds the programs
 //!     until stdin is closed, SIGINT or SIGTERM. BPF run-time statistics are left off unless
 //!     `--stats` asks for them (as `collection.probe_stats` does for sysscope). `--slow read`
 //!     makes every `read` a slow call (threshold 1 ns, no rate limit), whose records (the event
@@ -44,7 +46,7 @@ use sysscope_abi::{hist, SyscallKey, SyscallStats, MAX_SYSCALL_NR};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: sysscope-bench attach [--object PATH] [--stats off|sampled|always] [--slow SYSCALL]... [--no-paths] PROGRAM[=TRACEPOINT] ...\n       \
+        "usage: sysscope-bench attach [--object PATH] [--stats off|sampled|always] [--slow SYSCALL]... [--no-paths] [--time-by-state on|off] PROGRAM[=TRACEPOINT] ...\n       \
          sysscope-bench fill --pid PID --entries N"
     );
     std::process::exit(2)
@@ -72,6 +74,8 @@ fn default_tracepoint(program: &str) -> Option<&'static str> {
         Some("sched_process_exit")
     } else if program.ends_with("sched_switch") {
         Some("sched_switch")
+    } else if program.ends_with("sched_wakeup") {
+        Some("sched_wakeup")
     } else if program.ends_with("cgroup_attach_task") {
         Some("cgroup_attach_task")
     } else {
@@ -85,6 +89,7 @@ fn attach(args: &[String]) -> anyhow::Result<()> {
     let mut stats = ProbeStatsMode::Off;
     let mut slow: Vec<String> = Vec::new();
     let mut paths = true;
+    let mut time_by_state = true;
     let mut programs = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -92,6 +97,12 @@ fn attach(args: &[String]) -> anyhow::Result<()> {
             slow.push(it.next().unwrap_or_else(|| usage()).clone());
         } else if arg == "--no-paths" {
             paths = false;
+        } else if arg == "--time-by-state" {
+            time_by_state = match it.next().map(String::as_str) {
+                Some("on") => true,
+                Some("off") => false,
+                _ => usage(),
+            };
         } else if arg == "--object" {
             object = Some(it.next().unwrap_or_else(|| usage()).into());
         } else if arg == "--stats" {
@@ -119,7 +130,8 @@ fn attach(args: &[String]) -> anyhow::Result<()> {
     // Parsed without the exporter's validation, which caps the rate at what a node should
     // see: here every call of the syscalls named is to be sampled.
     let mut config: Config = toml::from_str(&format!(
-        "[slow_calls]\nmax_events_per_second = {}\nresolve_file_paths = {paths}\n",
+        "[slow_calls]\nmax_events_per_second = {}\nresolve_file_paths = {paths}\n\
+         [syscalls]\ntime_by_state = {time_by_state}\n",
         u32::MAX
     ))?;
     config.collection.probe_stats = stats;

@@ -121,6 +121,17 @@ const STEPS: &[Step] = &[
         run: |a| slow_pipe_read(a.num(0), a.num(1), true),
     },
     Step {
+        name: "contended-pipe-read",
+        args: "N MS",
+        help: "N one-byte reads of a pipe that another process (forked, on another CPU, \
+               watching without sleeping) fills MS ms (0: at once) after each read has blocked; \
+               around each read the thread's run delay (/proc/thread-self/schedstat, field 2) is \
+               read with pread, and their sum over the reads is printed as \"run_delay_ns=<n>\" \
+               with \"reads=<n>\" (pin the reader beside busy loops first to make it wait for \
+               its CPU)",
+        run: |a| contended_pipe_read(a.num(0), a.num(1)),
+    },
+    Step {
         name: "pipe-reads-then-exit",
         args: "N MS",
         help: "N reads of a pipe, each filled by a forked child MS ms after the read has blocked; \
@@ -205,6 +216,14 @@ const STEPS: &[Step] = &[
                other thread (the context-switch path of the probes); prints the same line, \
                counting reads and writes, with the process's CPU time",
         run: |a| loop_pingpong(a.secs(0), a.num(1).max(1) as usize),
+    },
+    Step {
+        name: "loop-pingpong-procs",
+        args: "SECS PAIRS",
+        help: "the same between two processes (the echo is a forked child, so every switch also \
+               changes the address space): what a context switch between two programs costs; \
+               the CPU time printed is both processes'",
+        run: |a| loop_pingpong_procs(a.secs(0), a.num(1).max(1) as usize),
     },
     Step {
         name: "loop-dd",
@@ -292,6 +311,18 @@ const STEPS: &[Step] = &[
         args: "N",
         help: "run the following steps on CPU N only (sched_setaffinity)",
         run: |a| pin_cpu(a.num(0) as usize),
+    },
+    Step {
+        name: "sched-batch",
+        args: "",
+        help: "run the following steps as SCHED_BATCH: woken, the thread does not preempt the \
+               one running, so it waits for its CPU",
+        run: |_| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: a valid sched_param for this process.
+            let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+            assert_eq!(r, 0, "sched_setscheduler(SCHED_BATCH)");
+        },
     },
     Step {
         name: "spin",
@@ -607,12 +638,17 @@ fn wait_until_blocked_in_read(tid: libc::pid_t, fd: i32) {
 /// with pread, so the waiting adds no `read` calls (the calls the tests sample). Without the
 /// file (a kernel built without it), returns at once.
 fn wait_until_blocked_in(tid: libc::pid_t, prefix: &str) {
+    wait_until_blocked_in_path(&format!("/proc/self/task/{tid}/syscall"), prefix, false);
+}
+
+/// [`wait_until_blocked_in`] for the thread whose syscall file is `path`; `busy`: poll
+/// without sleeping in between (a feeder with a CPU of its own, answering within µs).
+fn wait_until_blocked_in_path(path: &str, prefix: &str, busy: bool) {
     use std::os::unix::fs::FileExt;
-    let path = format!("/proc/self/task/{tid}/syscall");
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut buf = [0u8; 128];
     while Instant::now() < deadline {
-        let Ok(file) = std::fs::File::open(&path) else {
+        let Ok(file) = std::fs::File::open(path) else {
             return;
         };
         let Ok(len) = file.read_at(&mut buf, 0) else {
@@ -621,8 +657,77 @@ fn wait_until_blocked_in(tid: libc::pid_t, prefix: &str) {
         if buf[..len].starts_with(prefix.as_bytes()) {
             return;
         }
-        std::thread::sleep(Duration::from_micros(200));
+        if !busy {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
+}
+
+/// The run delay of the calling thread so far (field 2 of its schedstat, in ns), read with
+/// pread from `file` (/proc/thread-self/schedstat, opened once).
+fn run_delay_ns(file: &std::fs::File) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 96];
+    let len = file.read_at(&mut buf, 0).expect("read schedstat");
+    std::str::from_utf8(&buf[..len])
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse().ok())
+        .expect("schedstat has a run delay")
+}
+
+/// The reader of `contended-pipe-read`: this thread reads, a forked process on another CPU
+/// writes each byte `ms` ms after the read blocked (it watches /proc/<pid>/task/<tid>/syscall).
+fn contended_pipe_read(n: u64, ms: u64) {
+    let (rd, wr) = pipe_pair();
+    // SAFETY: getpid has no preconditions.
+    let (pid, tid) = (unsafe { libc::getpid() }, gettid());
+    // SAFETY: sched_getcpu has no preconditions.
+    let here = unsafe { libc::sched_getcpu() }.max(0) as usize;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: this process has one thread here; the child only runs the feeder loop, which
+    // makes raw syscalls and exits with _exit.
+    let feeder = unsafe { libc::fork() };
+    assert!(feeder >= 0, "fork");
+    if feeder == 0 {
+        if cpus > 1 {
+            let _ = set_affinity(0, if here == cpus - 1 { 0 } else { cpus - 1 });
+        }
+        // The feeder keeps pace whatever the reader was made (SCHED_BATCH, niced): only the
+        // reader is to wait for its CPU.
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a valid sched_param for this process; setpriority takes plain integers.
+        unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_OTHER, &param);
+            libc::setpriority(libc::PRIO_PROCESS, 0, 0);
+        }
+        let prefix = format!("{} {:#x} ", libc::SYS_read, rd);
+        for _ in 0..n {
+            wait_until_blocked_in_path(&format!("/proc/{pid}/task/{tid}/syscall"), &prefix, true);
+            if ms > 0 {
+                nanosleep_ms(ms);
+            }
+            // SAFETY: writes one byte from a valid buffer to the pipe.
+            unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
+        }
+        // SAFETY: ends the forked child without running the parent's exit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    let stat = std::fs::File::open("/proc/thread-self/schedstat").expect("open schedstat");
+    let mut buf = [0u8; 1];
+    let mut delay = 0u64;
+    for _ in 0..n {
+        let before = run_delay_ns(&stat);
+        // SAFETY: reads one byte into a valid buffer; blocks until the feeder's byte arrives.
+        let r = unsafe { libc::syscall(libc::SYS_read, rd, buf.as_mut_ptr(), 1usize) };
+        let after = run_delay_ns(&stat);
+        assert_eq!(r, 1, "pipe read");
+        delay += after - before;
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(feeder, &mut status, 0) };
+    println!("run_delay_ns={delay}");
+    println!("reads={n}");
 }
 
 /// Clock `clock` now, in ns.
@@ -901,6 +1006,97 @@ fn loop_pingpong(duration: Duration, pairs: usize) {
     }
     let elapsed = start.elapsed();
     let cpu = process_cpu_ns() - cpu_start;
+    let total = calls.load(Ordering::Relaxed).max(1) as f64;
+    println!(
+        "calls={} ns_per_call={:.1} threads={pairs} cpu_ns_per_call={:.1}",
+        total as u64,
+        elapsed.as_nanos() as f64 * (2 * pairs) as f64 / total,
+        cpu as f64 / total
+    );
+}
+
+/// `loop-pingpong-procs`: as [`loop_pingpong`], each pair's echo a forked process.
+fn loop_pingpong_procs(duration: Duration, pairs: usize) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut echoes = Vec::new();
+    let mut pingers = Vec::new();
+    for pair in 0..pairs {
+        let cpu = pair % cpus;
+        let (ping_rd, ping_wr) = pipe_pair();
+        let (pong_rd, pong_wr) = pipe_pair();
+        // SAFETY: forked before any thread of this step starts; the child makes raw syscalls
+        // on its pipes and leaves with _exit.
+        let echo = unsafe { libc::fork() };
+        assert!(echo >= 0, "fork");
+        if echo == 0 {
+            pin_cpu(cpu);
+            let mut buf = [0u8; 1];
+            // SAFETY: one-byte reads and writes of valid buffers on our pipes; the pinger
+            // closing its end ends the loop.
+            unsafe {
+                libc::close(ping_wr);
+                libc::close(pong_rd);
+                while libc::read(ping_rd, buf.as_mut_ptr().cast(), 1) == 1 {
+                    libc::write(pong_wr, buf.as_ptr().cast(), 1);
+                }
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the echo's ends, which this process does not use.
+        unsafe {
+            libc::close(ping_rd);
+            libc::close(pong_wr);
+        }
+        echoes.push(echo);
+        pingers.push((cpu, ping_wr, pong_rd));
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let cpu_start = process_cpu_ns();
+    let start = Instant::now();
+    let threads: Vec<_> = pingers
+        .into_iter()
+        .map(|(cpu, ping_wr, pong_rd)| {
+            let stop = stop.clone();
+            let calls = calls.clone();
+            std::thread::spawn(move || {
+                pin_cpu(cpu);
+                let mut buf = [0u8; 1];
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: one-byte writes and reads of valid buffers on our pipes.
+                    unsafe {
+                        libc::write(ping_wr, b"x".as_ptr().cast(), 1);
+                        libc::read(pong_rd, buf.as_mut_ptr().cast(), 1);
+                    }
+                    n += 4;
+                }
+                calls.fetch_add(n, Ordering::Relaxed);
+                // SAFETY: closing our ends; the echo reads end of file and exits.
+                unsafe {
+                    libc::close(ping_wr);
+                    libc::close(pong_rd);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(duration);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let elapsed = start.elapsed();
+    let mut children_ns = 0u64;
+    for echo in echoes {
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waits for our own child.
+        unsafe { libc::wait4(echo, &mut status, 0, &mut usage) };
+        let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+        children_ns += tv(usage.ru_utime) + tv(usage.ru_stime);
+    }
+    let cpu = process_cpu_ns() - cpu_start + children_ns;
     let total = calls.load(Ordering::Relaxed).max(1) as f64;
     println!(
         "calls={} ns_per_call={:.1} threads={pairs} cpu_ns_per_call={:.1}",

@@ -15,7 +15,11 @@ use super::{
 };
 use crate::{
     config::Config,
-    kernel::{self, trace::TraceEvents, Probes},
+    kernel::{self, syscalls::OffCpuEvents, trace::TraceEvents, Probes},
+    metadata::{
+        cgroups,
+        cpu_bandwidth::{BandwidthReader, CpuBandwidth},
+    },
     util::error::Chain,
 };
 
@@ -55,6 +59,8 @@ pub struct Measurement {
     pub drops: ProbeDrops,
     /// CPU time of the target's cgroup, when the target is one.
     pub cpu: Option<CpuUsage>,
+    /// CPU quota throttling of the target's cgroup during the run, when it has a quota.
+    pub(crate) throttling: Option<CpuBandwidth>,
     /// Trace records received.
     pub events: u64,
     /// Why the target's block I/O was not recorded, when it was asked for and could not be.
@@ -104,9 +110,15 @@ pub(crate) fn run(
     sink: &mut dyn EventSink,
 ) -> Result<Measurement, CliError> {
     let mut options = session.load_options();
+    // A trace shows each call's stretches off CPU: the syscall programs (counting only the
+    // target) keep the calls in flight, and the scheduler programs stream the stretches.
+    let off_cpu = wants.events && config.syscalls.time_by_state;
     if wants.events {
         options.trace_ring_buffer_bytes = wants.ring_buffer_bytes;
         options.trace_max_threads = config.limits.max_threads;
+        if off_cpu {
+            options.state_trace_ring_buffer_bytes = (wants.ring_buffer_bytes / 4).max(page_size());
+        }
     }
     let mut block_off = None;
     let block_plan = if wants.block_ring_buffer_bytes > 0 {
@@ -128,8 +140,14 @@ pub(crate) fn run(
     let mut probes = Probes::load(&tool_config(config), &options)?;
     let drop_counters = DropCounters::take(&mut probes)?;
     set_target_filter(&mut probes, session)?;
-    let mut reader = if wants.profile {
+    // Read (and its exited processes reclaimed) also for the off-CPU stretches of a trace.
+    let mut reader = if wants.profile || off_cpu {
         Some(ProfileReader::attach(&mut probes, tool)?)
+    } else {
+        None
+    };
+    let mut off_cpu_events = if off_cpu {
+        Some(OffCpuEvents::take(&mut probes)?)
     } else {
         None
     };
@@ -153,6 +171,13 @@ pub(crate) fn run(
         eprintln!("sysscope {tool}: no block I/O tracks: {why}");
     }
     let cpu_before = read_cpu_stat(session);
+    let bandwidth = session.cgroup_dir().and_then(|dir| {
+        Some((
+            BandwidthReader::new(cgroups::v2_mount().ok()?),
+            dir.to_path_buf(),
+        ))
+    });
+    let throttling_before = bandwidth.as_ref().and_then(|(r, dir)| r.read_dir(dir));
     session.start()?;
     if !wants.quiet && session.child_pid().is_none() {
         let until = if session.pid().is_some() {
@@ -171,7 +196,10 @@ pub(crate) fn run(
     }
     sink.start(session.started_ns());
     let mut progress = Progress::new(tool, wants.quiet);
-    let mut profile = Profile::default();
+    let mut profile = Profile {
+        by_state: reader.is_some() && probes.time_by_state(),
+        ..Profile::default()
+    };
     let mut calls = 0u64;
     let mut last_read = Instant::now();
     let stop = loop {
@@ -181,6 +209,9 @@ pub(crate) fn run(
                 s.drain(|e| sink.event(e));
             }
             None => std::thread::sleep(TICK),
+        }
+        if let Some(o) = off_cpu_events.as_mut() {
+            o.drain(|e| sink.off_cpu(e));
         }
         if let Some(b) = blocks.as_mut() {
             b.drain(sink);
@@ -216,6 +247,9 @@ pub(crate) fn run(
     if let Some(s) = stream.as_mut() {
         s.drain(|e| sink.event(e));
     }
+    if let Some(o) = off_cpu_events.as_mut() {
+        o.drain(|e| sink.off_cpu(e));
+    }
     // Direct I/O completes before the call that issued it returns: by now every request of
     // an exited command is in the maps.
     if let Some(b) = blocks.as_mut() {
@@ -228,6 +262,13 @@ pub(crate) fn run(
             user: b.user.saturating_sub(a.user),
             system: b.system.saturating_sub(a.system),
         }),
+        _ => None,
+    };
+    let throttling = match (
+        throttling_before,
+        bandwidth.as_ref().and_then(|(r, dir)| r.read_dir(dir)),
+    ) {
+        (Some(before), Some(after)) => Some(after.since(&before)),
         _ => None,
     };
     let drops = drop_counters.read();
@@ -247,9 +288,15 @@ pub(crate) fn run(
         stop,
         drops,
         cpu,
+        throttling,
         events,
         block_off,
     })
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32
 }
 
 /// Checks privileges first, so a missing capability is reported before anything is created.

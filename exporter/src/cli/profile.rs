@@ -1,7 +1,8 @@
-//! The measured syscall profile of a target: calls, errors (by errno), time and latency
-//! buckets per syscall, read from the syscall probes' maps (`SYSCALL_STATS`,
-//! `SYSCALL_ERRORS`, `PROCESS_EXITS`) through [`SyscallMaps`] and a
-//! [`crate::series::SeriesTable`], as the syscall collector reads them.
+//! The measured syscall profile of a target: calls, errors (by errno), time (and its split into
+//! on CPU, waiting for a CPU and blocked) and latency buckets per syscall, read from the
+//! syscall probes' maps (`SYSCALL_STATS`, `SYSCALL_STATES`, `SYSCALL_ERRORS`,
+//! `PROCESS_EXITS`) through [`SyscallMaps`] and a [`crate::series::SeriesTable`] each, as the
+//! syscall collector reads them.
 //!
 //! The probes count every process of the node; [`ProfileReader::poll`] keeps what matches
 //! the target's filter and, like the exporter, reclaims the entries of exited processes once
@@ -15,7 +16,7 @@ use std::{
 };
 
 use serde::Serialize;
-use sysscope_abi::{counters, hist, ErrnoKey, FdClass, SyscallKey, SyscallStats};
+use sysscope_abi::{counters, hist, ErrnoKey, FdClass, StateStats, SyscallKey, SyscallStats};
 
 use super::CliError;
 use crate::{
@@ -36,6 +37,13 @@ pub struct SyscallRow {
     pub errors: u64,
     /// Wall time spent inside the call (entry to exit), summed over calls.
     pub total_ns: u64,
+    /// Of `total_ns`: runnable but not running (waiting for a CPU), asleep (blocked), and off
+    /// CPU with no wakeup seen (unknown); the rest was on CPU. All 0 when the split is off.
+    pub wait_ns: u64,
+    pub blocked_ns: u64,
+    pub unknown_ns: u64,
+    /// Calls that left their CPU at least once.
+    pub switched: u64,
     /// Calls per kernel latency bucket (see `sysscope_abi::hist`).
     #[serde(skip)]
     pub buckets: [u64; hist::HIST_BUCKETS],
@@ -51,9 +59,19 @@ impl SyscallRow {
             calls: 0,
             errors: 0,
             total_ns: 0,
+            wait_ns: 0,
+            blocked_ns: 0,
+            unknown_ns: 0,
+            switched: 0,
             buckets: [0; hist::HIST_BUCKETS],
             errnos: BTreeMap::new(),
         }
+    }
+
+    /// Time on CPU inside the call: the duration less the parts off CPU.
+    pub fn on_cpu_ns(&self) -> u64 {
+        self.total_ns
+            .saturating_sub(self.wait_ns + self.blocked_ns + self.unknown_ns)
     }
 
     /// Mean duration in ns (0 without calls).
@@ -93,6 +111,9 @@ pub struct Profile {
     pub by_fd: BTreeMap<(u32, FdClass), SyscallRow>,
     /// Processes (tgids) seen making syscalls.
     pub processes: HashSet<u32>,
+    /// Whether the probes split each call's time by state (the rows' parts off CPU are then
+    /// measured, not absent).
+    pub by_state: bool,
 }
 
 impl Profile {
@@ -113,6 +134,20 @@ impl Profile {
             for (t, b) in row.buckets.iter_mut().zip(d.buckets.iter()) {
                 *t += *b;
             }
+        };
+        add(self.row_mut(nr));
+        if fd != FdClass::NONE {
+            add(self.fd_row_mut(nr, fd));
+        }
+    }
+
+    /// Adds a delta of the parts off CPU of `nr` on a descriptor of class `fd`.
+    pub fn add_states(&mut self, nr: u32, fd: FdClass, d: &StateStats) {
+        let add = |row: &mut SyscallRow| {
+            row.wait_ns += d.wait_ns;
+            row.blocked_ns += d.blocked_ns;
+            row.unknown_ns += d.unknown_ns;
+            row.switched += d.switched;
         };
         add(self.row_mut(nr));
         if fd != FdClass::NONE {
@@ -182,6 +217,8 @@ impl Profile {
 #[derive(Debug, Default)]
 pub(crate) struct Deltas {
     pub stats: Vec<(SyscallKey, SyscallStats)>,
+    /// Parts off CPU, read after `stats`.
+    pub states: Vec<(SyscallKey, StateStats)>,
     pub errors: Vec<(ErrnoKey, u64)>,
     /// Processes that exited since the previous poll, with their comm at exit.
     pub exited: Vec<(u32, [u8; 16])>,
@@ -198,6 +235,8 @@ pub struct ProbeDrops {
     pub trace_ring_buffer_full: u64,
     /// Block requests of the target not streamed: their ring buffer was full.
     pub block_ring_buffer_full: u64,
+    /// Stretches off CPU of the target's calls not streamed: their ring buffer was full.
+    pub off_cpu_ring_buffer_full: u64,
 }
 
 /// The drops of [`ProbeDrops`], from `PROBE_COUNTERS` (what the probes could not record).
@@ -224,6 +263,7 @@ impl DropCounters {
             threads_full: self.get(counters::SYSCALL_THREADS_FULL),
             trace_ring_buffer_full: self.get(counters::TRACE_RINGBUF_FULL),
             block_ring_buffer_full: self.get(counters::TRACE_BLOCK_RINGBUF_FULL),
+            off_cpu_ring_buffer_full: self.get(counters::TRACE_STATE_RINGBUF_FULL),
         }
     }
 }
@@ -233,6 +273,8 @@ impl DropCounters {
 pub(crate) struct ProfileReader {
     maps: SyscallMaps,
     stats: SeriesTable<SyscallKey, SyscallStats, (), SyscallKey>,
+    /// The parts off CPU, read after `stats`.
+    states: SeriesTable<SyscallKey, StateStats, (), SyscallKey>,
     errors: SeriesTable<ErrnoKey, u64, (), ErrnoKey>,
 }
 
@@ -242,6 +284,7 @@ impl ProfileReader {
         Ok(Self {
             maps: SyscallMaps::attach(probes, tool)?,
             stats: SeriesTable::named_once(),
+            states: SeriesTable::named_once(),
             errors: SeriesTable::named_once(),
         })
     }
@@ -262,6 +305,13 @@ impl ProfileReader {
             |key, _| target(&keep, key.cgroup_id, key.tgid, *key),
             |key, _| exited.contains(&key.tgid),
         );
+        // The entries are deleted in the kernel with their durations, never by this table.
+        let states = self.states.fold(
+            self.maps.stats.state_snapshot(),
+            now,
+            |key, _| target(&keep, key.cgroup_id, key.tgid, *key),
+            |_, _| false,
+        );
         let errors = self.errors.fold(
             self.maps.errors.read(),
             now,
@@ -270,11 +320,13 @@ impl ProfileReader {
         );
         // Forgotten only once the kernel's entry is gone.
         let gone = self.maps.stats.remove(&stats.reclaim);
+        self.states.reclaimed(gone.iter().copied(), states.complete);
         self.stats.reclaimed(gone, stats.complete);
         let gone = self.maps.errors.remove(&errors.reclaim);
         self.errors.reclaimed(gone, errors.complete);
         self.maps.exits.forget(&exited);
         out.stats = changed(self.stats.take_series());
+        out.states = changed(self.states.take_series());
         out.errors = changed(self.errors.take_series());
         out
     }
@@ -290,6 +342,9 @@ impl ProfileReader {
         for (key, s) in &d.stats {
             calls += s.count();
             profile.add_stats(key.tgid, key.nr, key.fd, s);
+        }
+        for (key, parts) in &d.states {
+            profile.add_states(key.nr, key.fd, parts);
         }
         for (key, n) in &d.errors {
             profile.add_errors(key.nr as u32, key.fd, key.errno, *n);

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use sysscope_abi::{BlockTraceEvent, TraceEvent};
+use sysscope_abi::{BlockTraceEvent, OffCpuEvent, TraceEvent};
 
 /// Cumulative (bytes, requests) of the target per (kernel dev_t, op), since the probes
 /// attached.
@@ -21,6 +21,9 @@ pub(crate) trait EventSink {
     fn block_event(&mut self, _event: &BlockTraceEvent) {}
     /// The target's cumulative block I/O so far, read before every [`EventSink::tick`].
     fn block_totals(&mut self, _totals: &BlockTotals) {}
+    /// One stretch a call of the target spent off its CPU (`sysscope trace`, when calls'
+    /// time is split by state); it lies within that call's [`EventSink::event`].
+    fn off_cpu(&mut self, _event: &OffCpuEvent) {}
 }
 
 /// A sink that ignores everything (runs without a stream).

@@ -1,6 +1,8 @@
 //! `sysscope summary`: the `strace -c -f` table of a command, process or cgroup, counted in the
 //! kernel by the syscall probes (no ptrace): % time, seconds, usecs/call, calls, errors per
-//! syscall and a total line, sorted by time (or `-S calls|errors|name|avg`), or as JSON.
+//! syscall and a total line, sorted by time (or `-S calls|errors|name|avg`), or as JSON; with
+//! `--by-state`, a second table splits each syscall's seconds into on CPU, waiting for a CPU
+//! and blocked (from `SYSCALL_STATES`, see `ebpf/probes/src/sched.rs`).
 
 use std::{io::Write, path::PathBuf};
 
@@ -23,10 +25,15 @@ Examples:
   sysscope summary --pid 1234 --duration 10s    # a running process, for 10 seconds
   sysscope summary --cgroup /system.slice/nginx.service -d 30s --json
   sysscope summary --by-fd -- python3 train.py  # reads by file system, pipe, socket
+  sysscope summary --by-state -- python3 train.py  # on CPU, waiting for a CPU, blocked
 
 The command runs in a fresh cgroup v2 of its own, so its children are counted too, and
 `sysscope summary` ends with its exit code. Seconds are wall time spent inside each call
-(entry to exit, like `strace -c -w`). Needs root, or CAP_BPF + CAP_PERFMON.";
+(entry to exit, like `strace -c -w`). With --by-state they are split by where the thread
+was: on-cpu (running), wait-cpu (runnable, waiting for a CPU: preempted, or woken and not yet
+running; a CPU quota's throttling where the kernel throttles inside calls), blocked (asleep:
+I/O, locks, sleeps) and unknown (off CPU with no wakeup seen); the four add up to seconds.
+The JSON always carries the split. Needs root, or CAP_BPF + CAP_PERFMON.";
 
 /// Sort order of the table (strace's `-S`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -62,6 +69,10 @@ pub struct SummaryArgs {
     /// a file on which filesystem, a pipe, a socket, a character device.
     #[arg(long)]
     pub by_fd: bool,
+
+    /// Also split each syscall's time into on CPU, waiting for a CPU, blocked and unknown.
+    #[arg(long)]
+    pub by_state: bool,
 
     /// Write the summary to this file instead of standard output.
     #[arg(short = 'o', long, value_name = "FILE")]
@@ -184,6 +195,100 @@ pub fn render_fd_table(profile: &Profile) -> String {
     out
 }
 
+fn seconds(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Each syscall's time split by state, in the main table's order: seconds on CPU, waiting for
+/// a CPU, blocked and unknown (adding up to the main table's seconds), and the share of its
+/// calls that left the CPU.
+pub fn render_state_table(profile: &Profile, key: SortKey) -> String {
+    let rule =
+        "----------- ----------- ----------- ----------- ----------- --------- ------------------";
+    let mut out = String::new();
+    out.push_str("    seconds      on-cpu    wait-cpu     blocked     unknown %switched syscall\n");
+    out.push_str(rule);
+    out.push('\n');
+    let row = |out: &mut String,
+               total: u64,
+               on: u64,
+               wait: u64,
+               blocked: u64,
+               unknown: u64,
+               switched: f64,
+               name: &str| {
+        out.push_str(&format!(
+            "{:>11.6} {:>11.6} {:>11.6} {:>11.6} {:>11.6} {switched:>9.1} {name}\n",
+            seconds(total),
+            seconds(on),
+            seconds(wait),
+            seconds(blocked),
+            seconds(unknown),
+        ));
+    };
+    let share = |switched: u64, calls: u64| {
+        if calls == 0 {
+            0.0
+        } else {
+            switched as f64 * 100.0 / calls as f64
+        }
+    };
+    let mut sum = SyscallRow::new(0);
+    for r in sorted_rows(profile, key) {
+        row(
+            &mut out,
+            r.total_ns,
+            r.on_cpu_ns(),
+            r.wait_ns,
+            r.blocked_ns,
+            r.unknown_ns,
+            share(r.switched, r.calls),
+            &r.name,
+        );
+        sum.total_ns += r.total_ns;
+        sum.wait_ns += r.wait_ns;
+        sum.blocked_ns += r.blocked_ns;
+        sum.unknown_ns += r.unknown_ns;
+        sum.switched += r.switched;
+        sum.calls += r.calls;
+    }
+    out.push_str(rule);
+    out.push('\n');
+    row(
+        &mut out,
+        sum.total_ns,
+        sum.on_cpu_ns(),
+        sum.wait_ns,
+        sum.blocked_ns,
+        sum.unknown_ns,
+        share(sum.switched, sum.calls),
+        "total",
+    );
+    out
+}
+
+/// The time split of a row as JSON fields (none when the probes did not split it).
+fn state_fields(profile: &Profile, r: &SyscallRow) -> serde_json::Value {
+    if !profile.by_state {
+        return json!({});
+    }
+    json!({
+        "on_cpu_seconds": seconds(r.on_cpu_ns()),
+        "wait_cpu_seconds": seconds(r.wait_ns),
+        "blocked_seconds": seconds(r.blocked_ns),
+        "unknown_seconds": seconds(r.unknown_ns),
+        "switched_calls": r.switched,
+    })
+}
+
+/// Merges the fields of object `extra` into object `v`.
+fn merge(mut v: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(v), serde_json::Value::Object(extra)) = (v.as_object_mut(), extra) {
+        v.extend(extra);
+    }
+    v
+}
+
 /// The summary as JSON (rows in table order).
 pub fn render_json(
     profile: &Profile,
@@ -197,7 +302,7 @@ pub fn render_json(
     let rows: Vec<_> = sorted_rows(profile, key)
         .into_iter()
         .map(|r| {
-            json!({
+            merge(json!({
                 "syscall": r.name,
                 "nr": r.nr,
                 "calls": r.calls,
@@ -208,7 +313,7 @@ pub fn render_json(
                 "percent_time": if total == 0 { 0.0 } else { r.total_ns as f64 * 100.0 / total as f64 },
                 "p50_seconds_at_most": r.quantile_upper_ns(0.5).map(|ns| ns as f64 / 1e9),
                 "p99_seconds_at_most": r.quantile_upper_ns(0.99).map(|ns| ns as f64 / 1e9),
-            })
+            }), state_fields(profile, r))
         })
         .collect();
     let mut v = json!({
@@ -229,15 +334,18 @@ pub fn render_json(
         v["by_fd"] = fd_rows(profile)
             .into_iter()
             .map(|(fd, r)| {
-                json!({
-                    "syscall": r.name,
-                    "fd_kind": sysscope_abi::fd_class::name(fd.kind),
-                    "fs": (fd.kind == sysscope_abi::fd_class::FILE)
-                        .then(|| crate::kernel::fd_class::fs_name(fd.fs_magic)),
-                    "calls": r.calls,
-                    "errors": r.errors,
-                    "seconds": r.total_ns as f64 / 1e9,
-                })
+                merge(
+                    json!({
+                        "syscall": r.name,
+                        "fd_kind": sysscope_abi::fd_class::name(fd.kind),
+                        "fs": (fd.kind == sysscope_abi::fd_class::FILE)
+                            .then(|| crate::kernel::fd_class::fs_name(fd.fs_magic)),
+                        "calls": r.calls,
+                        "errors": r.errors,
+                        "seconds": r.total_ns as f64 / 1e9,
+                    }),
+                    state_fields(profile, r),
+                )
             })
             .collect::<Vec<_>>()
             .into();
@@ -247,6 +355,11 @@ pub fn render_json(
 
 pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
     measure::preflight()?;
+    if args.by_state && !config.syscalls.time_by_state {
+        return Err(CliError::Usage(
+            "--by-state needs syscalls.time_by_state, which the config file turns off".into(),
+        ));
+    }
     // Fail on an unwritable output before running anything.
     let mut out = open_output(args.output.as_ref())?;
     let mut session = Session::new(&args.target, "summary", &config.kubernetes)?;
@@ -269,14 +382,15 @@ pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
         .expect("JSON of plain values");
         s.push('\n');
         s
-    } else if args.by_fd {
-        format!(
-            "{}\n{}",
-            render_table(&m.profile, args.sort),
-            render_fd_table(&m.profile)
-        )
     } else {
-        render_table(&m.profile, args.sort)
+        let mut text = render_table(&m.profile, args.sort);
+        if args.by_fd {
+            text = format!("{text}\n{}", render_fd_table(&m.profile));
+        }
+        if args.by_state {
+            text = format!("{text}\n{}", render_state_table(&m.profile, args.sort));
+        }
+        text
     };
     out.write_all(text.as_bytes())
         .and_then(|_| out.flush())
@@ -287,6 +401,7 @@ pub fn run(args: &SummaryArgs, config: &Config) -> Result<u8, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::syscall_table;
 
     #[test]
     fn table_matches_strace_layout() {
@@ -334,5 +449,50 @@ mod tests {
         assert_eq!(names(SortKey::Errors), ["write", "close", "read"]);
         assert_eq!(names(SortKey::Name), ["close", "read", "write"]);
         assert_eq!(names(SortKey::Avg), ["write", "read", "close"]);
+    }
+
+    #[test]
+    fn state_table_splits_each_row_and_the_total() {
+        let mut p =
+            Profile::from_rows(&[("read", 10, 0, 3_000_000), ("nanosleep", 2, 0, 10_000_000)]);
+        p.by_state = true;
+        let read = syscall_table::number("read").unwrap();
+        let sleep = syscall_table::number("nanosleep").unwrap();
+        let parts = |wait_ns, blocked_ns, switched| sysscope_abi::StateStats {
+            wait_ns,
+            blocked_ns,
+            unknown_ns: 0,
+            switched,
+        };
+        p.add_states(read, sysscope_abi::FdClass::NONE, &parts(2_000_000, 0, 5));
+        p.add_states(
+            sleep,
+            sysscope_abi::FdClass::NONE,
+            &parts(1000, 9_990_000, 2),
+        );
+        let t = render_state_table(&p, SortKey::Time);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0],
+            "    seconds      on-cpu    wait-cpu     blocked     unknown %switched syscall"
+        );
+        assert_eq!(
+            lines[2],
+            "   0.010000    0.000009    0.000001    0.009990    0.000000     100.0 nanosleep"
+        );
+        assert_eq!(
+            lines[3],
+            "   0.003000    0.001000    0.002000    0.000000    0.000000      50.0 read"
+        );
+        assert_eq!(
+            lines[5],
+            "   0.013000    0.001009    0.002001    0.009990    0.000000      58.3 total"
+        );
+        let row = &p.rows[&read];
+        let v = state_fields(&p, row);
+        assert_eq!(v["on_cpu_seconds"], 0.001);
+        assert_eq!(v["switched_calls"], 5);
+        p.by_state = false;
+        assert_eq!(state_fields(&p, row), json!({}));
     }
 }

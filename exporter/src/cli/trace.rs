@@ -136,6 +136,10 @@ pub fn run(args: &TraceArgs, config: &Config) -> Result<u8, CliError> {
         "stopped": m.stop.as_str(),
         "dropped_ring_buffer_full": m.drops.trace_ring_buffer_full,
     });
+    if config.syscalls.time_by_state {
+        other["off_cpu_stretches_dropped_ring_buffer_full"] =
+            json!(m.drops.off_cpu_ring_buffer_full);
+    }
     match &m.block_off {
         Some(why) => other["block_io_off"] = json!(why),
         None => {
@@ -194,6 +198,23 @@ pub fn run(args: &TraceArgs, config: &Config) -> Result<u8, CliError> {
                     thousands(dropped),
                     thousands(m.drops.block_ring_buffer_full),
                     thousands(stats.block_over_limit)
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    if format == Format::TraceEventJson && config.syscalls.time_by_state {
+        let dropped = m.drops.off_cpu_ring_buffer_full + stats.off_cpu_over_limit;
+        eprintln!(
+            "sysscope trace: {} stretches off CPU inside calls written as slices (blocked, waiting for a CPU){}",
+            thousands(stats.off_cpu_written),
+            if dropped > 0 {
+                format!(
+                    "; {} not written ({} ring buffer full: try a larger --buffer-size; {} over --max-events)",
+                    thousands(dropped),
+                    thousands(m.drops.off_cpu_ring_buffer_full),
+                    thousands(stats.off_cpu_over_limit)
                 )
             } else {
                 String::new()

@@ -7,10 +7,12 @@
 //! collector: refreshed after the others with what they report ([`Health`]), never down.
 
 pub(crate) mod block_io;
+pub(crate) mod cgroup_cpu;
 pub mod cpu;
 pub mod gpu;
 pub(crate) mod kubernetes;
 pub(crate) mod self_metrics;
+pub(crate) mod syscall_time;
 pub(crate) mod syscalls;
 
 pub(crate) use crate::collector::MapUsage;

@@ -80,6 +80,11 @@ const COUNTER_METRICS: &[(u32, CounterKind, &str)] = &[
         maps::TRACE_EVENTS,
     ),
     (
+        counters::TRACE_STATE_RINGBUF_FULL,
+        CounterKind::MapFull,
+        maps::OFFCPU_EVENTS,
+    ),
+    (
         counters::SYSCALL_EXIT_WITHOUT_ENTER,
         CounterKind::Missed,
         "syscall_exit_without_enter",

@@ -1,12 +1,14 @@
 //! The syscall collector: counts, errors by errno and latency histograms per workload.
 //!
-//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task`,
-//! `syscalls_sched_switch` (raw tracepoints, see `ebpf/probes/src/syscalls.rs`).
-//! Maps read: the statistics table (`SYSCALL_SLOTS` + `SYSCALL_STATS`, see
-//! [`crate::kernel::syscalls`]), `SYSCALL_ERRORS`, `PROCESS_EXITS`; `SLOW_THRESHOLDS` is written
-//! once at start.
+//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task` (raw
+//! tracepoints, see `ebpf/probes/src/syscalls.rs`), `sched_switch` and `sched_wakeup` (BTF
+//! tracepoints, `ebpf/probes/src/sched.rs`).
+//! Maps read: the statistics table (`SYSCALL_SLOTS` + `SYSCALL_STATS` + `SYSCALL_STATES`,
+//! see [`crate::kernel::syscalls`]), `SYSCALL_ERRORS`, `PROCESS_EXITS`; `SLOW_THRESHOLDS` is
+//! written once at start. Files read: the `cpu.stat` of the cgroups it labels.
 //! Metrics: `sysscope_syscalls_total`, `sysscope_syscall_errors_total`,
-//! `sysscope_syscall_duration_seconds`.
+//! `sysscope_syscall_duration_seconds`, `sysscope_syscall_time_seconds_total` (time by state,
+//! [`super::syscall_time`]) and the cgroups' CPU throttling ([`super::cgroup_cpu`]).
 //!
 //! Each refresh reads every kernel entry and adds what changed since the previous read to the
 //! entry's series ([`crate::series::SeriesTable`]; an entry is named again whenever it changed,
@@ -29,7 +31,11 @@ use prometheus_client::{
 };
 use sysscope_abi::{maps, ErrnoKey, FdClass, SyscallKey, SyscallStats, FOLDED_TGID};
 
-use super::{Collector, CollectorError, Health, MapUsage};
+use super::{
+    cgroup_cpu::CgroupCpu,
+    syscall_time::{SyscallTime, STATES},
+    Collector, CollectorError, Health, MapUsage,
+};
 use crate::{
     config::{Config, HistogramResolution},
     hist::{encode_histogram, exported_bounds},
@@ -37,8 +43,8 @@ use crate::{
     kernel::fd_class,
     kernel::syscalls::{SlowThresholds, SyscallMaps},
     kernel::{ProbeError, Probes},
-    metadata::{Labeler, SharedLabeler, Sighting},
-    series::{Budget, Folded, LabelControl, Named, SeriesTable, Workload, OTHER},
+    metadata::{self, Labeler, SharedLabeler, Sighting},
+    series::{Budget, CgroupLabels, Folded, LabelControl, Named, SeriesTable, Workload, OTHER},
     syscall_table,
 };
 
@@ -61,6 +67,10 @@ pub(crate) struct SyscallCollector {
     /// Error entries are named like call entries (the budget routes their label set without
     /// the errno), and counted per errno.
     errors: SeriesTable<ErrnoKey, u64, SeriesKey, ErrorSeriesKey>,
+    /// The call series' time by state (`None`: `syscalls.time_by_state` is off).
+    time: Option<SyscallTime<SeriesKey>>,
+    /// CPU throttling of the cgroups the call series name.
+    cgroup_cpu: CgroupCpu,
     budget: Budget<SeriesKey>,
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
     bounds: Vec<(usize, f64)>,
@@ -96,7 +106,11 @@ impl SyscallCollector {
         thresholds.write(&config.slow_thresholds_ns())?;
         let maps = SyscallMaps::attach(probes, NAME)?;
         let limits = &config.limits;
+        let time = maps.stats.splits_by_state().then(SyscallTime::default);
+        let cgroup_cpu = CgroupCpu::new(metadata::cgroup_root(&labeler));
         Ok(Self {
+            time,
+            cgroup_cpu,
             maps,
             thresholds,
             labeler,
@@ -115,8 +129,9 @@ impl SyscallCollector {
     }
 
     fn series_cost(&self) -> usize {
-        // _total + one per bound + +Inf + _sum + _count
-        1 + self.bounds.len() + 3
+        // _total + one per bound + +Inf + _sum + _count (+ one per state)
+        let states = if self.time.is_some() { STATES.len() } else { 0 };
+        1 + self.bounds.len() + 3 + states
     }
 
     /// The coarser label sets a call series folds into when it does not fit the budget.
@@ -204,6 +219,42 @@ impl SyscallCollector {
         // holds one too).
         self.stats_usage.seen(self.maps.stats.keys_held() as u64);
         folded
+    }
+
+    /// Adds what changed in the parts off CPU of every statistics entry to the series its
+    /// durations count in: read right after [`Self::read_stats`] (see [`super::syscall_time`]).
+    /// Returns whether the read saw every entry (`None`: the split is off).
+    fn read_times(&mut self, now: Instant) -> Option<bool> {
+        let time = self.time.as_mut()?;
+        let stats = &self.stats;
+        Some(time.read(self.maps.stats.state_snapshot(), now, |key| {
+            stats.series_of(key).cloned()
+        }))
+    }
+
+    /// Hands the cgroups of the entries named so far, with the labels of their series, to the
+    /// CPU throttling reader: right after [`Self::read_stats`], before the entries of exited
+    /// processes are reclaimed.
+    fn label_cgroups(&mut self) {
+        let mut labelled: std::collections::HashMap<u64, Arc<CgroupLabels>> =
+            std::collections::HashMap::new();
+        for (key, (workload, _, _)) in self.stats.routes() {
+            // A series of the cgroup's own wins over one folded into `cgroup="other"`.
+            let series = labelled
+                .entry(key.cgroup_id)
+                .or_insert_with(|| workload.cgroup.clone());
+            if series.path.as_ref() == OTHER {
+                *series = workload.cgroup.clone();
+            }
+        }
+        let cgroups: Vec<_> = {
+            let mut labeler = self.labeler.lock().expect("labeler lock");
+            labelled
+                .into_iter()
+                .map(|(id, series)| (id, labeler.cgroup(id), series))
+                .collect()
+        };
+        self.cgroup_cpu.label(cgroups);
     }
 
     /// Adds what changed in every error entry to its series; as [`Self::read_stats`].
@@ -308,11 +359,16 @@ impl Collector for SyscallCollector {
         let mut reclaim = self.orphans(&exited);
         reclaim.extend(exited.iter().copied());
         let stats = self.read_stats(now, &reclaim);
+        let times = self.read_times(now);
+        self.label_cgroups();
         let errors = self.read_errors(now, &reclaim);
 
         // Reclaim: the values of these entries were just added to their series. An entry is
         // forgotten only once the kernel's is gone; otherwise it is read again next time.
         let gone = self.maps.stats.remove(&stats.reclaim);
+        if let (Some(time), Some(complete)) = (self.time.as_mut(), times) {
+            time.reclaimed(gone.iter().copied(), complete);
+        }
         self.stats.reclaimed(gone, stats.complete);
         let gone = self.maps.errors.remove(&errors.reclaim);
         self.errors.reclaimed(gone, errors.complete);
@@ -351,6 +407,10 @@ impl Collector for SyscallCollector {
             self.budget.retain_routes(|k| live.contains(k));
         }
         self.retire_idle_series(now);
+        if let Some(time) = self.time.as_mut() {
+            time.settle(self.stats.series().map(|(k, s)| (k, s.sum.sum_ns)));
+        }
+        self.cgroup_cpu.refresh(now, self.retention);
         Ok(())
     }
 
@@ -402,6 +462,25 @@ impl Collector for SyscallCollector {
                 )?;
             }
         }
+        if let Some(time) = &self.time {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_syscall_time_seconds",
+                "Time inside syscalls by where the calling thread was: on_cpu (running), wait_cpu (runnable, waiting for a CPU: preempted, or woken and not yet running), blocked (asleep: I/O, locks, sleeps), unknown (off CPU with no wakeup seen); the four add up to sysscope_syscall_duration_seconds_sum.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (key, _) in self.stats.series() {
+                let (workload, nr, fd) = key;
+                for (state, ns) in STATES.iter().zip(time.get(key).by_state()) {
+                    series_labels(&mut labels, workload, *nr, fd);
+                    labels.push(("state", Cow::Borrowed(state)));
+                    family
+                        .encode_family(&labels)?
+                        .encode_counter::<NoLabelSet, _, u64>(&(ns as f64 / 1e9), None)?;
+                }
+            }
+        }
+        self.cgroup_cpu.encode(encoder)?;
         Ok(())
     }
 

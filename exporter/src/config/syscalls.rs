@@ -1,5 +1,5 @@
-//! `[syscalls]`: the syscall collector (histogram resolution, the descriptor split). Serde types
-//! and defaults only; validation is in the parent module.
+//! `[syscalls]`: the syscall collector (histogram resolution, the descriptor split, the split
+//! of calls' time by state). Serde types and defaults only; validation is in the parent module.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -30,6 +30,10 @@ pub(crate) struct SyscallsConfig {
     /// Splits the read and write families and the socket calls by what their descriptor is
     /// (`fd_kind`, and `fs` for files), classified in the kernel at entry.
     pub(crate) descriptor_kinds: bool,
+    /// Splits each call's time into on CPU, waiting for a CPU and blocked
+    /// (`sysscope_syscall_time_seconds_total{state}`), stamped by scheduler probes on every
+    /// context switch and wakeup of a task in a call (docs/performance.md: what it costs).
+    pub(crate) time_by_state: bool,
 }
 
 impl Default for SyscallsConfig {
@@ -38,6 +42,7 @@ impl Default for SyscallsConfig {
             enabled: true,
             histogram_resolution: HistogramResolution::Log4,
             descriptor_kinds: true,
+            time_by_state: true,
         }
     }
 }

@@ -18,7 +18,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, IterableMap, MapData, MapError},
     Pod,
 };
-use sysscope_abi::{BlockStats, LatencyHistogram};
+use sysscope_abi::{BlockStats, LatencyHistogram, StateStats};
 
 use crate::{
     kernel::bpf_batch::{self, BatchError},
@@ -132,6 +132,41 @@ impl Counters for LatencyHistogram {
 
     fn has_events(&self) -> bool {
         self.count() > 0
+    }
+}
+
+impl Counters for StateStats {
+    const ZERO: Self = StateStats::ZERO;
+
+    fn since(&self, prev: &Self) -> Self {
+        let went_back = self.wait_ns < prev.wait_ns
+            || self.blocked_ns < prev.blocked_ns
+            || self.unknown_ns < prev.unknown_ns
+            || self.switched < prev.switched;
+        if went_back {
+            return *self;
+        }
+        StateStats {
+            wait_ns: self.wait_ns - prev.wait_ns,
+            blocked_ns: self.blocked_ns - prev.blocked_ns,
+            unknown_ns: self.unknown_ns - prev.unknown_ns,
+            switched: self.switched - prev.switched,
+        }
+    }
+
+    fn is_zero(&self) -> bool {
+        *self == StateStats::ZERO
+    }
+
+    fn add(&mut self, change: &Self) {
+        self.wait_ns = self.wait_ns.wrapping_add(change.wait_ns);
+        self.blocked_ns = self.blocked_ns.wrapping_add(change.blocked_ns);
+        self.unknown_ns = self.unknown_ns.wrapping_add(change.unknown_ns);
+        self.switched = self.switched.wrapping_add(change.switched);
+    }
+
+    fn has_events(&self) -> bool {
+        self.switched > 0
     }
 }
 

@@ -32,7 +32,7 @@ use std::{cell::OnceCell, time::Duration};
 
 use aya::{
     maps::Map,
-    programs::{ProgramError, RawTracePoint},
+    programs::{BtfTracePoint, Program, ProgramError, RawTracePoint},
     Ebpf, EbpfLoader,
 };
 use sysscope_abi::{
@@ -74,6 +74,12 @@ pub enum ProbeError {
     },
     #[error("the kernel BTF file given with --btf.path cannot be used by the loader")]
     KernelBtf(#[source] aya::BtfError),
+    #[error("cannot read the kernel's BTF from {path} for the BTF tracepoint programs")]
+    ReadBtf {
+        path: String,
+        #[source]
+        source: aya::BtfError,
+    },
     #[error(
         "this kernel ({kernel}) lacks {} (Linux {}+), which `{needed_by}` needs",
         feature.name,
@@ -211,6 +217,10 @@ pub struct LoadOptions {
     pub block_trace: bool,
     /// Size of `TRACE_BLOCK_EVENTS` in bytes (0: the object's one page; a power of two).
     pub block_trace_ring_buffer_bytes: u32,
+    /// The scheduler programs stream every off-CPU stretch of a counted call to
+    /// `OFFCPU_EVENTS` (global `SYSCALL_STATE_TRACE`), a ring buffer of this many bytes
+    /// (a power of two); 0: no stream.
+    pub state_trace_ring_buffer_bytes: u32,
 }
 
 /// One program as attached (or not) by a collector.
@@ -271,6 +281,8 @@ fn btf_offsets<T>(
 pub struct Probes {
     ebpf: Ebpf,
     programs: Vec<ProgramStatus>,
+    /// Whether the syscall programs split calls' time by state (`syscalls.time_by_state`).
+    time_by_state: bool,
     /// Keeps the kernel's run-time accounting on (or samples it) for as long as sysscope runs.
     stats: RunTimeStats,
 }
@@ -341,6 +353,13 @@ impl Probes {
         }
         if options.syscalls_target_only {
             loader.override_global(globals::SYSCALL_TARGET_ONLY, &1u32, false);
+        }
+        if config.syscalls.time_by_state {
+            loader.override_global(globals::SYSCALL_TIME_BY_STATE, &1u32, false);
+            if options.state_trace_ring_buffer_bytes != 0 {
+                loader.override_global(globals::SYSCALL_STATE_TRACE, &1u32, false);
+                loader.map_max_entries(maps::OFFCPU_EVENTS, options.state_trace_ring_buffer_bytes);
+            }
         }
         if options.trace_ring_buffer_bytes != 0 {
             loader.map_max_entries(maps::TRACE_EVENTS, options.trace_ring_buffer_bytes);
@@ -416,12 +435,14 @@ impl Probes {
         Ok(Self {
             ebpf,
             programs: Vec::new(),
+            time_by_state: config.syscalls.time_by_state,
             stats,
         })
     }
 
-    /// Loads (verifies) `program` and attaches it to raw tracepoint `tracepoint`.
-    /// The outcome is recorded for `sysscope_probe_attached` either way.
+    /// Loads (verifies) `program` and attaches it to tracepoint `tracepoint`, as a raw
+    /// tracepoint or, for a program built as one, a BTF tracepoint (the kernel's BTF is read
+    /// for it, then dropped). The outcome is recorded for `sysscope_probe_attached` either way.
     pub fn attach_raw_tracepoint(
         &mut self,
         collector: &'static str,
@@ -448,18 +469,20 @@ impl Probes {
         } else {
             tracepoint
         };
-        let prog: &mut RawTracePoint = self
+        let prog = self
             .ebpf
             .program_mut(program)
             .ok_or_else(|| ProbeError::NoSuchProgram {
                 program: program.to_string(),
-            })?
-            .try_into()
-            .map_err(|source| ProbeError::Program {
-                program: program.to_string(),
-                action: "type check",
-                source,
             })?;
+        if let Program::BtfTracePoint(prog) = prog {
+            return attach_btf_tracepoint(prog, program, tracepoint);
+        }
+        let prog: &mut RawTracePoint = prog.try_into().map_err(|source| ProbeError::Program {
+            program: program.to_string(),
+            action: "type check",
+            source,
+        })?;
         if let Some(log) = features::injected_verifier_log(program) {
             tracing::warn!(
                 program,
@@ -502,11 +525,12 @@ impl Probes {
             if !status.attached {
                 continue;
             }
-            let prog: Option<&mut RawTracePoint> = self
-                .ebpf
-                .program_mut(&status.program)
-                .and_then(|p| p.try_into().ok());
-            match prog.map(|p| p.unload()) {
+            let unloaded = match self.ebpf.program_mut(&status.program) {
+                Some(Program::RawTracePoint(p)) => Some(p.unload()),
+                Some(Program::BtfTracePoint(p)) => Some(p.unload()),
+                _ => None,
+            };
+            match unloaded {
                 Some(Ok(())) => {
                     status.attached = false;
                     tracing::info!(program = %status.program, collector, "detached");
@@ -535,6 +559,11 @@ impl Probes {
             .ok_or_else(|| ProbeError::NoSuchMap {
                 map: name.to_string(),
             })
+    }
+
+    /// Whether the syscall programs were loaded to split calls' time by state.
+    pub fn time_by_state(&self) -> bool {
+        self.time_by_state
     }
 
     /// What was attached, and what failed to.
@@ -567,6 +596,50 @@ impl Probes {
     pub(crate) fn stats_coverage(&self) -> f64 {
         self.stats.coverage()
     }
+}
+
+/// Loads `prog` (named `program`) for BTF tracepoint `tracepoint` and attaches it. The
+/// kernel's BTF (or the file `--btf.path` names) is parsed for the load and dropped after:
+/// it is tens of MiB once parsed, and only start-up needs it.
+fn attach_btf_tracepoint(
+    prog: &mut BtfTracePoint,
+    program: &str,
+    tracepoint: &str,
+) -> Result<(), ProbeError> {
+    let err = |action: &'static str| {
+        move |source| ProbeError::Program {
+            program: program.to_string(),
+            action,
+            source,
+        }
+    };
+    let path = btf::kernel_btf_file();
+    let btf = aya::Btf::parse_file(path, aya::Endianness::default()).map_err(|source| {
+        ProbeError::ReadBtf {
+            path: path.display().to_string(),
+            source,
+        }
+    })?;
+    if let Some(log) = features::injected_verifier_log(program) {
+        tracing::warn!(
+            program,
+            "{}: loading as on an older kernel",
+            features::FAULT_ENV
+        );
+        return Err(missing_feature(program, &log).expect("the injected log names a feature"));
+    }
+    prog.load(tracepoint, &btf).map_err(|source| {
+        if let ProgramError::LoadError { verifier_log, .. } = &source {
+            if let Some(e) = missing_feature(program, &verifier_log.to_string()) {
+                return e;
+            }
+        }
+        err("load (verifier)")(source)
+    })?;
+    drop(btf);
+    prog.attach().map_err(err("attach"))?;
+    tracing::debug!(program, tracepoint, "attached (BTF tracepoint)");
+    Ok(())
 }
 
 /// Names of the maps this process holds, by map id (see [`map_memory`]).

@@ -1,4 +1,5 @@
-//! Records of the probes' ring buffers (`SLOW_EVENTS`, `TRACE_EVENTS`, `TRACE_BLOCK_EVENTS`):
+//! Records of the probes' ring buffers (`SLOW_EVENTS`, `TRACE_EVENTS`, `TRACE_BLOCK_EVENTS`,
+//! `OFFCPU_EVENTS`):
 //! each is one `#[repr(C)]` ABI value the probes wrote, copied out of the ring buffer's
 //! memory without any assumption about its alignment.
 

@@ -4,9 +4,16 @@
 //!
 //! Maps: `SYSCALL_SLOTS` (hash, (cgroup, process, syscall) -> slot), `SYSCALL_STATS` (array of
 //! [`SlotStats`], a few copies per slot chosen by CPU, so its size does not grow with the CPU
-//! count), `FREE_SLOTS` (stack of unowned slots), `SLOT_EPOCH` (one `u64`), and the per-cgroup
-//! slot counts `CGROUP_TAKEN` (written by the probes) and `CGROUP_RETURNED`
-//! (written here). The probes (`ebpf/probes/src/syscalls.rs`) take a slot for a new key from
+//! count), `SYSCALL_STATES` (array of [`StateStats`], one beside each copy: the time
+//! switched-out calls spent off CPU, by part), `FREE_SLOTS` (stack of unowned slots),
+//! `SLOT_EPOCH` (one `u64`), and the per-cgroup slot counts `CGROUP_TAKEN` (written by the
+//! probes) and `CGROUP_RETURNED` (written here).
+//!
+//! The parts off CPU are read after the durations ([`SyscallStatsTable::state_snapshot`] after
+//! [`SyscallStatsTable::snapshot`]), and the probes add a call's parts before its duration: a
+//! read never holds a duration without its parts, so the on-CPU time derived from the two
+//! (duration less the parts) is never ahead of the truth, and is exact once the calls read
+//! have all been added. The probes (`ebpf/probes/src/syscalls.rs`) take a slot for a new key from
 //! the stack and cache it per thread, so the hot path is an array lookup instead of a hash
 //! lookup; user space is the only one that frees slots.
 //!
@@ -17,28 +24,40 @@
 
 use std::{collections::HashMap, os::fd::AsFd};
 
-use aya::maps::{Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, Stack};
+use aya::maps::{
+    Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, RingBuf, Stack,
+};
 use sysscope_abi::{
-    maps, programs, ErrnoKey, ProcessExit, SlotStats, SyscallKey, SyscallStats, FOLDED_TGID,
+    maps, programs, ErrnoKey, OffCpuEvent, ProcessExit, SlotStats, StateStats, SyscallKey,
+    SyscallStats, FOLDED_TGID,
 };
 
 use crate::{
     config::Config,
     kernel::bpf_batch::{self, BatchError},
     kernel::cumulative::{deleted, HashReader, Snapshot},
-    kernel::{ProbeError, Probes},
+    kernel::ring,
+    kernel::{read_err, ProbeError, Probes},
     util::error::Chain,
 };
 
 /// This family's map sizes for `config`, which the loader applies: the statistics table with
-/// `stripes` copies per slot, its free-slot stack and per-cgroup counts, errors and exits.
-pub(crate) fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 7] {
+/// `stripes` copies per slot (and the parts off CPU beside each copy, when calls' time is split
+/// by state; one unused entry otherwise), its free-slot stack and per-cgroup counts, errors and
+/// exits.
+pub(crate) fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 8] {
     let limits = &config.limits;
     let slots = limits.max_syscall_entries;
     // One count per cgroup holding slots: at most one per slot, and far fewer in practice.
     let quota_entries = (slots / 4).max(64);
+    let state_copies = if config.syscalls.time_by_state {
+        slots.saturating_mul(stripes)
+    } else {
+        1
+    };
     [
         (maps::SYSCALL_STATS, slots.saturating_mul(stripes)),
+        (maps::SYSCALL_STATES, state_copies),
         (maps::SYSCALL_SLOTS, slots),
         (maps::FREE_SLOTS, slots),
         (maps::CGROUP_TAKEN, quota_entries),
@@ -57,8 +76,9 @@ pub(crate) struct SyscallMaps {
 }
 
 impl SyscallMaps {
-    /// Takes the maps and attaches `sched_process_exit`, `cgroup_attach_task`, `sched_switch`,
-    /// `sys_exit` and `sys_enter`, in that order, recording them under `collector`.
+    /// Takes the maps and attaches `sched_process_exit`, `cgroup_attach_task`, `sched_wakeup`
+    /// (when calls' time is split by state), `sched_switch`, `sys_exit` and `sys_enter`, in that
+    /// order, recording them under `collector`.
     pub(crate) fn attach(probes: &mut Probes, collector: &'static str) -> Result<Self, ProbeError> {
         let map_err = |name: &'static str| {
             move |source| ProbeError::Map {
@@ -73,6 +93,7 @@ impl SyscallMaps {
             epoch: probes.take_map(maps::SLOT_EPOCH)?,
             taken: probes.take_map(maps::CGROUP_TAKEN)?,
             returned: probes.take_map(maps::CGROUP_RETURNED)?,
+            states: probes.take_map(maps::SYSCALL_STATES)?,
         })
         .map_err(|e| ProbeError::StatsTable(Box::new(e)))?;
         let errors = HashReader::new(
@@ -85,6 +106,11 @@ impl SyscallMaps {
         // Exit tracking first, so no process can exit unseen once syscalls are counted.
         probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
         probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
+        // Wakeups before switches: a task switched out blocked once these run is seen woken.
+        // (A call already blocked when they attach ends with its time off CPU unknown.)
+        if probes.time_by_state() {
+            probes.attach_raw_tracepoint(collector, programs::SCHED_WAKEUP, "sched_wakeup")?;
+        }
         // Before the syscall programs: no entry may stay on a CPU its task has left.
         probes.attach_raw_tracepoint(collector, programs::SCHED_SWITCH, "sched_switch")?;
         probes.attach_raw_tracepoint(collector, programs::SYS_EXIT, "sys_exit")?;
@@ -94,6 +120,26 @@ impl SyscallMaps {
             errors,
             exits,
         })
+    }
+}
+
+/// `OFFCPU_EVENTS`: every stretch a counted call spent off its CPU, as the scheduler programs
+/// stamped it (only when the probes were loaded with
+/// [`LoadOptions::state_trace_ring_buffer_bytes`](crate::kernel::LoadOptions), i.e. by
+/// `sysscope trace`, whose syscall programs count only its target).
+pub(crate) struct OffCpuEvents(RingBuf<MapData>);
+
+impl OffCpuEvents {
+    /// Takes the ring buffer (the programs are attached with [`SyscallMaps::attach`]).
+    pub(crate) fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
+        RingBuf::try_from(probes.take_map(maps::OFFCPU_EVENTS)?)
+            .map(Self)
+            .map_err(read_err(maps::OFFCPU_EVENTS))
+    }
+
+    /// Hands every record waiting to `each`; returns how many.
+    pub(crate) fn drain(&mut self, each: impl FnMut(&OffCpuEvent)) -> u64 {
+        ring::drain(&mut self.0, each)
     }
 }
 
@@ -183,12 +229,18 @@ pub struct SyscallStatsTable {
     epoch: Array<MapData, u64>,
     taken: BpfHashMap<MapData, u64, u64>,
     returned: BpfHashMap<MapData, u64, u64>,
+    /// `SYSCALL_STATES`, when it has a value beside every copy (calls' time is split by
+    /// state).
+    states: Option<Array<MapData, StateStats>>,
     /// Copies per slot (`SYSCALL_STAT_STRIPES`, as the loader chose it).
     stripes: u32,
     /// Whether the kernel supports batched lookups (cleared on the first refusal).
     batch: bool,
     /// Keys that held a slot at the last snapshot.
     keys_held: usize,
+    /// What the last snapshot read: each key with its slot and the copies that named it (bit
+    /// `stripe`), for the parts off CPU read after it; and whether it was complete.
+    last_read: (Vec<(SyscallKey, u32, u8)>, bool),
 }
 
 impl std::fmt::Debug for SyscallStatsTable {
@@ -207,6 +259,7 @@ pub(crate) struct TableMaps {
     pub(crate) epoch: Map,
     pub(crate) taken: Map,
     pub(crate) returned: Map,
+    pub(crate) states: Map,
 }
 
 impl TableMaps {
@@ -243,6 +296,7 @@ impl TableMaps {
             epoch: open(maps::SLOT_EPOCH)?,
             taken: open(maps::CGROUP_TAKEN)?,
             returned: open(maps::CGROUP_RETURNED)?,
+            states: open(maps::SYSCALL_STATES)?,
         })
     }
 }
@@ -273,9 +327,13 @@ impl SyscallStatsTable {
                 slots: slot_count,
             });
         }
+        let states: Array<MapData, StateStats> =
+            Array::try_from(maps.states).map_err(map_err(maps::SYSCALL_STATES))?;
+        let states = (states.len() == entries).then_some(states);
         Ok(Self {
             slots,
             stats,
+            states,
             free: Stack::try_from(maps.free).map_err(map_err(maps::FREE_SLOTS))?,
             epoch: Array::try_from(maps.epoch).map_err(map_err(maps::SLOT_EPOCH))?,
             taken: BpfHashMap::try_from(maps.taken).map_err(map_err(maps::CGROUP_TAKEN))?,
@@ -284,7 +342,13 @@ impl SyscallStatsTable {
             stripes: entries / slot_count,
             batch: true,
             keys_held: 0,
+            last_read: (Vec::new(), false),
         })
+    }
+
+    /// Whether the table keeps calls' time off CPU ([`Self::state_snapshot`]).
+    pub fn splits_by_state(&self) -> bool {
+        self.states.is_some()
     }
 
     /// Copies per slot.
@@ -326,8 +390,8 @@ impl SyscallStatsTable {
         self.keys_held = keys.len();
         keys.sort_unstable_by_key(|(_, slot)| *slot);
         let stripes = self.stripes;
-        // Per key (in `keys` order): its sum, and whether any copy named it.
-        let mut sums = vec![(SyscallStats::ZERO, false); keys.len()];
+        // Per key (in `keys` order): its sum, and the copies that named it (bit `stripe`).
+        let mut sums = vec![(SyscallStats::ZERO, 0u8); keys.len()];
         let mut start = 0;
         while start < keys.len() {
             let run = keys[start..]
@@ -346,7 +410,7 @@ impl SyscallStatsTable {
                         add_copy(
                             &keys[held.clone()],
                             &mut sums[held.clone()],
-                            index / stripes,
+                            (index / stripes, index % stripes),
                             copy,
                         )
                     },
@@ -360,7 +424,7 @@ impl SyscallStatsTable {
                 }
                 // What the failed read handed over is dropped and read again below.
                 for sum in &mut sums[held.clone()] {
-                    *sum = (SyscallStats::ZERO, false);
+                    *sum = (SyscallStats::ZERO, 0);
                 }
             }
             let mut read_all = true;
@@ -369,7 +433,7 @@ impl SyscallStatsTable {
                     Ok(copy) => add_copy(
                         &keys[held.clone()],
                         &mut sums[held.clone()],
-                        index / stripes,
+                        (index / stripes, index % stripes),
                         &copy,
                     ),
                     Err(_) => read_all = false,
@@ -378,15 +442,91 @@ impl SyscallStatsTable {
             if !read_all {
                 complete = false;
                 for sum in &mut sums[held.clone()] {
-                    *sum = (SyscallStats::ZERO, false);
+                    *sum = (SyscallStats::ZERO, 0);
                 }
             }
         }
+        let mut read = Vec::with_capacity(keys.len());
         let entries = keys
             .into_iter()
             .zip(sums)
-            .filter_map(|((key, _), (stats, owned))| owned.then_some((key, stats)))
+            .filter(|(_, (_, owned))| *owned != 0)
+            .map(|((key, slot), (stats, owned))| {
+                read.push((key, slot, owned));
+                (key, stats)
+            })
             .collect();
+        self.last_read = (read, complete);
+        Snapshot::ended(entries, complete)
+    }
+
+    /// The parts off CPU of the keys the last [`snapshot`](Self::snapshot) read, summed over
+    /// the same copies (those that named the key then). Read after the snapshot, so it holds
+    /// the parts of every call whose duration the snapshot holds (and perhaps of a few calls
+    /// counted since). Empty when the table does not split calls' time by state.
+    pub fn state_snapshot(&mut self) -> Snapshot<SyscallKey, StateStats> {
+        let (keys, mut complete) = std::mem::take(&mut self.last_read);
+        let Some(states) = &self.states else {
+            return Snapshot::ended(Vec::new(), complete);
+        };
+        let stripes = self.stripes;
+        let mut sums = vec![StateStats::ZERO; keys.len()];
+        let mut start = 0;
+        while start < keys.len() {
+            let run = keys[start..]
+                .windows(2)
+                .position(|w| w[1].1 - w[0].1 > RANGE_GAP)
+                .map_or(keys.len() - start, |i| i + 1);
+            let held = start..start + run;
+            start += run;
+            let (first, last) = (keys[held.start].1, keys[held.end - 1].1);
+            let indices = first.saturating_mul(stripes)..(last + 1).saturating_mul(stripes);
+            let add = |sums: &mut [StateStats], index: u32, copy: &StateStats| {
+                let (slot, stripe) = (index / stripes, index % stripes);
+                let first = keys[held.clone()].partition_point(|(_, s, _)| *s < slot);
+                for (i, (_, _, owned)) in keys[held.start + first..held.end]
+                    .iter()
+                    .enumerate()
+                    .take_while(|(_, (_, s, _))| *s == slot)
+                {
+                    if owned & (1 << stripe) != 0 {
+                        add_states(&mut sums[first + i], copy);
+                    }
+                }
+            };
+            let mut read_all = false;
+            if self.batch {
+                let read = bpf_batch::for_each_array_range::<StateStats>(
+                    states.map().fd().as_fd(),
+                    indices.clone(),
+                    |index, copy| add(&mut sums[held.clone()], index, copy),
+                );
+                match read {
+                    Ok(()) => read_all = true,
+                    Err(BatchError::Unsupported) => self.batch = false,
+                    Err(e) => {
+                        tracing::debug!(error = %Chain(&e), "batched read failed; reading copy by copy");
+                    }
+                }
+                if !read_all {
+                    sums[held.clone()].fill(StateStats::ZERO);
+                }
+            }
+            if !read_all {
+                read_all = true;
+                for index in indices {
+                    match states.get(&index, 0) {
+                        Ok(copy) => add(&mut sums[held.clone()], index, &copy),
+                        Err(_) => read_all = false,
+                    }
+                }
+            }
+            if !read_all {
+                complete = false;
+                sums[held.clone()].fill(StateStats::ZERO);
+            }
+        }
+        let entries = keys.into_iter().map(|(key, _, _)| key).zip(sums).collect();
         Snapshot::ended(entries, complete)
     }
 
@@ -417,8 +557,12 @@ impl SyscallStatsTable {
             }
             gone.push(*key);
             let zeroed = (0..self.stripes).try_for_each(|stripe| {
-                self.stats
-                    .set(slot * self.stripes + stripe, SlotStats::default(), 0)
+                let index = slot * self.stripes + stripe;
+                self.stats.set(index, SlotStats::default(), 0)?;
+                match &mut self.states {
+                    Some(states) => states.set(index, StateStats::ZERO, 0),
+                    None => Ok(()),
+                }
             });
             match zeroed {
                 Ok(()) => freed.push((slot, *key)),
@@ -542,13 +686,21 @@ const RANGE_GAP: u32 = 64;
 /// `BPF_NOEXIST`: create only.
 const BPF_NOEXIST: u64 = 1;
 
-/// Adds `copy` (a copy of `slot`) to the sum of the key it names, if that key holds `slot`.
-/// `keys` (sorted by slot) and `sums` run in step. A slot is held by one key (two only while a
-/// probe and user space race on it): each counts the copies that name it.
+fn add_states(sum: &mut StateStats, copy: &StateStats) {
+    sum.wait_ns = sum.wait_ns.wrapping_add(copy.wait_ns);
+    sum.blocked_ns = sum.blocked_ns.wrapping_add(copy.blocked_ns);
+    sum.unknown_ns = sum.unknown_ns.wrapping_add(copy.unknown_ns);
+    sum.switched = sum.switched.wrapping_add(copy.switched);
+}
+
+/// Adds `copy` (copy `stripe` of `slot`) to the sum of the key it names, if that key holds
+/// `slot`, and marks the copy as the key's. `keys` (sorted by slot) and `sums` run in step. A
+/// slot is held by one key (two only while a probe and user space race on it): each counts the
+/// copies that name it.
 fn add_copy(
     keys: &[(SyscallKey, u32)],
-    sums: &mut [(SyscallStats, bool)],
-    slot: u32,
+    sums: &mut [(SyscallStats, u8)],
+    (slot, stripe): (u32, u32),
     copy: &SlotStats,
 ) {
     let first = keys.partition_point(|(_, s)| *s < slot);
@@ -559,7 +711,7 @@ fn add_copy(
     {
         if copy.key == *key {
             let (sum, owned) = &mut sums[first + i];
-            *owned = true;
+            *owned |= 1 << stripe;
             sum.sum_ns = sum.sum_ns.wrapping_add(copy.stats.sum_ns);
             for (t, b) in sum.buckets.iter_mut().zip(copy.stats.buckets.iter()) {
                 *t = t.wrapping_add(*b);
@@ -633,6 +785,12 @@ mod tests {
             epoch: create(2 /* ARRAY */, 4, 8, 1),
             taken: create(1 /* HASH */, 8, 8, 64),
             returned: create(1 /* HASH */, 8, 8, 64),
+            states: create(
+                2, /* ARRAY */
+                4,
+                std::mem::size_of::<StateStats>() as u32,
+                capacity * stripes,
+            ),
         })
         .unwrap()
     }
@@ -729,12 +887,16 @@ mod tests {
         let mine = key(10, 39);
         let previous_owner = key(11, 39);
         let keys = [(key(9, 1), 3), (mine, 4), (key(12, 2), 5)];
-        let mut sums = vec![(SyscallStats::ZERO, false); 3];
-        for c in [copy(mine, 5), copy(previous_owner, 1000), copy(mine, 2)] {
-            add_copy(&keys, &mut sums, 4, &c);
+        let mut sums = vec![(SyscallStats::ZERO, 0); 3];
+        for (stripe, c) in [copy(mine, 5), copy(previous_owner, 1000), copy(mine, 2)]
+            .iter()
+            .enumerate()
+        {
+            add_copy(&keys, &mut sums, (4, stripe as u32), c);
         }
         assert_eq!(sums[1].0.count(), 7);
         assert_eq!(sums[1].0.sum_ns, 700);
-        assert!(!sums[0].1 && sums[1].1 && !sums[2].1);
+        // Copies 0 and 2 are the key's; copy 1 is a previous owner's.
+        assert_eq!((sums[0].1, sums[1].1, sums[2].1), (0, 0b101, 0));
     }
 }

@@ -4,6 +4,7 @@
 //! exited ([`exits`]) so every collector reclaims their entries by one rule.
 
 pub mod cgroups;
+pub mod cpu_bandwidth;
 pub(crate) mod devices;
 pub(crate) mod exits;
 pub(crate) mod kubernetes;

@@ -312,6 +312,9 @@ pub(crate) struct Enricher {
     clock: WallClock,
     resolve_paths: bool,
     proc_root: PathBuf,
+    /// Whether the probes split calls' time by state (the records' parts off CPU are then
+    /// meaningful, and the spans carry the split).
+    time_by_state: bool,
 }
 
 impl std::fmt::Debug for Enricher {
@@ -339,12 +342,19 @@ impl Enricher {
             clock,
             resolve_paths,
             proc_root,
+            time_by_state: false,
         }
     }
 
     /// Names the call's latency series as label control (`[labels]`) names it.
     pub(crate) fn with_label_control(mut self, control: LabelControl) -> Self {
         self.control = control;
+        self
+    }
+
+    /// Spans carry each call's time split by state (`syscalls.time_by_state`).
+    pub(crate) fn with_time_by_state(mut self, on: bool) -> Self {
+        self.time_by_state = on;
         self
     }
 
@@ -449,6 +459,9 @@ impl Enricher {
             attrs.push(("sysscope.syscall.flags", (arg(i) as u32 as i64).into()));
         }
         attrs.push(("sysscope.syscall.return_value", ev.ret.into()));
+        if self.time_by_state {
+            push_time_by_state(&mut attrs, ev);
+        }
         let error = failed.then(|| syscall_table::errno_label((-ev.ret) as u16));
         if let Some(e) = &error {
             attrs.push(("error.type", AttrValue::from(e.as_ref())));
@@ -482,6 +495,27 @@ impl Enricher {
             call,
             series_labels,
         }
+    }
+}
+
+/// The call's time by state, in nanoseconds, as the probes stamped it: on CPU (the duration
+/// less the rest), waiting for a CPU, blocked, and off CPU with no wakeup seen; they add up to
+/// the span's duration.
+fn push_time_by_state(attrs: &mut Vec<(&'static str, AttrValue)>, ev: &SlowCallEvent) {
+    let duration = ev.end_ns.saturating_sub(ev.start_ns);
+    let off = ev
+        .wait_ns
+        .saturating_add(ev.blocked_ns)
+        .saturating_add(ev.unknown_ns);
+    let ns = |v: u64| AttrValue::Int(v.min(i64::MAX as u64) as i64);
+    attrs.push((
+        "sysscope.syscall.on_cpu_ns",
+        ns(duration.saturating_sub(off)),
+    ));
+    attrs.push(("sysscope.syscall.wait_cpu_ns", ns(ev.wait_ns)));
+    attrs.push(("sysscope.syscall.blocked_ns", ns(ev.blocked_ns)));
+    if ev.unknown_ns != 0 {
+        attrs.push(("sysscope.syscall.unknown_ns", ns(ev.unknown_ns)));
     }
 }
 
@@ -542,6 +576,9 @@ mod tests {
             args,
             comm,
             file: FileIdentity::NONE,
+            wait_ns: 0,
+            blocked_ns: 0,
+            unknown_ns: 0,
         }
     }
 
@@ -751,6 +788,41 @@ mod tests {
         ev.file.ino += 1;
         let ctx = named(&ev, &[]);
         assert_eq!((ctx.fd_path, ctx.fd_path_error), (None, Some("reused")));
+    }
+
+    #[test]
+    fn the_time_by_state_adds_up_to_the_duration() {
+        let mut ev = event("read", [3, 0, 10, 0, 0, 0], 10);
+        ev.wait_ns = 4_000_000;
+        ev.blocked_ns = 25_000_000;
+        let int = |c: &SlowCall, k: &str| match c.attribute(k) {
+            Some(AttrValue::Int(i)) => Some(*i),
+            _ => None,
+        };
+        // Off: none of the attributes, whatever the record holds.
+        let c = enricher(false).enrich(&ev).call;
+        assert_eq!(int(&c, "sysscope.syscall.on_cpu_ns"), None);
+        let mut e = enricher(false).with_time_by_state(true);
+        let c = e.enrich(&ev).call;
+        assert_eq!(int(&c, "sysscope.syscall.on_cpu_ns"), Some(1_000_000));
+        assert_eq!(int(&c, "sysscope.syscall.wait_cpu_ns"), Some(4_000_000));
+        assert_eq!(int(&c, "sysscope.syscall.blocked_ns"), Some(25_000_000));
+        // Unknown time only when there is some.
+        assert_eq!(int(&c, "sysscope.syscall.unknown_ns"), None);
+        ev.unknown_ns = 500;
+        let c = e.enrich(&ev).call;
+        assert_eq!(int(&c, "sysscope.syscall.unknown_ns"), Some(500));
+        assert_eq!(int(&c, "sysscope.syscall.on_cpu_ns"), Some(999_500));
+        let sum: i64 = [
+            "sysscope.syscall.on_cpu_ns",
+            "sysscope.syscall.wait_cpu_ns",
+            "sysscope.syscall.blocked_ns",
+            "sysscope.syscall.unknown_ns",
+        ]
+        .iter()
+        .filter_map(|k| int(&c, k))
+        .sum();
+        assert_eq!(sum as u64, c.duration_ns);
     }
 
     #[test]

@@ -78,7 +78,8 @@ impl SlowCalls {
         let reader = match (ring, runtime) {
             (Some(ring), Some(rt)) if config.slow_calls.enabled => {
                 let enricher = event::Enricher::new(labeler, config.slow_calls.resolve_file_paths)
-                    .with_label_control(LabelControl::new(&config.labels));
+                    .with_label_control(LabelControl::new(&config.labels))
+                    .with_time_by_state(config.syscalls.time_by_state);
                 let _guard = rt.enter();
                 match reader::spawn(
                     ring,

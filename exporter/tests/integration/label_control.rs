@@ -4,7 +4,10 @@
 //! container, as the pod watch of a fake API server names them) and in a plain cgroup. What
 //! control drops must merge exactly: the dropped cgroup's count is the sum over the cgroups the
 //! container ran in, the syscalls kept by name count what was made, and those folded into
-//! `syscall="other"` add up, call for call, to what the default exporter counts for them.
+//! `syscall="other"` add up, call for call, to what the default exporter counts for them. The
+//! same holds for the time by state of the merged series (its four parts add up to the merged
+//! duration to the nanosecond) and for the CPU quota throttling of the container's two cgroups
+//! (one series, the sum of what each cgroup's `cpu.stat` counted).
 
 use std::time::Duration;
 
@@ -75,14 +78,33 @@ fn dropped_labels_and_folded_syscalls_add_up_exactly() {
     let plain = TestCgroup::new("sysscope-test-label-control");
     let scratch = tempfile::NamedTempFile::new().unwrap();
     let path = scratch.path().to_str().unwrap();
-    run_workload_joined(
-        pods.leaf(),
-        &["getppid", "300", "write-fsync", path, "5", "4096"],
-    );
-    run_workload_joined(
-        &restarted,
-        &["getppid", "200", "write-fsync", path, "3", "4096"],
-    );
+    // Each of the container's cgroups under a CPU quota of 10% that a spin exceeds, read by
+    // the exporter while it exists; the first is gone before the second runs, as at a restart.
+    let mut throttling = Vec::new();
+    for (cg, getppid, fsyncs) in [(pods.leaf(), "300", "5"), (&restarted, "200", "3")] {
+        let quota = CpuQuota::new(cg, 10_000, 100_000);
+        assert!(
+            quota.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+            "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
+        );
+        let mut args: Vec<&str> = Vec::new();
+        if let Some(v1) = quota.as_ref().and_then(|q| q.join.as_ref()) {
+            args.extend(["join-cgroup", v1.to_str().unwrap()]);
+        }
+        args.extend(["getppid", getppid, "write-fsync", path, fsyncs, "4096"]);
+        if quota.is_some() {
+            args.extend(["spin", "300"]);
+        }
+        run_workload_joined(cg, &args);
+        if let Some(quota) = quota {
+            // The period timer may close a last period after the tasks are gone: what the
+            // exporter read lies between a read of cpu.stat before its scrape and one after.
+            std::thread::sleep(Duration::from_millis(300));
+            let before = quota.stat();
+            controlled.scrape();
+            throttling.push((before, quota.stat()));
+        }
+    }
     run_workload_joined(&plain, &["getppid", "70"]);
 
     let got = parse_samples(&controlled.scrape());
@@ -173,5 +195,57 @@ fn dropped_labels_and_folded_syscalls_add_up_exactly() {
             buckets.windows(2).all(|w| w[0].1 <= w[1].1),
             "{syscall}: {buckets:?}"
         );
+        // Its time by state: each state once, and the four add up to its duration sum.
+        let ns = |seconds: f64| (seconds * 1e9).round() as i128;
+        let mut parts = 0;
+        for state in ["on_cpu", "wait_cpu", "blocked", "unknown"] {
+            let mut s = l.clone();
+            s.push(("state", state));
+            let found = select(&got, "sysscope_syscall_time_seconds_total", &s);
+            assert_eq!(found.len(), 1, "{syscall} {state}: {found:?}");
+            parts += ns(found[0].value);
+        }
+        assert_eq!(
+            parts,
+            ns(sum(&got, "sysscope_syscall_duration_seconds_sum", &l)),
+            "{syscall}: the states do not add up to the duration"
+        );
+    }
+
+    // The container's CPU quota throttling: one series without cgroup or container_id, the
+    // sum of its two cgroups' cpu.stat.
+    if throttling.len() == 2 {
+        let series = select(&got, "sysscope_cgroup_cpu_throttled_periods_total", &pod);
+        assert_eq!(series.len(), 1, "{series:?}");
+        for label in ["cgroup", "container_id"] {
+            assert!(!series[0].labels.contains_key(label), "{:?}", series[0]);
+        }
+        for (name, field) in [
+            ("sysscope_cgroup_cpu_periods_total", "nr_periods"),
+            (
+                "sysscope_cgroup_cpu_throttled_periods_total",
+                "nr_throttled",
+            ),
+        ] {
+            let low: u64 = throttling.iter().map(|(before, _)| before[field]).sum();
+            let high: u64 = throttling.iter().map(|(_, after)| after[field]).sum();
+            let exported = sum(&got, name, &pod);
+            assert!(
+                exported >= low as f64 && exported <= high as f64,
+                "{name} {exported}: the cgroups' cpu.stat said {low} before the scrapes, {high} after"
+            );
+        }
+        let first_throttled = throttling[0].1["nr_throttled"];
+        assert!(first_throttled > 0, "the first cgroup was never throttled");
+        eprintln!(
+            "throttled periods: {} exported, cpu.stat {:?}",
+            sum(&got, "sysscope_cgroup_cpu_throttled_periods_total", &pod),
+            throttling
+                .iter()
+                .map(|(_, after)| after["nr_throttled"])
+                .collect::<Vec<_>>()
+        );
+    } else {
+        eprintln!("SKIPPED the CPU throttling part: no cpu controller to set a quota with");
     }
 }

@@ -28,5 +28,6 @@ mod robustness;
 mod security;
 mod soak;
 mod spans;
+mod syscall_time;
 mod syscalls;
 mod tenants;

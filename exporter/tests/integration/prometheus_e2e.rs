@@ -145,12 +145,21 @@ fn prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending() {
     // A read-bound workload: after a few fsync'd writes (sync latency, block I/O), it reads a
     // cached file in 1 MiB calls for 40 s, in its own cgroup.
     let cg = TestCgroup::new("sysscope-test-reader");
+    // Under a CPU quota of 90% of a CPU, so the throttling rule and panel have a cgroup to show.
+    let quota = CpuQuota::new(&cg, 90_000, 100_000);
+    assert!(
+        quota.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+        "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
+    );
     let data = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(data.path(), vec![7u8; 16 << 20]).unwrap();
     let scratch = tempfile::NamedTempFile::new().unwrap();
-    let mut reader = Command::new(workload_bin())
-        .arg("join-cgroup")
-        .arg(&cg.dir)
+    let mut reader = Command::new(workload_bin());
+    reader.arg("join-cgroup").arg(&cg.dir);
+    if let Some(v1) = quota.as_ref().and_then(|q| q.join.as_ref()) {
+        reader.arg("join-cgroup").arg(v1);
+    }
+    let mut reader = reader
         .args([
             "write-fsync",
             scratch.path().to_str().unwrap(),
@@ -321,14 +330,23 @@ fn native_histograms_equal_the_classic_ones_and_rules_read_either_form() {
     );
     let classic = Prometheus::start_with_flags(exporter.port, |rules| rules.to_string(), &[]);
 
-    // Reads, syncs and block I/O for the rules, as in the classic test, for 15 s.
+    // Reads, syncs and block I/O for the rules, as in the classic test, for 15 s, under a CPU
+    // quota as there (the throttling rule and panel).
     let reader_cg = TestCgroup::new("sysscope-test-native-reader");
+    let quota = CpuQuota::new(&reader_cg, 90_000, 100_000);
+    assert!(
+        quota.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+        "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
+    );
     let data = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(data.path(), vec![7u8; 16 << 20]).unwrap();
     let scratch = tempfile::NamedTempFile::new().unwrap();
-    let mut reader = Command::new(workload_bin())
-        .arg("join-cgroup")
-        .arg(&reader_cg.dir)
+    let mut reader = Command::new(workload_bin());
+    reader.arg("join-cgroup").arg(&reader_cg.dir);
+    if let Some(v1) = quota.as_ref().and_then(|q| q.join.as_ref()) {
+        reader.arg("join-cgroup").arg(v1);
+    }
+    let mut reader = reader
         .args([
             "write-fsync",
             scratch.path().to_str().unwrap(),
@@ -366,6 +384,13 @@ fn native_histograms_equal_the_classic_ones_and_rules_read_either_form() {
         "sums: native {native_sum} classic {classic_sum}"
     );
     assert!(classic_sum >= 100.0 * 0.002 + 50.0 * 0.040, "{classic_sum}");
+    // The time by state comes through the protobuf exposition too, adding up to the sum.
+    let by_state =
+        value_of(&native.query(&format!("sum(sysscope_syscall_time_seconds_total{sel})"))).unwrap();
+    assert!(
+        (by_state - classic_sum).abs() <= 1e-9 * classic_sum,
+        "time by state {by_state}, duration sum {classic_sum}"
+    );
 
     for q in [0.5, 0.99] {
         let n = value_of(&native.query(&format!("histogram_quantile({q}, {name}{sel})"))).unwrap();

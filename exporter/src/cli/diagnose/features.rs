@@ -16,7 +16,7 @@ use crate::cli::{
     render::{strace as format, units::secs},
     sink::EventSink,
 };
-use crate::syscall_table;
+use crate::{metadata::cpu_bandwidth::CpuBandwidth, syscall_table};
 
 // ---- Syscall groups ----
 
@@ -171,6 +171,8 @@ pub(crate) struct Context<'a> {
     pub features: Option<&'a Features>,
     pub wall: Duration,
     pub cpu: Option<CpuUsage>,
+    /// The target cgroup's CPU quota throttling during the run, when it has a quota.
+    pub(crate) throttling: Option<CpuBandwidth>,
 }
 
 impl Context<'_> {

@@ -4,8 +4,10 @@
 //! then applies the quick pattern guide and the common causes of slow programs (futex
 //! dominance and lock amplification, openat/stat storms, read-dominated time, mmap-heavy
 //! start-up, epoll idle, sleep loops, open/close churn, fsync per write, tiny or huge
-//! transfers, failing calls, CPU-bound work) and prints verdicts with their evidence and the
-//! suggested fix, most important first.
+//! transfers, failing calls, CPU-bound work; calls waiting for a CPU, a throttled cgroup,
+//! reads blocked on a filesystem, from the split of each call's time and the cgroup's
+//! `cpu.stat`) and prints verdicts with their evidence and the suggested fix, most important
+//! first.
 //!
 //! Every threshold is a named constant below, documented in docs/cli.md. A verdict's score is
 //! the share of the target's syscall time its syscalls account for (times a weight for
@@ -15,12 +17,13 @@
 mod features;
 mod render;
 mod rules;
+mod states;
 
 use std::{io::Write, path::PathBuf};
 
 use serde_json::json;
 
-use self::{features::*, render::*, rules::diagnose};
+use self::{features::*, render::*, rules::diagnose_with};
 use super::{
     measure::{self, Wants},
     open_output, parse_bytes,
@@ -85,8 +88,9 @@ pub fn run(args: &DiagnoseArgs, config: &Config) -> Result<u8, CliError> {
         features: (!args.no_trace).then_some(&features),
         wall: m.wall,
         cpu: m.cpu,
+        throttling: m.throttling,
     };
-    let verdicts = diagnose(&ctx);
+    let verdicts = diagnose_with(&ctx, states::verdicts(&ctx));
     let text = if args.json {
         let v = json!({
             "target": target_json,

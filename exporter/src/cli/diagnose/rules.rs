@@ -695,7 +695,14 @@ pub(super) fn cpu_rule(c: &Context) -> Option<Verdict> {
 }
 
 /// Applies every rule; verdicts sorted most important first.
+#[cfg(test)]
 pub(crate) fn diagnose(c: &Context) -> Vec<Verdict> {
+    diagnose_with(c, Vec::new())
+}
+
+/// Applies every rule of this file and ranks their verdicts with `more` (the verdicts on
+/// where calls spend their time, `states.rs`), most important first.
+pub(crate) fn diagnose_with(c: &Context, more: Vec<Verdict>) -> Vec<Verdict> {
     let mut out: Vec<Verdict> = [
         futex_rule(c),
         metadata_rule(c),
@@ -711,6 +718,7 @@ pub(crate) fn diagnose(c: &Context) -> Vec<Verdict> {
     .flatten()
     .collect();
     out.extend(transfer_rules(c));
+    out.extend(more);
     let ids: HashSet<&'static str> = out.iter().map(|v| v.id).collect();
     out.extend(error_rules(c, &ids));
     // Stable: equal scores keep the rule order above.
@@ -738,6 +746,7 @@ mod tests {
             features: None,
             wall: Duration::from_millis(wall_ms),
             cpu: None,
+            throttling: None,
         }
     }
 

@@ -3,7 +3,9 @@
 //!
 //! TEF layout: one `X` slice per syscall on its thread's track (`pid` = tgid, `tid` = tid,
 //! `ts`/`dur` in µs since the trace started, args: arguments, return value, errno, path, and
-//! for reads and writes `fd_kind` and `fs`),
+//! for reads and writes `fd_kind` and `fs`), and inside it one `X` slice (category `sched`)
+//! per stretch the call spent off its CPU, named `blocked`, `waiting for CPU` or
+//! `off CPU (unknown)` (from `OFFCPU_EVENTS`; the rest of the call was on CPU),
 //! `M` metadata naming every process and thread (and labelling processes with their cgroup),
 //! `C` counter tracks for the node's CPU utilisation (and GPUs when NVML is present) on a
 //! "node" process (pid 0), and `otherData` with the clock, the target and what was dropped.
@@ -20,7 +22,7 @@ use std::{
     sync::Arc,
 };
 
-use sysscope_abi::{block_op, trace_flags, BlockTraceEvent, TraceEvent};
+use sysscope_abi::{block_op, call_state, trace_flags, BlockTraceEvent, OffCpuEvent, TraceEvent};
 
 use super::strace as format;
 use crate::cli::sink::{BlockTotals, EventSink};
@@ -204,6 +206,10 @@ pub(crate) struct WriterStats {
     pub(crate) block_written: u64,
     /// Block requests received beyond `--max-events` (a budget of their own).
     pub(crate) block_over_limit: u64,
+    /// Slices of calls' stretches off CPU written.
+    pub(crate) off_cpu_written: u64,
+    /// Stretches off CPU received beyond `--max-events` (a budget of their own).
+    pub(crate) off_cpu_over_limit: u64,
 }
 
 /// The trace writer: an [`EventSink`] streaming to `out`.
@@ -336,6 +342,25 @@ impl TraceWriter {
             json_str(&name),
             e.tgid,
             e.tid
+        );
+        self.json_event(&body);
+    }
+
+    /// A stretch off CPU inside a call, on the calling thread's track: it lies within the
+    /// call's slice, so the viewer nests it there; the rest of the call is on CPU.
+    fn off_cpu_slice(&mut self, e: &OffCpuEvent) {
+        let name = match e.state {
+            call_state::BLOCKED => "blocked",
+            call_state::RUNNABLE => "waiting for CPU",
+            _ => "off CPU (unknown)",
+        };
+        let body = format!(
+            "{{\"ph\":\"X\",\"cat\":\"sched\",\"name\":\"{name}\",\"pid\":{},\"tid\":{},\"ts\":{},\"dur\":{},\"args\":{{\"syscall\":{}}}}}",
+            e.tgid,
+            e.tid,
+            micros(e.start_ns.saturating_sub(self.base_ns)),
+            micros(e.end_ns.saturating_sub(e.start_ns)),
+            json_str(&syscall_table::label(e.nr)),
         );
         self.json_event(&body);
     }
@@ -693,6 +718,19 @@ impl EventSink for TraceWriter {
             return;
         }
         self.block.get_or_insert_with(BlockTracks::default).totals = totals.clone();
+    }
+
+    fn off_cpu(&mut self, e: &OffCpuEvent) {
+        // Slices are for the timeline; the text log has the calls only.
+        if self.format != Format::TraceEventJson {
+            return;
+        }
+        if self.stats.off_cpu_written >= self.max_events {
+            self.stats.off_cpu_over_limit += 1;
+            return;
+        }
+        self.stats.off_cpu_written += 1;
+        self.off_cpu_slice(e);
     }
 }
 

@@ -696,3 +696,88 @@ pub fn dump_exporter_map(exporter: &Exporter, name: &str) -> Vec<serde_json::Val
         .expect("bpftool prints a list of entries")
         .clone()
 }
+
+/// A CPU quota (CFS bandwidth) on a test cgroup: `cpu.max` in the cgroup itself when the v2
+/// hierarchy has the `cpu` controller, else (hybrid hosts) the v1 `cpu` cgroup of the same path,
+/// which the cgroup's processes must join too ([`CpuQuota::join`]). The v1 cgroup, and the
+/// parents created for it, are removed on drop (its tasks must have exited).
+pub struct CpuQuota {
+    /// Where `cpu.stat` and the quota are.
+    pub dir: PathBuf,
+    /// The v1 `cpu` cgroup to join as well (`join-cgroup DIR` of the workload), if any.
+    pub join: Option<PathBuf>,
+    /// The v1 directories created for it, parents first.
+    created: Vec<PathBuf>,
+}
+
+impl CpuQuota {
+    /// `quota_us` of every `period_us` for `cg`; `None` where no cpu controller is available.
+    pub fn new(cg: &TestCgroup, quota_us: u64, period_us: u64) -> Option<Self> {
+        let root = cgroup_root();
+        let controllers =
+            std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+        if controllers.split_whitespace().any(|c| c == "cpu") {
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+cpu");
+            if cg.dir.join("cpu.max").exists() {
+                std::fs::write(cg.dir.join("cpu.max"), format!("{quota_us} {period_us}")).ok()?;
+                return Some(Self {
+                    dir: cg.dir.clone(),
+                    join: None,
+                    created: Vec::new(),
+                });
+            }
+        }
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let v1 = mountinfo.lines().find_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mut right = right.split_whitespace();
+            (right.next() == Some("cgroup")).then_some(())?;
+            right.nth(1)?.split(',').any(|o| o == "cpu").then_some(())?;
+            let mut fields = left.split_whitespace();
+            (fields.nth(3)? == "/").then_some(())?;
+            Some(PathBuf::from(fields.next()?))
+        })?;
+        let dir = v1.join(cg.rel.trim_start_matches('/'));
+        let mut created: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|d| d.starts_with(&v1) && *d != v1 && !d.exists())
+            .map(PathBuf::from)
+            .collect();
+        created.reverse();
+        std::fs::create_dir_all(&dir).ok()?;
+        std::fs::write(dir.join("cpu.cfs_period_us"), period_us.to_string()).ok()?;
+        std::fs::write(dir.join("cpu.cfs_quota_us"), quota_us.to_string()).ok()?;
+        Some(Self {
+            dir: dir.clone(),
+            join: Some(dir),
+            created,
+        })
+    }
+
+    /// The fields of its `cpu.stat`.
+    pub fn stat(&self) -> std::collections::HashMap<String, u64> {
+        std::fs::read_to_string(self.dir.join("cpu.stat"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_string(), v.trim().parse().ok()?))
+            })
+            .collect()
+    }
+}
+
+impl Drop for CpuQuota {
+    fn drop(&mut self) {
+        let Some(dir) = &self.join else { return };
+        for _ in 0..50 {
+            if std::fs::remove_dir(dir).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for parent in self.created.iter().rev().filter(|d| *d != dir) {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+}
