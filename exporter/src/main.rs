@@ -192,6 +192,9 @@ fn catch_early_shutdown(install: bool) {
 
 fn main() -> ExitCode {
     catch_early_shutdown(true);
+    // Every TLS client and server of the process uses ring (the only provider built in):
+    // reqwest's clients take the process's provider unless given a configuration.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     limit_malloc_arenas();
     if let Some(status) = sysscope::kernel::probe_stats::run_helper_if_asked() {
         return ExitCode::from(status as u8);

@@ -386,23 +386,13 @@ impl MetricsSource {
             _ => url.to_string(),
         };
         let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10));
-        match &args.from_ca_file {
-            Some(path) => {
-                let pem = std::fs::read(path)
-                    .map_err(|e| CliError::io(format!("reading {}", path.display()), e))?;
-                for cert in reqwest::Certificate::from_pem_bundle(&pem)
-                    .map_err(|e| fail(format!("--from-ca-file {}: {e}", path.display())))?
-                {
-                    builder = builder.add_root_certificate(cert);
-                }
-            }
-            None => {
-                for cert in rustls_native_certs::load_native_certs().certs {
-                    if let Ok(cert) = reqwest::Certificate::from_der(&cert) {
-                        builder = builder.add_root_certificate(cert);
-                    }
-                }
-            }
+        // The system's roots (reqwest's platform verifier), unless the CA file replaces them.
+        if let Some(path) = &args.from_ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| CliError::io(format!("reading {}", path.display()), e))?;
+            let roots = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| fail(format!("--from-ca-file {}: {e}", path.display())))?;
+            builder = builder.tls_certs_only(roots);
         }
         let client = builder.build().map_err(|e| fail(e.to_string()))?;
         Ok(Self {

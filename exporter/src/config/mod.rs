@@ -56,6 +56,7 @@ mod kubernetes;
 mod labels;
 mod limits;
 pub mod otlp;
+pub mod pem;
 mod reference;
 mod slow_calls;
 mod syscalls;

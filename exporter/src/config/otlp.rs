@@ -19,7 +19,6 @@
 use std::{collections::BTreeMap, collections::HashMap, time::Duration};
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
 /// Transport and encoding of one signal.
@@ -754,20 +753,10 @@ fn read_pem(f: &Found, what: PemKind) -> Result<PemFile, SettingsError> {
     };
     let pem = std::fs::read(&path).map_err(|e| file_error(format!("cannot read it: {e}")))?;
     match what {
-        PemKind::Certificates => {
-            let certs: Result<Vec<CertificateDer<'_>>, _> =
-                CertificateDer::pem_slice_iter(&pem).collect();
-            match certs {
-                Ok(c) if !c.is_empty() => {}
-                Ok(_) => return Err(file_error("holds no PEM certificate".into())),
-                Err(e) => return Err(file_error(format!("not a PEM certificate file: {e}"))),
-            }
-        }
-        PemKind::PrivateKey => {
-            PrivateKeyDer::from_pem_slice(&pem)
-                .map_err(|e| file_error(format!("holds no PEM private key: {e}")))?;
-        }
+        PemKind::Certificates => super::pem::certificates(&pem).map(drop),
+        PemKind::PrivateKey => super::pem::private_key(&pem).map(drop),
     }
+    .map_err(file_error)?;
     Ok(PemFile { path, pem })
 }
 

@@ -73,10 +73,9 @@ pub(crate) fn pki() -> Pki {
 }
 
 pub(crate) fn client(ca: &str, identity: Option<&str>) -> reqwest::blocking::Client {
+    tls_provider();
     let mut b = reqwest::blocking::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+        .tls_certs_only([reqwest::Certificate::from_pem(ca.as_bytes()).unwrap()])
         .timeout(Duration::from_secs(20));
     if let Some(id) = identity {
         b = b.identity(reqwest::Identity::from_pem(id.as_bytes()).unwrap());

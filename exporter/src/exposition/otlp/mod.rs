@@ -64,20 +64,6 @@ fn built_off_runtime<T: Send>(
 #[error("OTLP header `{0}`: not a valid {1}")]
 pub struct HeaderError(String, &'static str);
 
-/// The configured headers as gRPC metadata (keys lower-cased, as gRPC requires).
-pub(crate) fn grpc_metadata(
-    headers: &[(String, String)],
-) -> Result<tonic::metadata::MetadataMap, HeaderError> {
-    let mut metadata = tonic::metadata::MetadataMap::new();
-    for (name, value) in headers {
-        let bad = |what| HeaderError(name.clone(), what);
-        let key = tonic::metadata::MetadataKey::from_bytes(name.to_ascii_lowercase().as_bytes())
-            .map_err(|_| bad("gRPC metadata key"))?;
-        metadata.insert(key, value.parse().map_err(|_| bad("gRPC metadata value"))?);
-    }
-    Ok(metadata)
-}
-
 /// The configured headers as HTTP headers.
 pub(crate) fn http_headers(
     headers: &[(String, String)],
@@ -90,6 +76,14 @@ pub(crate) fn http_headers(
         map.insert(key, value.parse().map_err(|_| bad("HTTP header value"))?);
     }
     Ok(map)
+}
+
+/// The configured headers as gRPC metadata: the same map, its names lower-cased as gRPC
+/// requires (an HTTP header name is always stored lower-case).
+pub(crate) fn grpc_metadata(
+    headers: &[(String, String)],
+) -> Result<tonic::metadata::MetadataMap, HeaderError> {
+    http_headers(headers).map(tonic::metadata::MetadataMap::from_headers)
 }
 
 /// The span pipeline's and the OTLP exporters' counters: typed handles registered once with

@@ -152,7 +152,7 @@ fn build_exporter(
             })?;
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
-                .with_http_client(super::tls::BlockingHttpClient(client))
+                .with_http_client(client)
                 .with_retry_policy(retry);
             if settings.gzip {
                 builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);

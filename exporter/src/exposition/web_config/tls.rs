@@ -4,40 +4,18 @@
 use std::sync::Arc;
 
 use rustls::{
-    server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier},
-    sign::CertifiedKey,
-    RootCertStore, ServerConfig,
+    server::WebPkiClientVerifier,
+    sign::{CertifiedKey, SingleCertAndKey},
+    ServerConfig,
 };
-use rustls_pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 
-use crate::config::web::{Pem, TlsServer};
+use crate::config::{
+    pem,
+    web::{Pem, TlsServer},
+};
 
 /// A TLS server configuration and the certificate and key it serves.
 pub(super) type ServedTls = (Arc<ServerConfig>, Arc<CertifiedKey>);
-
-/// Serves the one certificate a config was built with. (A rotated certificate is a change of
-/// the files the config names, so it arrives as a new config: one mechanism, one set of rules.)
-#[derive(Debug)]
-struct ServedCert(Arc<CertifiedKey>);
-
-impl ResolvesServerCert for ServedCert {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.0.clone())
-    }
-}
-
-fn certificates(pem: &Pem, bytes: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(bytes)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", pem.describe()))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) found",
-            pem.describe()
-        ));
-    }
-    Ok(certs)
-}
 
 /// The server configuration of `tls`, whose PEM data `read` gives; an error is (the key under
 /// `tls_server_config`, the problem). A certificate and key files that do not load as a pair
@@ -57,29 +35,21 @@ pub(super) fn server_config(
         None => builder.with_no_client_auth(),
         Some((ca, required)) => {
             let bad = |problem| ("client_ca_file", problem);
-            let mut roots = RootCertStore::empty();
-            for cert in certificates(ca, &read(ca).map_err(bad)?).map_err(bad)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| bad(format!("{}: {e}", ca.describe())))?;
-            }
+            let described = |problem: String| format!("{}: {problem}", ca.describe());
+            let roots = pem::roots(&read(ca).map_err(bad)?).map_err(|p| bad(described(p)))?;
             let mut v =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
             if !required {
                 v = v.allow_unauthenticated();
             }
-            let verifier = v
-                .build()
-                .map_err(|e| bad(format!("{}: {e}", ca.describe())))?;
+            let verifier = v.build().map_err(|e| bad(described(e.to_string())))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let pair = || {
-        let chain = certificates(&tls.cert, &read(&tls.cert)?)?;
-        let key = PrivateKeyDer::from_pem_slice(&read(&tls.key)?).map_err(|e| {
-            let key = tls.key.describe();
-            format!("{key}: no usable PEM private key: {e}")
-        })?;
+        let described = |pem: &Pem, problem: String| format!("{}: {problem}", pem.describe());
+        let chain = pem::certificates(&read(&tls.cert)?).map_err(|p| described(&tls.cert, p))?;
+        let key = pem::private_key(&read(&tls.key)?).map_err(|p| described(&tls.key, p))?;
         CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
             let (cert, key) = (tls.cert.describe(), tls.key.describe());
             format!("certificate {cert} and key {key} do not form a usable pair: {e}")
@@ -106,7 +76,10 @@ pub(super) fn server_config(
             return Err((key, problem));
         }
     };
-    let mut config = builder.with_cert_resolver(Arc::new(ServedCert(served.clone())));
+    // The one pair this config was built with: a rotated pair is a change of the files, so it
+    // arrives as a new config (one mechanism, one set of rules).
+    let resolver = SingleCertAndKey::from(served.clone());
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
     config.alpn_protocols = alpn(http2);
     Ok((Arc::new(config), served))
 }

@@ -535,6 +535,12 @@ impl Drop for Exporter {
     }
 }
 
+/// Makes ring the process's TLS provider, as the binary does: reqwest's clients take it unless
+/// given a TLS configuration.
+pub fn tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// A GET on loopback over a fresh connection: (status, the response head as text, body).
 pub fn http_get(
     port: u16,
@@ -543,6 +549,7 @@ pub fn http_get(
 ) -> std::io::Result<(u16, String, String)> {
     static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
     let client = CLIENT.get_or_init(|| {
+        tls_provider();
         reqwest::blocking::Client::builder()
             // Each request on a connection of its own, as a scraper or a probe opens it.
             .pool_max_idle_per_host(0)
