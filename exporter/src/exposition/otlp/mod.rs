@@ -87,7 +87,7 @@ pub(crate) fn grpc_metadata(
 }
 
 /// The span pipeline's and the OTLP exporters' counters: typed handles registered once with
-/// the self-metrics ([`Stats::register`]) and incremented where the event happens.
+/// the self-metrics ([`Stats::new`]) and incremented where the event happens.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     /// The span families (`sysscope_spans_exported_total`, `sysscope_spans_dropped_total`).
