@@ -38,6 +38,34 @@ pub(crate) fn encode_histogram(
     )
 }
 
+/// How a collector exports its latency histograms: the classic bounds and the native
+/// histogram's resolution, both from `[syscalls] histogram_resolution`.
+#[derive(Debug, Clone)]
+pub(crate) struct HistogramLayout {
+    /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
+    pub(crate) bounds: Vec<(usize, f64)>,
+    /// Sets the native histogram's schema.
+    resolution: HistogramResolution,
+}
+
+impl HistogramLayout {
+    pub(crate) fn new(resolution: HistogramResolution) -> Self {
+        Self {
+            bounds: exported_bounds(resolution),
+            resolution,
+        }
+    }
+
+    /// Writes `histogram` with this layout ([`encode_histogram`]).
+    pub(crate) fn encode(
+        &self,
+        metric: MetricEncoder<'_>,
+        histogram: &LatencyHistogram,
+    ) -> std::fmt::Result {
+        encode_histogram(metric, histogram, &self.bounds, self.resolution)
+    }
+}
+
 /// The upper bound of kernel bucket `k` in seconds (a power of two, exact as an `f64`).
 pub(crate) fn upper_bound_seconds(k: usize) -> Option<f64> {
     hist::upper_bound_log2_s(k).map(|e| 2f64.powi(e))

@@ -359,7 +359,7 @@ mod doc_commands;
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     use clap::{error::ErrorKind, Parser};
 
@@ -369,19 +369,30 @@ mod tests {
         Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
     }
 
+    /// README.md and docs/*.md: each one's path, its name from the top of the repository, and
+    /// its text.
+    fn documents() -> Vec<(PathBuf, String, String)> {
+        doc_commands::documents(top())
+            .into_iter()
+            .map(|doc| {
+                let name = doc
+                    .strip_prefix(top())
+                    .unwrap_or(&doc)
+                    .display()
+                    .to_string();
+                let text = std::fs::read_to_string(&doc).unwrap();
+                (doc, name, text)
+            })
+            .collect()
+    }
+
     /// Every `sysscope ...` command line of README.md and docs/*.md parses: each flag exists
     /// and takes what it is given.
     #[test]
     fn documented_command_lines_parse() {
         let mut checked = 0;
         let mut wrong = Vec::new();
-        for doc in doc_commands::documents(top()) {
-            let name = doc
-                .strip_prefix(top())
-                .unwrap_or(&doc)
-                .display()
-                .to_string();
-            let text = std::fs::read_to_string(&doc).unwrap();
+        for (_, name, text) in documents() {
             for line in doc_commands::command_lines(&name, &text) {
                 checked += 1;
                 if let Err(e) = Cli::try_parse_from(&line.args) {
@@ -402,13 +413,7 @@ mod tests {
     #[test]
     fn documented_links_resolve() {
         let mut wrong = Vec::new();
-        for doc in doc_commands::documents(top()) {
-            let name = doc
-                .strip_prefix(top())
-                .unwrap_or(&doc)
-                .display()
-                .to_string();
-            let text = std::fs::read_to_string(&doc).unwrap();
+        for (doc, name, text) in documents() {
             for link in doc_commands::local_links(&name, &text) {
                 let (file, anchor) = match link.target.split_once('#') {
                     Some((f, a)) => (f, Some(a)),

@@ -953,7 +953,6 @@ fn pipe_pair() -> (i32, i32) {
 fn loop_pingpong(duration: Duration, pairs: usize) {
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
-    let byte = [b'x'];
     let mut threads = Vec::new();
     let cpu_start = process_cpu_ns();
     let start = Instant::now();
@@ -980,38 +979,60 @@ fn loop_pingpong(duration: Duration, pairs: usize) {
         let stop = stop.clone();
         let calls = calls.clone();
         threads.push(std::thread::spawn(move || {
-            pin_cpu(cpu);
-            let mut buf = [0u8; 1];
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                // SAFETY: as above.
-                unsafe {
-                    libc::write(ping_wr, byte.as_ptr().cast(), 1);
-                    libc::read(pong_rd, buf.as_mut_ptr().cast(), 1);
-                }
-                n += 4;
-            }
-            calls.fetch_add(n, Ordering::Relaxed);
-            // SAFETY: closing descriptors this thread owns; the echo then reads end of file.
-            unsafe {
-                libc::close(ping_wr);
-                libc::close(pong_rd);
-            }
+            ping(cpu, ping_wr, pong_rd, &stop, &calls)
         }));
     }
+    let elapsed = run_pingers(duration, &stop, threads, start);
+    let cpu = process_cpu_ns() - cpu_start;
+    print_pingpong(&calls, elapsed, pairs, cpu);
+}
+
+/// The pinger of a pair, on `cpu`: sends a byte on `ping_wr` and waits for it on `pong_rd`
+/// until `stop`, then adds its calls to `calls` (four a round: its write and read, the echo's
+/// read and write) and closes its ends, which ends the echo.
+fn ping(cpu: usize, ping_wr: i32, pong_rd: i32, stop: &AtomicBool, calls: &AtomicU64) {
+    pin_cpu(cpu);
+    let mut buf = [0u8; 1];
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        // SAFETY: one-byte writes and reads of valid buffers on our pipes.
+        unsafe {
+            libc::write(ping_wr, b"x".as_ptr().cast(), 1);
+            libc::read(pong_rd, buf.as_mut_ptr().cast(), 1);
+        }
+        n += 4;
+    }
+    calls.fetch_add(n, Ordering::Relaxed);
+    // SAFETY: closing descriptors this thread owns; the echo then reads end of file.
+    unsafe {
+        libc::close(ping_wr);
+        libc::close(pong_rd);
+    }
+}
+
+/// Lets the pingers run for `duration`, stops and joins them; the time since `start`.
+fn run_pingers(
+    duration: Duration,
+    stop: &AtomicBool,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    start: Instant,
+) -> Duration {
     std::thread::sleep(duration);
     stop.store(true, Ordering::Relaxed);
     for t in threads {
         t.join().unwrap();
     }
-    let elapsed = start.elapsed();
-    let cpu = process_cpu_ns() - cpu_start;
+    start.elapsed()
+}
+
+/// The ping-pong benchmark's line: calls, wall time and CPU time per call.
+fn print_pingpong(calls: &AtomicU64, elapsed: Duration, pairs: usize, cpu_ns: u64) {
     let total = calls.load(Ordering::Relaxed).max(1) as f64;
     println!(
         "calls={} ns_per_call={:.1} threads={pairs} cpu_ns_per_call={:.1}",
         total as u64,
         elapsed.as_nanos() as f64 * (2 * pairs) as f64 / total,
-        cpu as f64 / total
+        cpu_ns as f64 / total
     );
 }
 
@@ -1059,33 +1080,10 @@ fn loop_pingpong_procs(duration: Duration, pairs: usize) {
         .map(|(cpu, ping_wr, pong_rd)| {
             let stop = stop.clone();
             let calls = calls.clone();
-            std::thread::spawn(move || {
-                pin_cpu(cpu);
-                let mut buf = [0u8; 1];
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // SAFETY: one-byte writes and reads of valid buffers on our pipes.
-                    unsafe {
-                        libc::write(ping_wr, b"x".as_ptr().cast(), 1);
-                        libc::read(pong_rd, buf.as_mut_ptr().cast(), 1);
-                    }
-                    n += 4;
-                }
-                calls.fetch_add(n, Ordering::Relaxed);
-                // SAFETY: closing our ends; the echo reads end of file and exits.
-                unsafe {
-                    libc::close(ping_wr);
-                    libc::close(pong_rd);
-                }
-            })
+            std::thread::spawn(move || ping(cpu, ping_wr, pong_rd, &stop, &calls))
         })
         .collect();
-    std::thread::sleep(duration);
-    stop.store(true, Ordering::Relaxed);
-    for t in threads {
-        t.join().unwrap();
-    }
-    let elapsed = start.elapsed();
+    let elapsed = run_pingers(duration, &stop, threads, start);
     let mut children_ns = 0u64;
     for echo in echoes {
         let mut status = 0;
@@ -1097,13 +1095,7 @@ fn loop_pingpong_procs(duration: Duration, pairs: usize) {
         children_ns += tv(usage.ru_utime) + tv(usage.ru_stime);
     }
     let cpu = process_cpu_ns() - cpu_start + children_ns;
-    let total = calls.load(Ordering::Relaxed).max(1) as f64;
-    println!(
-        "calls={} ns_per_call={:.1} threads={pairs} cpu_ns_per_call={:.1}",
-        total as u64,
-        elapsed.as_nanos() as f64 * (2 * pairs) as f64 / total,
-        cpu as f64 / total
-    );
+    print_pingpong(&calls, elapsed, pairs, cpu);
 }
 
 fn open_or_exit(path: &str, flags: i32) -> i32 {
@@ -1427,7 +1419,7 @@ fn pipe_reads_then_exit(n: u64, ms: u64) -> ! {
         unsafe { libc::close(rd) };
         let blocked = format!("/proc/{parent}/task/{parent}/syscall");
         for _ in 0..n {
-            wait_until_blocked_at(&blocked, &format!("{} {:#x} ", libc::SYS_read, rd));
+            wait_until_blocked_in_path(&blocked, &format!("{} {:#x} ", libc::SYS_read, rd), false);
             std::thread::sleep(Duration::from_millis(ms));
             // SAFETY: one byte from a valid buffer to our pipe; _exit cannot fail.
             unsafe { libc::write(wr, b"x".as_ptr().cast(), 1) };
@@ -1514,25 +1506,6 @@ fn fd_identity(fd: i32) -> (String, u64) {
     assert_eq!(r, 0, "fstat: {}", std::io::Error::last_os_error());
     let dev = format!("{}:{}", libc::major(st.st_dev), libc::minor(st.st_dev));
     (dev, st.st_ino)
-}
-
-/// [`wait_until_blocked_in`] for the thread whose `syscall` file is `path` (of any process).
-fn wait_until_blocked_at(path: &str, prefix: &str) {
-    use std::os::unix::fs::FileExt;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut buf = [0u8; 128];
-    while Instant::now() < deadline {
-        let Ok(file) = std::fs::File::open(path) else {
-            return;
-        };
-        let Ok(len) = file.read_at(&mut buf, 0) else {
-            return;
-        };
-        if buf[..len].starts_with(prefix.as_bytes()) {
-            return;
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 /// One one-byte `read` of `fd` (a raw syscall: the call the tests sample).

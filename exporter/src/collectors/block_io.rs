@@ -34,8 +34,8 @@ use sysscope_abi::{block_op, maps, BlockKey, BlockLatency, BlockLatencyKey, Bloc
 
 use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
-    config::{Config, HistogramResolution},
-    hist::{encode_histogram, exported_bounds},
+    config::Config,
+    hist::HistogramLayout,
     kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps, Inflight},
     kernel::cumulative::HashReader,
     kernel::Probes,
@@ -98,9 +98,7 @@ pub(crate) struct BlockIoCollector {
     latency_series: SeriesTable<BlockLatencyKey, BlockLatency, LatKey, LatKey>,
     budget: Budget<IoKey>,
     lat_budget: Budget<LatKey>,
-    bounds: Vec<(usize, f64)>,
-    /// Sets the native histogram's schema.
-    resolution: HistogramResolution,
+    histograms: HistogramLayout,
     /// What the series keep of their labels (`[labels]`).
     control: LabelControl,
     by_cgroup: bool,
@@ -151,8 +149,7 @@ impl BlockIoCollector {
             latency_series: SeriesTable::named_once(),
             budget: Budget::new(max_series),
             lat_budget: Budget::new(max_series),
-            bounds: exported_bounds(config.syscalls.histogram_resolution),
-            resolution: config.syscalls.histogram_resolution,
+            histograms: HistogramLayout::new(config.syscalls.histogram_resolution),
             control: LabelControl::new(&config.labels),
             by_cgroup: block.latency_by_cgroup,
             retention: config.collection.series_retention,
@@ -175,7 +172,7 @@ impl BlockIoCollector {
 
     fn lat_cost(&self) -> usize {
         // one per bound + +Inf + _sum + _count
-        self.bounds.len() + 3
+        self.histograms.bounds.len() + 3
     }
 
     /// tgids gone for a reclaim interval, and cgroups gone at this check and the previous
@@ -374,12 +371,8 @@ impl Collector for BlockIoCollector {
                 }
                 labels.push(("device", Cow::Borrowed(device)));
                 labels.push(("op", Cow::Borrowed(op_name(*op))));
-                encode_histogram(
-                    family.encode_family(&labels)?,
-                    &series.sum,
-                    &self.bounds,
-                    self.resolution,
-                )?;
+                self.histograms
+                    .encode(family.encode_family(&labels)?, &series.sum)?;
             }
         }
         Ok(())

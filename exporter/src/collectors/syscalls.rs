@@ -37,8 +37,8 @@ use super::{
     Collector, CollectorError, Health, MapUsage,
 };
 use crate::{
-    config::{Config, HistogramResolution},
-    hist::{encode_histogram, exported_bounds},
+    config::Config,
+    hist::HistogramLayout,
     kernel::cumulative::Counters,
     kernel::fd_class,
     kernel::syscalls::{SlowThresholds, SyscallMaps},
@@ -72,10 +72,7 @@ pub(crate) struct SyscallCollector {
     /// CPU throttling of the cgroups the call series name.
     cgroup_cpu: CgroupCpu,
     budget: Budget<SeriesKey>,
-    /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
-    bounds: Vec<(usize, f64)>,
-    /// Sets the native histogram's schema.
-    resolution: HistogramResolution,
+    histograms: HistogramLayout,
     /// What the series keep of their labels (`[labels]`), applied before the budget.
     control: LabelControl,
     retention: Duration,
@@ -117,8 +114,7 @@ impl SyscallCollector {
             stats: SeriesTable::following_renames(),
             errors: SeriesTable::following_renames(),
             budget: Budget::new(limits.max_series),
-            bounds: exported_bounds(config.syscalls.histogram_resolution),
-            resolution: config.syscalls.histogram_resolution,
+            histograms: HistogramLayout::new(config.syscalls.histogram_resolution),
             control: LabelControl::new(&config.labels),
             retention: config.collection.series_retention,
             last_orphan_scan: Instant::now(),
@@ -131,7 +127,7 @@ impl SyscallCollector {
     fn series_cost(&self) -> usize {
         // _total + one per bound + +Inf + _sum + _count (+ one per state)
         let states = if self.time.is_some() { STATES.len() } else { 0 };
-        1 + self.bounds.len() + 3 + states
+        1 + self.histograms.bounds.len() + 3 + states
     }
 
     /// The coarser label sets a call series folds into when it does not fit the budget.
@@ -454,12 +450,8 @@ impl Collector for SyscallCollector {
             )?;
             for ((workload, nr, fd), series) in self.stats.series() {
                 series_labels(&mut labels, workload, *nr, fd);
-                encode_histogram(
-                    family.encode_family(&labels)?,
-                    &series.sum,
-                    &self.bounds,
-                    self.resolution,
-                )?;
+                self.histograms
+                    .encode(family.encode_family(&labels)?, &series.sum)?;
             }
         }
         if let Some(time) = &self.time {

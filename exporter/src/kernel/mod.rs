@@ -483,27 +483,10 @@ impl Probes {
             action: "type check",
             source,
         })?;
-        if let Some(log) = features::injected_verifier_log(program) {
-            tracing::warn!(
-                program,
-                "{}: loading as on an older kernel",
-                features::FAULT_ENV
-            );
-            return Err(missing_feature(program, &log).expect("the injected log names a feature"));
+        if let Some(e) = injected_load_failure(program) {
+            return Err(e);
         }
-        prog.load().map_err(|source| {
-            // A helper this kernel lacks is named with the kernel that brought it.
-            if let ProgramError::LoadError { verifier_log, .. } = &source {
-                if let Some(e) = missing_feature(program, &verifier_log.to_string()) {
-                    return e;
-                }
-            }
-            ProbeError::Program {
-                program: program.to_string(),
-                action: "load (verifier)",
-                source,
-            }
-        })?;
+        prog.load().map_err(|source| load_error(program, source))?;
         prog.attach(tracepoint)
             .map_err(|source| ProbeError::Program {
                 program: program.to_string(),
@@ -620,26 +603,42 @@ fn attach_btf_tracepoint(
             source,
         }
     })?;
-    if let Some(log) = features::injected_verifier_log(program) {
-        tracing::warn!(
-            program,
-            "{}: loading as on an older kernel",
-            features::FAULT_ENV
-        );
-        return Err(missing_feature(program, &log).expect("the injected log names a feature"));
+    if let Some(e) = injected_load_failure(program) {
+        return Err(e);
     }
-    prog.load(tracepoint, &btf).map_err(|source| {
-        if let ProgramError::LoadError { verifier_log, .. } = &source {
-            if let Some(e) = missing_feature(program, &verifier_log.to_string()) {
-                return e;
-            }
-        }
-        err("load (verifier)")(source)
-    })?;
+    prog.load(tracepoint, &btf)
+        .map_err(|source| load_error(program, source))?;
     drop(btf);
     prog.attach().map_err(err("attach"))?;
     tracing::debug!(program, tracepoint, "attached (BTF tracepoint)");
     Ok(())
+}
+
+/// The failure the fault injection ([`features::FAULT_ENV`]) stands for when it has `program`
+/// load as on an older kernel (with a warning, so that a test run shows it).
+fn injected_load_failure(program: &str) -> Option<ProbeError> {
+    let log = features::injected_verifier_log(program)?;
+    tracing::warn!(
+        program,
+        "{}: loading as on an older kernel",
+        features::FAULT_ENV
+    );
+    Some(missing_feature(program, &log).expect("the injected log names a feature"))
+}
+
+/// A failed load of `program`: a helper this kernel lacks is named with the kernel that
+/// brought it; anything else is the verifier's refusal.
+fn load_error(program: &str, source: ProgramError) -> ProbeError {
+    if let ProgramError::LoadError { verifier_log, .. } = &source {
+        if let Some(e) = missing_feature(program, &verifier_log.to_string()) {
+            return e;
+        }
+    }
+    ProbeError::Program {
+        program: program.to_string(),
+        action: "load (verifier)",
+        source,
+    }
 }
 
 /// Names of the maps this process holds, by map id (see [`map_memory`]).

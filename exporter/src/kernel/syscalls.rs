@@ -22,7 +22,7 @@
 //! looks the key up again), bump the epoch (every thread's cache is emptied on its next call),
 //! and only then hand the slot back to the stack and count it returned to its cgroup.
 
-use std::{collections::HashMap, os::fd::AsFd};
+use std::{collections::HashMap, ops::Range, os::fd::AsFd};
 
 use aya::maps::{
     Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, RingBuf, Stack,
@@ -392,16 +392,7 @@ impl SyscallStatsTable {
         let stripes = self.stripes;
         // Per key (in `keys` order): its sum, and the copies that named it (bit `stripe`).
         let mut sums = vec![(SyscallStats::ZERO, 0u8); keys.len()];
-        let mut start = 0;
-        while start < keys.len() {
-            let run = keys[start..]
-                .windows(2)
-                .position(|w| w[1].1 - w[0].1 > RANGE_GAP)
-                .map_or(keys.len() - start, |i| i + 1);
-            let held = start..start + run;
-            start += run;
-            let (first, last) = (keys[held.start].1, keys[held.end - 1].1);
-            let indices = first.saturating_mul(stripes)..(last + 1).saturating_mul(stripes);
+        for (held, indices) in slot_runs(&keys, |k| k.1, stripes) {
             if self.batch {
                 let read = bpf_batch::for_each_array_range::<SlotStats>(
                     self.stats.map().fd().as_fd(),
@@ -471,16 +462,7 @@ impl SyscallStatsTable {
         };
         let stripes = self.stripes;
         let mut sums = vec![StateStats::ZERO; keys.len()];
-        let mut start = 0;
-        while start < keys.len() {
-            let run = keys[start..]
-                .windows(2)
-                .position(|w| w[1].1 - w[0].1 > RANGE_GAP)
-                .map_or(keys.len() - start, |i| i + 1);
-            let held = start..start + run;
-            start += run;
-            let (first, last) = (keys[held.start].1, keys[held.end - 1].1);
-            let indices = first.saturating_mul(stripes)..(last + 1).saturating_mul(stripes);
+        for (held, indices) in slot_runs(&keys, |k| k.1, stripes) {
             let add = |sums: &mut [StateStats], index: u32, copy: &StateStats| {
                 let (slot, stripe) = (index / stripes, index % stripes);
                 let first = keys[held.clone()].partition_point(|(_, s, _)| *s < slot);
@@ -682,6 +664,33 @@ impl SyscallStatsTable {
 /// Held slots at most this far apart are read in one range (reading a few free slots costs
 /// less than another `bpf()` call).
 const RANGE_GAP: u32 = 64;
+
+/// The runs of `keys` (sorted by slot, `slot` of each) that are read as one range of the
+/// array each (neighbours at most [`RANGE_GAP`] slots apart), with the array indices a run
+/// covers: every copy of its slots, `stripes` a slot.
+fn slot_runs<'a, K>(
+    keys: &'a [K],
+    slot: impl Fn(&K) -> u32 + 'a,
+    stripes: u32,
+) -> impl Iterator<Item = (Range<usize>, Range<u32>)> + 'a {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= keys.len() {
+            return None;
+        }
+        let run = keys[start..]
+            .windows(2)
+            .position(|w| slot(&w[1]) - slot(&w[0]) > RANGE_GAP)
+            .map_or(keys.len() - start, |i| i + 1);
+        let held = start..start + run;
+        start += run;
+        let (first, last) = (slot(&keys[held.start]), slot(&keys[held.end - 1]));
+        Some((
+            held,
+            first.saturating_mul(stripes)..(last + 1).saturating_mul(stripes),
+        ))
+    })
+}
 
 /// `BPF_NOEXIST`: create only.
 const BPF_NOEXIST: u64 = 1;

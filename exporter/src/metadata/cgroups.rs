@@ -285,12 +285,9 @@ pub(crate) fn parse_proc_cgroup(text: &str) -> Option<String> {
 /// Why the root of this process's cgroup namespace was not found in the hierarchy.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum NamespaceRootError {
-    #[error("cannot read {path}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A file of `/proc/<pid>` could not be read.
+    #[error(transparent)]
+    Read(#[from] CgroupError),
     #[error(
         "no cgroup2 mount shows the root of this process's cgroup namespace, and no \
          cgroup.procs under {root} lists pid {pid} (at {own} in its namespace)"
@@ -319,7 +316,7 @@ pub(crate) fn namespace_root(
 ) -> Result<Arc<str>, NamespaceRootError> {
     let read = |name: &str| {
         let path = proc_self.join(name);
-        std::fs::read_to_string(&path).map_err(|source| NamespaceRootError::Read {
+        std::fs::read_to_string(&path).map_err(|source| CgroupError::Read {
             path: path.display().to_string(),
             source,
         })

@@ -33,39 +33,55 @@ const fn spec(size: Option<usize>, flags: Option<usize>, ret_bytes: bool) -> Arg
     }
 }
 
+/// Argument roles by syscall name, but for the descriptor (the kernel layer's table).
+const SPECS: &[(&[&str], ArgSpec)] = &[
+    (
+        &[
+            "read",
+            "write",
+            "pread64",
+            "pwrite64",
+            "getdents",
+            "getdents64",
+        ],
+        spec(Some(2), None, true),
+    ),
+    (
+        &["readv", "writev", "preadv", "pwritev"],
+        spec(None, None, true),
+    ),
+    // preadv2(fd, iov, iovcnt, pos_l, pos_h, flags)
+    (&["preadv2", "pwritev2"], spec(None, Some(5), true)),
+    (&["recvfrom", "sendto"], spec(Some(2), Some(3), true)),
+    (&["recvmsg", "sendmsg"], spec(None, Some(2), true)),
+    (&["recvmmsg", "sendmmsg"], spec(None, Some(3), false)),
+    (&["sendfile"], spec(Some(3), None, true)),
+    (&["splice", "copy_file_range"], spec(Some(4), Some(5), true)),
+    (&["tee", "vmsplice"], spec(Some(2), Some(3), true)),
+    (&["sync_file_range"], spec(Some(2), Some(3), false)),
+    (&["fallocate"], spec(Some(3), Some(1), false)),
+    (&["ftruncate"], spec(Some(1), None, false)),
+    (&["readahead", "fadvise64"], spec(Some(2), None, false)),
+    (&["flock"], spec(None, Some(1), false)),
+    (&["fgetxattr", "fsetxattr"], spec(Some(3), None, false)),
+    (&["mmap"], spec(Some(1), Some(3), false)),
+    (&["msync"], spec(Some(1), Some(2), false)),
+    (&["munmap"], spec(Some(1), None, false)),
+    (&["accept4"], spec(None, Some(3), false)),
+    (&["open"], spec(None, Some(1), false)),
+    (&["openat"], spec(None, Some(2), false)),
+    (&["renameat2"], spec(None, Some(4), false)),
+    (&["unlinkat"], spec(None, Some(2), false)),
+];
+
 /// The argument roles of syscall `name`; unknown syscalls have none. Which descriptor a call
 /// names is the kernel layer's table (the probe reads that descriptor's file at the call's
 /// exit): both sides name the same one.
 pub(crate) fn spec_of(name: &str) -> ArgSpec {
-    let mut spec = match name {
-        "read" | "write" | "pread64" | "pwrite64" | "getdents" | "getdents64" => {
-            spec(Some(2), None, true)
-        }
-        "readv" | "writev" | "preadv" | "pwritev" => spec(None, None, true),
-        // preadv2(fd, iov, iovcnt, pos_l, pos_h, flags)
-        "preadv2" | "pwritev2" => spec(None, Some(5), true),
-        "recvfrom" | "sendto" => spec(Some(2), Some(3), true),
-        "recvmsg" | "sendmsg" => spec(None, Some(2), true),
-        "recvmmsg" | "sendmmsg" => spec(None, Some(3), false),
-        "sendfile" => spec(Some(3), None, true),
-        "splice" | "copy_file_range" => spec(Some(4), Some(5), true),
-        "tee" | "vmsplice" => spec(Some(2), Some(3), true),
-        "sync_file_range" => spec(Some(2), Some(3), false),
-        "fallocate" => spec(Some(3), Some(1), false),
-        "ftruncate" => spec(Some(1), None, false),
-        "readahead" | "fadvise64" => spec(Some(2), None, false),
-        "flock" => spec(None, Some(1), false),
-        "fgetxattr" | "fsetxattr" => spec(Some(3), None, false),
-        "mmap" => spec(Some(1), Some(3), false),
-        "msync" => spec(Some(1), Some(2), false),
-        "munmap" => spec(Some(1), None, false),
-        "accept4" => spec(None, Some(3), false),
-        "open" => spec(None, Some(1), false),
-        "openat" => spec(None, Some(2), false),
-        "renameat2" => spec(None, Some(4), false),
-        "unlinkat" => spec(None, Some(2), false),
-        _ => ArgSpec::default(),
-    };
+    let mut spec = SPECS
+        .iter()
+        .find(|(names, _)| names.contains(&name))
+        .map_or(ArgSpec::default(), |(_, spec)| *spec);
     match descriptor_of(name) {
         Some(Descriptor::Arg(i)) => spec.fd = Some(usize::from(i)),
         Some(Descriptor::Returned) => spec.ret_fd = true,
@@ -100,33 +116,7 @@ mod tests {
 
     #[test]
     fn every_named_syscall_exists_somewhere() {
-        for name in [
-            "read",
-            "pwritev2",
-            "recvmmsg",
-            "sendfile",
-            "splice",
-            "tee",
-            "vmsplice",
-            "fsync",
-            "syncfs",
-            "sync_file_range",
-            "fallocate",
-            "ftruncate",
-            "readahead",
-            "fadvise64",
-            "flock",
-            "fgetxattr",
-            "mmap",
-            "msync",
-            "close",
-            "accept4",
-            "openat",
-            "openat2",
-            "renameat2",
-            "unlinkat",
-            "getdents64",
-        ] {
+        for name in SPECS.iter().flat_map(|(names, _)| names.iter()) {
             assert!(crate::syscall_table::is_known_anywhere(name), "{name}");
         }
     }

@@ -6,7 +6,7 @@
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
+    io::{BufReader, Write},
     path::Path,
     process::{Command, Stdio},
 };
@@ -41,23 +41,18 @@ fn within(a: u64, b: u64, ratio: f64) -> bool {
     (a as f64 - b as f64).abs() <= ratio * a.max(b) as f64
 }
 
+/// `sysscope trace -q -o OUT -- COMMAND...`: (exit code, stdout, stderr).
+fn trace_quietly(out: &std::path::Path, command: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["trace", "-q", "-o", out.to_str().unwrap(), "--"];
+    args.extend_from_slice(command);
+    sysscope(&args)
+}
+
 /// Runs sysscope with `args`; returns (exit code, stdout, stderr). cargo's LD_LIBRARY_PATH is
 /// removed so the workload's dynamic loader makes the same calls as from a shell, and glibc
 /// keeps one malloc arena so threads map and trim the same memory on every run.
 fn sysscope(args: &[&str]) -> (i32, String, String) {
-    let _node = share_node();
-    let out = Command::new(sysscope_bin())
-        .env_remove("LD_LIBRARY_PATH")
-        .env("MALLOC_ARENA_MAX", "1")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sysscope");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_sysscope(args, &[("MALLOC_ARENA_MAX", "1")])
 }
 
 fn scratch_file(dir: &Path, name: &str) -> String {
@@ -194,24 +189,13 @@ fn summary_propagates_exit_codes_and_removes_its_cgroup() {
 // The caller waits for the child it gets back.
 #[allow(clippy::zombie_processes)]
 fn start_measuring(args: &[&str]) -> (std::process::Child, BufReader<std::process::ChildStderr>) {
-    let mut child = Command::new(sysscope_bin())
+    let child = Command::new(sysscope_bin())
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if err.read_line(&mut line).unwrap() == 0 {
-            let status = child.wait().unwrap();
-            panic!("sysscope exited before measuring: {status}");
-        }
-        if line.contains("measuring") {
-            return (child, err);
-        }
-    }
+    until_measuring(child)
 }
 
 #[test]
@@ -277,24 +261,22 @@ fn trace_writes_trace_event_format_with_exact_slices() {
     let out = dir.path().join("trace.json");
     const N: usize = 2000;
     const M: usize = 7;
-    let (code, _, err) = sysscope(&[
-        "trace",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        workload_bin(),
-        "getppid",
-        &N.to_string(),
-        "openat-missing",
-        &M.to_string(),
-        "futex-contention",
-        "3",
-        "50",
-        "sleep",
-        "3",
-        "100",
-    ]);
+    let (code, _, err) = trace_quietly(
+        &out,
+        &[
+            workload_bin(),
+            "getppid",
+            &N.to_string(),
+            "openat-missing",
+            &M.to_string(),
+            "futex-contention",
+            "3",
+            "50",
+            "sleep",
+            "3",
+            "100",
+        ],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("nothing dropped"), "{err}");
     let (v, events) = trace_json(&out);
@@ -583,13 +565,7 @@ fn top_from_a_running_exporter_needs_no_privileges() {
         .unwrap();
     let _ = work.kill();
     let _ = work.wait();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success(&out);
     assert_busy_row(&text, &cg);
 }
 
@@ -834,16 +810,7 @@ fn trace_has_the_targets_block_io_only() {
          dd if={d} of=/dev/null bs=1M count={M_MIB} iflag=direct 2>/dev/null",
         d = dev.path
     );
-    let (code, _, err) = sysscope(&[
-        "trace",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
+    let (code, _, err) = trace_quietly(&out, &["sh", "-c", &script]);
     let during = rounds_done() - before;
     let _ = noise.kill();
     let _ = noise.wait();
@@ -1100,19 +1067,17 @@ fn trace_slices_name_the_descriptor_kind() {
     let out = dir.path().join("fd.json");
     let shm = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
     std::fs::write(shm.path(), vec![b'z'; 64]).unwrap();
-    let (code, _, err) = sysscope(&[
-        "trace",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-        "--",
-        workload_bin(),
-        "fd-kinds",
-        shm.path().to_str().unwrap(),
-        "3",
-        "4",
-        "5",
-    ]);
+    let (code, _, err) = trace_quietly(
+        &out,
+        &[
+            workload_bin(),
+            "fd-kinds",
+            shm.path().to_str().unwrap(),
+            "3",
+            "4",
+            "5",
+        ],
+    );
     assert_eq!(code, 0, "{err}");
     let (_, events) = trace_json(&out);
     let slices = |name: &str, kind: &str, fs: Option<&str>| {

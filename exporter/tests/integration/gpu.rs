@@ -15,7 +15,7 @@ use std::{
 
 use crate::{
     common::*,
-    kubernetes::{fresh_ids, FakeApi, Hierarchy},
+    kubernetes::{fresh_ids, trainer_pod_list, FakeApi, Hierarchy},
     nvml_standin::{library_before_12_2, Gpu, Mig, Proc, StandIn, State},
 };
 
@@ -48,12 +48,28 @@ impl Logged {
         }
     }
 
+    /// The exporter with the test configuration, reading `standin` as its NVML.
+    fn with_standin(standin: &StandIn) -> Self {
+        Self::start(
+            &format!("{TEST_CONFIG}{}", standin.config()),
+            &[standin.env()],
+        )
+    }
+
     fn scrape(&self) -> Vec<Sample> {
         parse_samples(&self.exporter.scrape())
     }
 
     fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A node of two GPUs, GPU-aaaa and GPU-bbbb, that answer every call.
+fn two_full_gpus() -> State {
+    State {
+        devices: vec![Gpu::full("GPU-aaaa"), Gpu::full("GPU-bbbb")],
+        ..State::default()
     }
 }
 
@@ -182,19 +198,7 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
     }
     // The pod this process belongs to, named by a fake API server's pod list.
     let (uid, cid) = fresh_ids();
-    let pod_list = serde_json::json!({
-        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"},
-        "items": [{
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "trainer-0", "namespace": "ml", "uid": uid, "resourceVersion": "7"},
-            "spec": {"nodeName": "node-test", "containers": [{"name": "pytorch"}]},
-            "status": {"containerStatuses": [{
-                "name": "pytorch", "containerID": format!("containerd://{cid}"),
-                "image": "img", "imageID": "", "ready": true, "restartCount": 0
-            }]}
-        }]
-    })
-    .to_string();
+    let pod_list = trainer_pod_list(&uid, &cid);
     let api = FakeApi::start(pod_list);
     let kube_dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(kube_dir.path());
@@ -461,15 +465,9 @@ fn nvml_errors_and_devices_that_leave_and_return_degrade_only_the_gpu_collector(
     {
         return;
     }
-    let state = State {
-        devices: vec![Gpu::full("GPU-aaaa"), Gpu::full("GPU-bbbb")],
-        ..State::default()
-    };
+    let state = two_full_gpus();
     let standin = StandIn::new(&state);
-    let exporter = Logged::start(
-        &format!("{TEST_CONFIG}{}", standin.config()),
-        &[standin.env()],
-    );
+    let exporter = Logged::with_standin(&standin);
     let util = |s: &[Sample], gpu: &str, uuid: &str| {
         select(
             s,
@@ -660,10 +658,7 @@ fn failed_readings_lose_their_series_not_the_device() {
         ..State::default()
     };
     let standin = StandIn::new(&state);
-    let exporter = Logged::start(
-        &format!("{TEST_CONFIG}{}", standin.config()),
-        &[standin.env()],
-    );
+    let exporter = Logged::with_standin(&standin);
     let errors = |s: &[Sample], uuid: &str, call: &str, error: &str| {
         select(
             s,
@@ -672,6 +667,15 @@ fn failed_readings_lose_their_series_not_the_device() {
         )
         .first()
         .map(|s| s.value)
+    };
+    // The busy GPU's process-utilization calls that found the buffer too small.
+    let short_buffers = |s: &[Sample]| {
+        errors(
+            s,
+            "GPU-bbbb",
+            "nvmlDeviceGetProcessUtilization",
+            "insufficient_size",
+        )
     };
     let sm = |s: &[Sample]| {
         select(
@@ -720,15 +724,7 @@ fn failed_readings_lose_their_series_not_the_device() {
     );
     // The other GPU: its samples read at the second try, nothing counted.
     assert_eq!(sm(&samples), Some(0.7));
-    assert_eq!(
-        errors(
-            &samples,
-            "GPU-bbbb",
-            "nvmlDeviceGetProcessUtilization",
-            "insufficient_size"
-        ),
-        None
-    );
+    assert_eq!(short_buffers(&samples), None);
     assert!(standin.calls().lines().any(|l| l
         .starts_with("nvmlDeviceGetProcessUtilization GPU-bbbb")
         && l.contains(" count=")));
@@ -750,15 +746,7 @@ fn failed_readings_lose_their_series_not_the_device() {
         ),
         GIB as f64
     );
-    assert_eq!(
-        errors(
-            &samples,
-            "GPU-bbbb",
-            "nvmlDeviceGetProcessUtilization",
-            "insufficient_size"
-        ),
-        Some(1.0)
-    );
+    assert_eq!(short_buffers(&samples), Some(1.0));
     std::thread::sleep(Duration::from_millis(250));
     assert_eq!(sm(&exporter.scrape()), Some(0.7));
     let logs = exporter.logs();
@@ -782,15 +770,9 @@ fn xid_errors_of_other_gpus_are_counted_while_one_is_lost() {
     if !require_root("xid_errors_of_other_gpus_are_counted_while_one_is_lost") {
         return;
     }
-    let mut state = State {
-        devices: vec![Gpu::full("GPU-aaaa"), Gpu::full("GPU-bbbb")],
-        ..State::default()
-    };
+    let mut state = two_full_gpus();
     let standin = StandIn::new(&state);
-    let exporter = Logged::start(
-        &format!("{TEST_CONFIG}{}", standin.config()),
-        &[standin.env()],
-    );
+    let exporter = Logged::with_standin(&standin);
     // Each scrape reads the devices, which is how a device that answers again is noticed.
     let registered = |uuid: &str, times: usize| {
         let needle = format!("nvmlDeviceRegisterEvents {uuid}");
@@ -890,10 +872,7 @@ fn nvml_that_does_not_initialise_is_reported_with_its_cause() {
         fails: vec![("nvmlInit_v2".into(), 9)],
         ..State::default()
     });
-    let exporter = Logged::start(
-        &format!("{TEST_CONFIG}{}", standin.config()),
-        &[standin.env()],
-    );
+    let exporter = Logged::with_standin(&standin);
     let samples = exporter.scrape();
     assert_eq!(up(&samples, "gpu"), 0.0);
     assert_eq!(up(&samples, "syscalls"), 1.0);

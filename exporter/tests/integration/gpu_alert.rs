@@ -16,7 +16,7 @@ use std::{
 use crate::{
     common::*,
     nvml_standin::{Gpu, Mig, Proc, StandIn, State},
-    prometheus_e2e::{one_prometheus_at_a_time, repo_root, result_len, Prometheus},
+    prometheus_e2e::{dashboard_queries, one_prometheus_at_a_time, result_len, Prometheus},
 };
 
 /// Dashboard queries that need labels only Kubernetes gives (pod names from the pod watch).
@@ -195,24 +195,7 @@ fn gpu_idle_alert_fires_for_the_read_bound_cgroup_on_an_idle_gpu_only() {
     );
 
     // Every dashboard query over GPU series returns data (those needing pod names aside).
-    let out = Command::new("python3")
-        .arg(repo_root().join("scripts/checks/queries.py"))
-        .args([
-            "--list-queries",
-            "--format",
-            "json",
-            "--var",
-            "__rate_interval=1m",
-        ])
-        .current_dir(repo_root())
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let queries: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let queries = dashboard_queries();
     let mut empty = Vec::new();
     let mut ran = 0;
     for q in &queries {

@@ -4,7 +4,7 @@
 
 use std::{
     ffi::OsStr,
-    os::unix::{ffi::OsStrExt, process::CommandExt},
+    os::unix::ffi::OsStrExt,
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -25,27 +25,11 @@ impl RawCgroup {
 
     /// Runs the workload inside, named `comm`, making `calls` getppid calls.
     fn run(&self, comm: &str, calls: u64) {
-        let procs =
-            std::ffi::CString::new(self.dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
-        let mut cmd = Command::new(workload_bin());
-        cmd.args(["set-name", comm, "getppid", &calls.to_string()])
-            .stdout(Stdio::null());
-        // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
-                libc::close(fd);
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            })
-        };
-        let status = cmd.status().unwrap();
+        let status = command_in_cgroup(&self.dir, workload_bin())
+            .args(["set-name", comm, "getppid", &calls.to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
         assert!(status.success(), "workload in {}", self.dir.display());
     }
 }
@@ -114,16 +98,8 @@ fn hostile_process_and_cgroup_names_keep_both_formats_valid() {
     let text = exporter.scrape();
     let om = exporter.scrape_openmetrics();
 
-    let dir = tempfile::tempdir().unwrap();
-    let text_path = dir.path().join("metrics.txt");
-    let om_path = dir.path().join("metrics.om");
-    std::fs::write(&text_path, &text).unwrap();
-    std::fs::write(&om_path, &om).unwrap();
-    let out = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&text_path).unwrap())
-        .output()
-        .expect("promtool");
+    let (_dir, text_path, om_path) = exposition_files(&text, &om);
+    let out = promtool_check_metrics(&text_path);
     // promtool lints naming conventions too (on stdout); only a parse error fails.
     assert!(
         out.status.success()

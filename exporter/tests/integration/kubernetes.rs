@@ -14,6 +14,46 @@ use crate::common::*;
 
 const CALLS: u64 = 321;
 
+/// A pod list of one pod, `ml/trainer-0` on `node-test`, whose container `pytorch` runs as
+/// `cid`.
+pub(crate) fn trainer_pod_list(uid: &str, cid: &str) -> String {
+    trainer_pod_list_with(
+        uid,
+        serde_json::json!({
+            "name": "pytorch", "containerID": format!("containerd://{cid}"),
+            "image": "img", "imageID": "", "ready": true, "restartCount": 0
+        }),
+    )
+}
+
+/// The same pod list with `status` as its container's status.
+pub(crate) fn trainer_pod_list_with(uid: &str, status: serde_json::Value) -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"},
+        "items": [{
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "trainer-0", "namespace": "ml", "uid": uid, "resourceVersion": "7"},
+            "spec": {"nodeName": "node-test", "containers": [{"name": "pytorch"}]},
+            "status": {"containerStatuses": [status]}
+        }]
+    })
+    .to_string()
+}
+
+/// Waits until `exporter` reports its pod watch up (the pod list arrives in the background).
+pub(crate) fn wait_for_pod_watch(exporter: &Exporter) {
+    let up = eventually(Duration::from_secs(20), || {
+        let samples = parse_samples(&exporter.scrape());
+        (sum(
+            &samples,
+            "sysscope_collector_up",
+            &[("collector", "kubernetes")],
+        ) == 1.0)
+            .then_some(())
+    });
+    assert!(up.is_some(), "the pod watch never came up");
+}
+
 /// A random pod UID (dashed UUID form) and container id (64 hex digits).
 pub(crate) fn fresh_ids() -> (String, String) {
     let u: u128 = rand::random();
@@ -256,19 +296,7 @@ fn cgroupfs_driver_ids_and_names_from_the_pod_watch() {
         return;
     }
     let (uid, cid) = fresh_ids();
-    let pod_list = serde_json::json!({
-        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"},
-        "items": [{
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "trainer-0", "namespace": "ml", "uid": uid, "resourceVersion": "7"},
-            "spec": {"nodeName": "node-test", "containers": [{"name": "pytorch"}]},
-            "status": {"containerStatuses": [{
-                "name": "pytorch", "containerID": format!("containerd://{cid}"),
-                "image": "img", "imageID": "", "ready": true, "restartCount": 0
-            }]}
-        }]
-    })
-    .to_string();
+    let pod_list = trainer_pod_list(&uid, &cid);
     let api = FakeApi::start(pod_list);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
@@ -278,16 +306,7 @@ fn cgroupfs_driver_ids_and_names_from_the_pod_watch() {
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
     // The pod list arrives in the background; the collector reports it.
-    let up = eventually(Duration::from_secs(20), || {
-        let samples = parse_samples(&exporter.scrape());
-        (sum(
-            &samples,
-            "sysscope_collector_up",
-            &[("collector", "kubernetes")],
-        ) == 1.0)
-            .then_some(())
-    });
-    assert!(up.is_some(), "the pod watch never came up");
+    wait_for_pod_watch(&exporter);
     let list = api
         .requests
         .lock()

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use crate::{
     common::*,
-    kubernetes::{fresh_ids, FakeApi, Hierarchy},
+    kubernetes::{fresh_ids, trainer_pod_list_with, wait_for_pod_watch, FakeApi, Hierarchy},
 };
 
 /// Kept by name; every other syscall is `other`.
@@ -27,20 +27,14 @@ fn dropped_labels_and_folded_syscalls_add_up_exactly() {
     let (uid, first) = fresh_ids();
     let (_, second) = fresh_ids();
     // The container restarted: its current id, and the one before in its last state.
-    let pod_list = serde_json::json!({
-        "apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"},
-        "items": [{
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "trainer-0", "namespace": "ml", "uid": uid, "resourceVersion": "7"},
-            "spec": {"nodeName": "node-test", "containers": [{"name": "pytorch"}]},
-            "status": {"containerStatuses": [{
-                "name": "pytorch", "containerID": format!("containerd://{second}"),
-                "lastState": {"terminated": {"exitCode": 1, "containerID": format!("containerd://{first}")}},
-                "image": "img", "imageID": "", "ready": true, "restartCount": 1
-            }]}
-        }]
-    })
-    .to_string();
+    let pod_list = trainer_pod_list_with(
+        &uid,
+        serde_json::json!({
+            "name": "pytorch", "containerID": format!("containerd://{second}"),
+            "lastState": {"terminated": {"exitCode": 1, "containerID": format!("containerd://{first}")}},
+            "image": "img", "imageID": "", "ready": true, "restartCount": 1
+        }),
+    );
     let api = FakeApi::start(pod_list);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
@@ -60,16 +54,7 @@ fn dropped_labels_and_folded_syscalls_add_up_exactly() {
         &format!("{TEST_CONFIG}[kubernetes]\npod_watch = \"off\"\n"),
         &[],
     );
-    let up = eventually(Duration::from_secs(20), || {
-        let samples = parse_samples(&controlled.scrape());
-        (sum(
-            &samples,
-            "sysscope_collector_up",
-            &[("collector", "kubernetes")],
-        ) == 1.0)
-            .then_some(())
-    });
-    assert!(up.is_some(), "the pod watch never came up");
+    wait_for_pod_watch(&controlled);
 
     // The container's two cgroups (before and after the restart), and a plain one.
     let pods = Hierarchy::create("kubepods", &["besteffort", &format!("pod{uid}"), &first]);

@@ -7,7 +7,7 @@
 //! with a message saying what works instead.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufReader, Write},
     process::{Child, Command, Stdio},
 };
 
@@ -118,21 +118,6 @@ fn measuring(mut cmd: Command) -> (Child, BufReader<std::process::ChildStderr>) 
         .spawn()
         .expect("spawn sysscope");
     until_measuring(child)
-}
-
-fn until_measuring(mut child: Child) -> (Child, BufReader<std::process::ChildStderr>) {
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if err.read_line(&mut line).unwrap() == 0 {
-            let status = child.wait().unwrap();
-            panic!("sysscope exited before measuring: {status}");
-        }
-        if line.contains("measuring") {
-            return (child, err);
-        }
-    }
 }
 
 /// Stops a measuring tool with Ctrl-C and returns its JSON summary.
@@ -331,13 +316,7 @@ fn tools_inside_the_daemonset_pod() {
     .unwrap();
     let _ = busy.kill();
     let _ = busy.wait();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success(&out);
     let row = text
         .lines()
         .rev()

@@ -28,6 +28,29 @@ pub(crate) fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Every query of the dashboards (variables at "All", `$__rate_interval` one minute), as
+/// `scripts/checks/queries.py --list-queries` lists them.
+pub(crate) fn dashboard_queries() -> Vec<serde_json::Value> {
+    let out = Command::new("python3")
+        .arg(repo_root().join("scripts/checks/queries.py"))
+        .args([
+            "--list-queries",
+            "--format",
+            "json",
+            "--var",
+            "__rate_interval=1m",
+        ])
+        .current_dir(repo_root())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Held by each test that runs a Prometheus: two at once, with their exporters and workloads,
 /// starve each other on a 2-CPU machine and their timings fail.
 pub(crate) fn one_prometheus_at_a_time() -> std::sync::MutexGuard<'static, ()> {
@@ -133,6 +156,61 @@ pub(crate) fn result_len(v: &serde_json::Value) -> usize {
     v["data"]["result"].as_array().map_or(0, |a| a.len())
 }
 
+/// A read-bound workload in `cg`, under a CPU quota of 90% of a CPU so that the throttling
+/// rule and panel have a cgroup to show: a few fsync'd writes (sync latency, block I/O), then
+/// reads of a cached 16 MiB file in 1 MiB calls for `seconds`. The quota and the files last
+/// as long as the value.
+struct ThrottledReader {
+    child: Child,
+    _quota: Option<CpuQuota>,
+    _data: tempfile::NamedTempFile,
+    _scratch: tempfile::NamedTempFile,
+}
+
+impl ThrottledReader {
+    fn start(cg: &TestCgroup, seconds: u32) -> Self {
+        let quota = CpuQuota::new(cg, 90_000, 100_000);
+        assert!(
+            quota.is_some() || std::env::var("CI").as_deref() != Ok("true"),
+            "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
+        );
+        let data = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(data.path(), vec![7u8; 16 << 20]).unwrap();
+        let scratch = tempfile::NamedTempFile::new().unwrap();
+        let mut reader = Command::new(workload_bin());
+        reader.arg("join-cgroup").arg(&cg.dir);
+        if let Some(v1) = quota.as_ref().and_then(|q| q.join.as_ref()) {
+            reader.arg("join-cgroup").arg(v1);
+        }
+        let child = reader
+            .args([
+                "write-fsync",
+                scratch.path().to_str().unwrap(),
+                "20",
+                "65536",
+            ])
+            .args([
+                "read-loop",
+                data.path().to_str().unwrap(),
+                &seconds.to_string(),
+                "1048576",
+            ])
+            .spawn()
+            .unwrap();
+        ThrottledReader {
+            child,
+            _quota: quota,
+            _data: data,
+            _scratch: scratch,
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[test]
 fn prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending() {
     if !require_root("prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending") {
@@ -145,30 +223,7 @@ fn prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending() {
     // A read-bound workload: after a few fsync'd writes (sync latency, block I/O), it reads a
     // cached file in 1 MiB calls for 40 s, in its own cgroup.
     let cg = TestCgroup::new("sysscope-test-reader");
-    // Under a CPU quota of 90% of a CPU, so the throttling rule and panel have a cgroup to show.
-    let quota = CpuQuota::new(&cg, 90_000, 100_000);
-    assert!(
-        quota.is_some() || std::env::var("CI").as_deref() != Ok("true"),
-        "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
-    );
-    let data = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(data.path(), vec![7u8; 16 << 20]).unwrap();
-    let scratch = tempfile::NamedTempFile::new().unwrap();
-    let mut reader = Command::new(workload_bin());
-    reader.arg("join-cgroup").arg(&cg.dir);
-    if let Some(v1) = quota.as_ref().and_then(|q| q.join.as_ref()) {
-        reader.arg("join-cgroup").arg(v1);
-    }
-    let mut reader = reader
-        .args([
-            "write-fsync",
-            scratch.path().to_str().unwrap(),
-            "20",
-            "65536",
-        ])
-        .args(["read-loop", data.path().to_str().unwrap(), "40", "1048576"])
-        .spawn()
-        .unwrap();
+    let mut reader = ThrottledReader::start(&cg, 40);
 
     // A control: an idle server, parked in sleeps (the wait family), in a cgroup of its own.
     let idle_cg = TestCgroup::new("sysscope-test-idle");
@@ -189,8 +244,7 @@ fn prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending() {
         })
     });
     let alerts = prometheus.api("/api/v1/alerts");
-    let _ = reader.kill();
-    let _ = reader.wait();
+    reader.stop();
     let _ = idle.kill();
     let _ = idle.wait();
     let state = alert.unwrap_or_else(|| {
@@ -260,24 +314,7 @@ fn recording_rules_without_data(prometheus: &Prometheus, skipped: &[&str]) -> Ve
 /// The dashboard queries (variables at "All") that return no data, of those over families
 /// this machine has (at least twenty run); every query must be valid.
 fn dashboard_queries_without_data(prometheus: &Prometheus) -> BTreeSet<String> {
-    let out = Command::new("python3")
-        .arg(repo_root().join("scripts/checks/queries.py"))
-        .args([
-            "--list-queries",
-            "--format",
-            "json",
-            "--var",
-            "__rate_interval=1m",
-        ])
-        .current_dir(repo_root())
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let queries: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let queries = dashboard_queries();
     let mut failures = BTreeSet::new();
     let mut ran = 0;
     for q in &queries {
@@ -333,29 +370,7 @@ fn native_histograms_equal_the_classic_ones_and_rules_read_either_form() {
     // Reads, syncs and block I/O for the rules, as in the classic test, for 15 s, under a CPU
     // quota as there (the throttling rule and panel).
     let reader_cg = TestCgroup::new("sysscope-test-native-reader");
-    let quota = CpuQuota::new(&reader_cg, 90_000, 100_000);
-    assert!(
-        quota.is_some() || std::env::var("CI").as_deref() != Ok("true"),
-        "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
-    );
-    let data = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(data.path(), vec![7u8; 16 << 20]).unwrap();
-    let scratch = tempfile::NamedTempFile::new().unwrap();
-    let mut reader = Command::new(workload_bin());
-    reader.arg("join-cgroup").arg(&reader_cg.dir);
-    if let Some(v1) = quota.as_ref().and_then(|q| q.join.as_ref()) {
-        reader.arg("join-cgroup").arg(v1);
-    }
-    let mut reader = reader
-        .args([
-            "write-fsync",
-            scratch.path().to_str().unwrap(),
-            "20",
-            "65536",
-        ])
-        .args(["read-loop", data.path().to_str().unwrap(), "15", "1048576"])
-        .spawn()
-        .unwrap();
+    let mut reader = ThrottledReader::start(&reader_cg, 15);
 
     let cg = TestCgroup::new("sysscope-test-native");
     let out = cg
@@ -434,8 +449,7 @@ fn native_histograms_equal_the_classic_ones_and_rules_read_either_form() {
     });
     let rules_empty = recording_rules_without_data(&native, &classic_only);
     let failures = dashboard_queries_without_data(&native);
-    let _ = reader.kill();
-    let _ = reader.wait();
+    reader.stop();
     assert!(
         rules.is_some() && failures.is_empty(),
         "with native histograms, recording rules without data: {rules_empty:?}\n{} dashboard queries returned no data:\n{}",

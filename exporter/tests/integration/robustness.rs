@@ -13,12 +13,7 @@ fn metric(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64
 
 /// Raw-tracepoint links on the machine whose program is one of `ids` (bpftool).
 fn links_of(ids: &[u64]) -> Vec<u64> {
-    let out = Command::new("bpftool")
-        .args(["-j", "link", "show"])
-        .output()
-        .expect("bpftool");
-    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
-        .unwrap_or_default()
+    bpftool_show("link")
         .iter()
         .filter_map(|l| l["prog_id"].as_u64())
         .filter(|p| ids.contains(p))
@@ -27,12 +22,7 @@ fn links_of(ids: &[u64]) -> Vec<u64> {
 
 /// The ids among `ids` of programs with one of `names` (the kernel keeps 15 characters).
 fn programs_named(ids: &[u64], names: &[&str]) -> Vec<u64> {
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output()
-        .expect("bpftool");
-    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
-        .unwrap_or_default()
+    bpftool_show("prog")
         .iter()
         .filter(|p| p["name"].as_str().is_some_and(|n| names.contains(&n)))
         .filter_map(|p| p["id"].as_u64())
@@ -137,14 +127,7 @@ fn a_block_io_probe_on_a_missing_tracepoint_leaves_syscalls_running() {
     let cg = TestCgroup::new("sysscope-test-fault");
     run_workload_joined(&cg, &["getppid", "77"]);
     let samples = parse_samples(&exporter.scrape());
-    assert_eq!(
-        sum(
-            &samples,
-            "sysscope_syscalls_total",
-            &[("cgroup", &cg.rel), ("syscall", "getppid")]
-        ),
-        77.0
-    );
+    assert_eq!(getppid_calls(&samples, &cg), 77.0);
 }
 
 #[test]
@@ -202,15 +185,7 @@ fn restart_on_the_same_port_resumes_cleanly() {
         let n = 100 + round * 11;
         run_workload_joined(&cg, &["getppid", &n.to_string()]);
         let samples = parse_samples(&exporter.scrape());
-        assert_eq!(
-            sum(
-                &samples,
-                "sysscope_syscalls_total",
-                &[("cgroup", &cg.rel), ("syscall", "getppid")]
-            ),
-            n as f64,
-            "round {round}"
-        );
+        assert_eq!(getppid_calls(&samples, &cg), n as f64, "round {round}");
         let (status, _) = exporter.stop();
         assert!(status.success(), "round {round}: {status}");
     }

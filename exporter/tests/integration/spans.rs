@@ -148,24 +148,15 @@ impl Received {
 
     /// The latest value of counter `name` for the data point whose attributes include `want`.
     fn counter(&self, name: &str, want: &[(&str, &str)]) -> Option<f64> {
-        let metrics = self.metrics.lock().unwrap();
         let mut last = None;
-        for req in metrics.iter() {
-            for m in req
-                .resource_metrics
-                .iter()
-                .flat_map(|r| &r.scope_metrics)
-                .flat_map(|s| &s.metrics)
-                .filter(|m| m.name == name)
-            {
-                let Some(Data::Sum(sum)) = &m.data else {
-                    continue;
-                };
-                for p in &sum.data_points {
-                    if matches_attrs(&p.attributes, want) {
-                        if let Some(number_data_point::Value::AsDouble(v)) = p.value {
-                            last = Some(v);
-                        }
+        for data in self.data_named(name) {
+            let Data::Sum(sum) = data else {
+                continue;
+            };
+            for p in &sum.data_points {
+                if matches_attrs(&p.attributes, want) {
+                    if let Some(number_data_point::Value::AsDouble(v)) = p.value {
+                        last = Some(v);
                     }
                 }
             }
@@ -175,27 +166,31 @@ impl Received {
 
     /// (bounds, bucket counts, count) of the latest histogram point matching `want`.
     fn histogram(&self, name: &str, want: &[(&str, &str)]) -> Option<(Vec<f64>, Vec<u64>, u64)> {
-        let metrics = self.metrics.lock().unwrap();
         let mut last = None;
-        for req in metrics.iter() {
-            for m in req
-                .resource_metrics
-                .iter()
-                .flat_map(|r| &r.scope_metrics)
-                .flat_map(|s| &s.metrics)
-                .filter(|m| m.name == name)
-            {
-                let Some(Data::Histogram(h)) = &m.data else {
-                    continue;
-                };
-                for p in &h.data_points {
-                    if matches_attrs(&p.attributes, want) {
-                        last = Some((p.explicit_bounds.clone(), p.bucket_counts.clone(), p.count));
-                    }
+        for data in self.data_named(name) {
+            let Data::Histogram(h) = data else {
+                continue;
+            };
+            for p in h.data_points {
+                if matches_attrs(&p.attributes, want) {
+                    last = Some((p.explicit_bounds, p.bucket_counts, p.count));
                 }
             }
         }
         last
+    }
+
+    /// The data of every metric named `name` the receiver got, in arrival order.
+    fn data_named(&self, name: &str) -> Vec<Data> {
+        let metrics = self.metrics.lock().unwrap();
+        metrics
+            .iter()
+            .flat_map(|r| &r.resource_metrics)
+            .flat_map(|r| &r.scope_metrics)
+            .flat_map(|s| &s.metrics)
+            .filter(|m| m.name == name)
+            .filter_map(|m| m.data.clone())
+            .collect()
     }
 }
 
@@ -233,19 +228,12 @@ impl Received {
         i32,
         opentelemetry_proto::tonic::metrics::v1::ExponentialHistogramDataPoint,
     )> {
-        let metrics = self.metrics.lock().unwrap();
         let mut out = Vec::new();
-        for m in metrics
-            .iter()
-            .flat_map(|r| &r.resource_metrics)
-            .flat_map(|r| &r.scope_metrics)
-            .flat_map(|s| &s.metrics)
-            .filter(|m| m.name == name)
-        {
-            if let Some(Data::ExponentialHistogram(h)) = &m.data {
-                for p in &h.data_points {
+        for data in self.data_named(name) {
+            if let Data::ExponentialHistogram(h) = data {
+                for p in h.data_points {
                     if matches_attrs(&p.attributes, want) {
-                        out.push((h.aggregation_temporality, p.clone()));
+                        out.push((h.aggregation_temporality, p));
                     }
                 }
             }
@@ -898,7 +886,7 @@ fn slow_reads_become_exact_spans_over_grpc_with_metrics_and_exemplars() {
     assert!(got.is_some(), "spans: {:?}", receiver.data.spans_of(&ran));
     // Export is first in, first out: once a later child's span is in, every span of the
     // first child is too. Then the count must be exact.
-    let marker = run(None, &["slow-pipe-read", "1", "25", "sleep", "1", "200"]);
+    let marker = slow_reads(1);
     assert!(eventually(Duration::from_secs(20), || {
         (!receiver.data.spans_of(&marker).is_empty()).then_some(())
     })
@@ -1015,20 +1003,8 @@ for f in text_string_to_metric_families(open(sys.argv[1]).read()):
             &[("destination", "otlp")]
         ) >= 11.0
     );
-    assert!(
-        sum(
-            &samples,
-            "sysscope_otlp_requests_total",
-            &[("signal", "traces"), ("result", "success")]
-        ) >= 1.0
-    );
-    assert!(
-        sum(
-            &samples,
-            "sysscope_otlp_requests_total",
-            &[("signal", "metrics"), ("result", "success")]
-        ) >= 1.0
-    );
+    assert!(otlp_successes(&samples, "traces") >= 1.0);
+    assert!(otlp_successes(&samples, "metrics") >= 1.0);
 }
 
 #[test]
@@ -1064,7 +1040,7 @@ fn http_protobuf_exports_spans_and_metrics() {
         ],
     );
     let truth = measured_reads(&ran);
-    let marker = run(None, &["slow-pipe-read", "1", "25", "sleep", "1", "200"]);
+    let marker = slow_reads(1);
     assert!(eventually(Duration::from_secs(20), || {
         (!receiver.data.spans_of(&marker).is_empty()).then_some(())
     })
@@ -1088,15 +1064,7 @@ fn http_protobuf_exports_spans_and_metrics() {
         "{:?}",
         receiver.data.counter("sysscope_syscalls", &series)
     );
-    let requests = receiver.data.http_requests.lock().unwrap().clone();
-    for path in ["/v1/traces", "/v1/metrics"] {
-        assert!(
-            requests
-                .iter()
-                .any(|(p, ct)| p == path && ct == "application/x-protobuf"),
-            "{requests:?}"
-        );
-    }
+    assert_protobuf_posts_of_both_signals(&receiver);
 }
 
 /// With `base2_exponential_bucket_histogram` and delta temporality, the pushed latency
@@ -1339,17 +1307,7 @@ fn collector_outage_keeps_memory_bounded_counts_drops_and_resumes() {
     let rss_before = rss_kib(pid);
 
     // Nobody listens: every span beyond the queue is dropped and counted.
-    let down = run(
-        None,
-        &[
-            "slow-pipe-read",
-            &SLOW.to_string(),
-            "25",
-            "sleep",
-            "1",
-            "200",
-        ],
-    );
+    let down = slow_reads(SLOW);
     let counted = eventually(Duration::from_secs(20), || {
         let samples = parse_samples(&exporter.scrape());
         let queued = sum(&samples, "sysscope_spans_queued", &[]);
@@ -1418,7 +1376,7 @@ fn collector_outage_keeps_memory_bounded_counts_drops_and_resumes() {
     // small queue if other processes' slow reads crowd it, which is counted: try a few.)
     let mut arrived = false;
     for _ in 0..3 {
-        let up = run(None, &["slow-pipe-read", "3", "25", "sleep", "1", "200"]);
+        let up = slow_reads(3);
         if eventually(Duration::from_secs(10), || {
             (receiver.data.spans_of(&up).len() == 3).then_some(())
         })
@@ -1436,13 +1394,7 @@ fn collector_outage_keeps_memory_bounded_counts_drops_and_resumes() {
     // What was queued during the outage (at most the queue) went out first.
     assert!(receiver.data.spans_of(&down).len() as u64 <= QUEUE);
     let samples = parse_samples(&exporter.scrape());
-    assert!(
-        sum(
-            &samples,
-            "sysscope_otlp_requests_total",
-            &[("signal", "traces"), ("result", "success")]
-        ) >= 1.0
-    );
+    assert!(otlp_successes(&samples, "traces") >= 1.0);
     assert!(
         sum(
             &samples,
@@ -1602,7 +1554,7 @@ fn exact_spans_and_metrics(
     let truth = measured_reads(&ran);
     assert_eq!(truth.len(), slow, "{:?}", ran.stdout);
     // Export is first in, first out: once a later child's span is in, the first child's are.
-    let marker = run(None, &["slow-pipe-read", "1", "25", "sleep", "1", "200"]);
+    let marker = slow_reads(1);
     assert!(
         eventually(Duration::from_secs(20), || {
             (!receiver.data.spans_of(&marker).is_empty()).then_some(())
@@ -1747,15 +1699,7 @@ fn config_file_alone_exports_over_https_with_a_client_certificate() {
         "OTLP/protobuf bodies over TLS: {}",
         receiver.data.body_sizes()
     );
-    let requests = receiver.data.http_requests.lock().unwrap().clone();
-    for path in ["/v1/traces", "/v1/metrics"] {
-        assert!(
-            requests
-                .iter()
-                .any(|(p, ct)| p == path && ct == "application/x-protobuf"),
-            "{requests:?}"
-        );
-    }
+    assert_protobuf_posts_of_both_signals(&receiver);
     assert_eq!(
         receiver
             .data
@@ -1799,17 +1743,7 @@ fn collector_requiring_a_client_certificate_refuses_an_exporter_without_one() {
             &[("reason", "export_failed")],
         )
     };
-    run(
-        None,
-        &[
-            "slow-pipe-read",
-            &SLOW.to_string(),
-            "25",
-            "sleep",
-            "1",
-            "200",
-        ],
-    );
+    slow_reads(SLOW);
     let counted = eventually(Duration::from_secs(20), || {
         let samples = parse_samples(&exporter.scrape());
         let failures = |signal| {
@@ -2057,6 +1991,37 @@ fn spans_reach_the_collector_within_the_batch_delay() {
 
 // ---------------------------------------------------------------------------------------------
 // The file a slow call waited on, named from what the kernel read at the call's exit.
+
+/// Both signals reached the HTTP receiver as OTLP/protobuf.
+fn assert_protobuf_posts_of_both_signals(receiver: &Receiver) {
+    let requests = receiver.data.http_requests.lock().unwrap().clone();
+    for path in ["/v1/traces", "/v1/metrics"] {
+        assert!(
+            requests
+                .iter()
+                .any(|(p, ct)| p == path && ct == "application/x-protobuf"),
+            "{requests:?}"
+        );
+    }
+}
+
+/// The exporter's count of successful OTLP requests of `signal` (`traces` or `metrics`).
+fn otlp_successes(samples: &[Sample], signal: &str) -> f64 {
+    sum(
+        samples,
+        "sysscope_otlp_requests_total",
+        &[("signal", signal), ("result", "success")],
+    )
+}
+
+/// A fresh child making `n` reads of a pipe that is filled 25 ms after each read blocks, then
+/// sleeping 200 ms so its last spans are read while it still lives.
+fn slow_reads(n: u64) -> Ran {
+    run(
+        None,
+        &["slow-pipe-read", &n.to_string(), "25", "sleep", "1", "200"],
+    )
+}
 
 /// An exporter whose spans go to a fresh gRPC receiver within 100 ms of their calls.
 fn exporter_to(receiver: &Receiver) -> Exporter {

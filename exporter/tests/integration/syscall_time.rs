@@ -428,18 +428,7 @@ fn slow_call_spans_carry_the_split() {
 
 /// Runs the `sysscope` binary with `args`; returns (exit code, stdout, stderr).
 fn sysscope(args: &[&str]) -> (i32, String, String) {
-    let _node = share_node();
-    let out = Command::new(sysscope_bin())
-        .env_remove("LD_LIBRARY_PATH")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sysscope");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    run_sysscope(args, &[])
 }
 
 /// `summary` splits each syscall's seconds by state (in its JSON always, as a table with

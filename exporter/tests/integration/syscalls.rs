@@ -304,18 +304,8 @@ fn exposition_passes_promtool_and_real_parsers() {
     assert!(om.ends_with("# EOF\n"), "OpenMetrics must end with # EOF");
     assert!(!text.contains("# EOF"), "0.0.4 text must not contain # EOF");
 
-    let dir = tempfile::tempdir().unwrap();
-    let text_path = dir.path().join("metrics.txt");
-    let om_path = dir.path().join("metrics.om");
-    std::fs::write(&text_path, &text).unwrap();
-    std::fs::write(&om_path, &om).unwrap();
-
-    // promtool (Prometheus' own parser and linter) on the 0.0.4 text.
-    let out = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::fs::File::open(&text_path).unwrap())
-        .output()
-        .expect("promtool (Debian package prometheus) must be installed");
+    let (_dir, text_path, om_path) = exposition_files(&text, &om);
+    let out = promtool_check_metrics(&text_path);
     let lint =
         String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(

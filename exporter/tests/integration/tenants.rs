@@ -59,6 +59,19 @@ fn syscall_labels(samples: &[Sample]) -> BTreeSet<String> {
         .collect()
 }
 
+/// The getppid calls counted for the workload in the victim's cgroup.
+fn victim_calls(samples: &[Sample], victim_cg: &TestCgroup) -> f64 {
+    sum(
+        samples,
+        "sysscope_syscalls_total",
+        &[
+            ("cgroup", victim_cg.rel.as_str()),
+            ("comm", WORKLOAD_COMM),
+            ("syscall", "getppid"),
+        ],
+    )
+}
+
 #[test]
 fn invalid_syscall_numbers_from_an_unprivileged_tenant_blind_nobody() {
     if !require_root("invalid_syscall_numbers_from_an_unprivileged_tenant_blind_nobody") {
@@ -110,15 +123,7 @@ fn invalid_syscall_numbers_from_an_unprivileged_tenant_blind_nobody() {
     let flood_rel = flood_cg.rel.as_str();
     let in_flood = |syscall: &'static str| vec![("cgroup", flood_rel), ("syscall", syscall)];
     assert_eq!(
-        sum(
-            &samples,
-            "sysscope_syscalls_total",
-            &[
-                ("cgroup", victim_cg.rel.as_str()),
-                ("comm", WORKLOAD_COMM),
-                ("syscall", "getppid"),
-            ],
-        ),
+        victim_calls(&samples, &victim_cg),
         VICTIM as f64,
         "the victim's calls, beside the flood"
     );
@@ -212,15 +217,7 @@ fn a_cgroup_over_its_slot_quota_folds_and_the_others_stay_exact() {
         .collect::<Vec<_>>()
         .join("\n");
     assert_eq!(
-        sum(
-            &samples,
-            "sysscope_syscalls_total",
-            &[
-                ("cgroup", victim_cg.rel.as_str()),
-                ("comm", WORKLOAD_COMM),
-                ("syscall", "getppid"),
-            ],
-        ),
+        victim_calls(&samples, &victim_cg),
         VICTIM as f64,
         "the victim keeps its own series"
     );

@@ -967,6 +967,20 @@ mod tests {
         }
     }
 
+    /// A fake NVML with two healthy devices, GPU-a (index 0) and GPU-b (index 1).
+    fn two_devices() -> FakeNvml {
+        let fake = FakeNvml::new();
+        fake.with(|s| {
+            for u in ["GPU-a", "GPU-b"] {
+                s.devices.push(FakeDevice {
+                    reading: reading(u),
+                    ..FakeDevice::default()
+                });
+            }
+        });
+        fake
+    }
+
     fn sample(pid: u32, timestamp_us: u64, sm_percent: u32) -> ProcessSample {
         ProcessSample {
             pid,
@@ -1126,15 +1140,7 @@ mod tests {
     #[test]
     fn devices_keep_their_series_by_uuid_when_indices_shift() {
         let node = Node::new();
-        let fake = FakeNvml::new();
-        fake.with(|s| {
-            for u in ["GPU-a", "GPU-b"] {
-                s.devices.push(FakeDevice {
-                    reading: reading(u),
-                    ..FakeDevice::default()
-                });
-            }
-        });
+        let fake = two_devices();
         let c = node.collector(&fake);
         c.refresh().unwrap();
         let removed = fake.with(|s| s.devices.remove(0));
@@ -1164,15 +1170,7 @@ mod tests {
     #[test]
     fn a_failing_device_goes_down_alone_and_comes_back() {
         let node = Node::new();
-        let fake = FakeNvml::new();
-        fake.with(|s| {
-            for u in ["GPU-a", "GPU-b"] {
-                s.devices.push(FakeDevice {
-                    reading: reading(u),
-                    ..FakeDevice::default()
-                });
-            }
-        });
+        let fake = two_devices();
         let c = node.collector(&fake);
         c.refresh().unwrap();
         let util = |t: &str, g: &str, u: &str| {

@@ -4,7 +4,7 @@
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
+    io::{BufRead, BufReader, Read, Write},
     net::{TcpListener, TcpStream},
     os::unix::process::CommandExt,
     path::{Path, PathBuf},
@@ -136,26 +136,32 @@ impl TestCgroup {
 
     /// A command whose process moves itself into this cgroup before it execs.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new(program);
-        let procs =
-            std::ffi::CString::new(self.dir.join("cgroup.procs").to_str().unwrap()).unwrap();
-        // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
-                libc::close(fd);
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        cmd
+        command_in_cgroup(&self.dir, program)
     }
+}
+
+/// A command whose process moves itself into the cgroup `dir` (any name, UTF-8 or not)
+/// before it execs.
+pub fn command_in_cgroup(dir: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    use std::os::unix::ffi::OsStrExt;
+    let mut cmd = Command::new(program);
+    let procs = std::ffi::CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
+    // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let r = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+            libc::close(fd);
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }
 
 impl Drop for TestCgroup {
@@ -263,14 +269,19 @@ fn bpf_object_ids_of(pid: u32, field: &str) -> Vec<u64> {
     ids
 }
 
-/// Ids of every eBPF map on the machine (bpftool).
-pub fn loaded_map_ids() -> Vec<u64> {
+/// Every eBPF object of `kind` (`prog`, `map`, `link`) on the machine, as `bpftool -j KIND
+/// show` describes it; none where bpftool fails.
+pub fn bpftool_show(kind: &str) -> Vec<serde_json::Value> {
     let out = Command::new("bpftool")
-        .args(["-j", "map", "show"])
+        .args(["-j", kind, "show"])
         .output()
         .expect("bpftool");
-    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
-        .unwrap_or_default()
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// Ids of every eBPF map on the machine (bpftool).
+pub fn loaded_map_ids() -> Vec<u64> {
+    bpftool_show("map")
         .iter()
         .filter_map(|p| p["id"].as_u64())
         .collect()
@@ -328,12 +339,7 @@ pub fn raw_request(port: u16, bytes: &[u8], timeout: Duration) -> std::io::Resul
 
 /// Ids of every eBPF program loaded on the machine (bpftool).
 pub fn loaded_program_ids() -> Vec<u64> {
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output()
-        .expect("bpftool");
-    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
-        .unwrap_or_default()
+    bpftool_show("prog")
         .iter()
         .filter_map(|p| p["id"].as_u64())
         .collect()
@@ -616,6 +622,15 @@ pub fn sum(samples: &[Sample], name: &str, want: &[(&str, &str)]) -> f64 {
     select(samples, name, want).iter().map(|s| s.value).sum()
 }
 
+/// The getppid calls counted in `cg`, over every process name.
+pub fn getppid_calls(samples: &[Sample], cg: &TestCgroup) -> f64 {
+    sum(
+        samples,
+        "sysscope_syscalls_total",
+        &[("cgroup", &cg.rel), ("syscall", "getppid")],
+    )
+}
+
 /// Polls `f` until it returns Some or `timeout` passes.
 pub fn eventually<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
@@ -787,4 +802,71 @@ impl Drop for CpuQuota {
             let _ = std::fs::remove_dir(parent);
         }
     }
+}
+
+/// Reads `child`'s stderr (piped) until the `sysscope` tool it runs says it is measuring;
+/// the child and the rest of its stderr. Panics if the tool exits first.
+pub fn until_measuring(mut child: Child) -> (Child, BufReader<std::process::ChildStderr>) {
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if err.read_line(&mut line).unwrap() == 0 {
+            let status = child.wait().unwrap();
+            panic!("sysscope exited before measuring: {status}");
+        }
+        if line.contains("measuring") {
+            return (child, err);
+        }
+    }
+}
+
+/// The standard output of a command that must have exited with 0 (its stderr otherwise).
+pub fn stdout_of_success(out: &std::process::Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs the `sysscope` binary with `args` and the variables `env` added, sharing the node
+/// with the other tests; returns (exit code, stdout, stderr). cargo's LD_LIBRARY_PATH is
+/// removed so the workload's dynamic loader makes the same calls as from a shell.
+pub fn run_sysscope(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let _node = share_node();
+    let out = Command::new(sysscope_bin())
+        .env_remove("LD_LIBRARY_PATH")
+        .envs(env.iter().copied())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sysscope");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The 0.0.4 text and the OpenMetrics exposition written to files of a fresh directory, for
+/// promtool and the reference parsers: (the directory, the text's path, the OpenMetrics path).
+pub fn exposition_files(text: &str, om: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let text_path = dir.path().join("metrics.txt");
+    let om_path = dir.path().join("metrics.om");
+    std::fs::write(&text_path, text).unwrap();
+    std::fs::write(&om_path, om).unwrap();
+    (dir, text_path, om_path)
+}
+
+/// `promtool check metrics` (Prometheus' own parser and linter) on the 0.0.4 text at `path`.
+pub fn promtool_check_metrics(path: &Path) -> std::process::Output {
+    Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(path).unwrap())
+        .output()
+        .expect("promtool (Debian package prometheus) must be installed")
 }
