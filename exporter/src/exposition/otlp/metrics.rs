@@ -880,14 +880,16 @@ mod tests {
         any_value::Value::StringValue(s.into())
     }
 
+    /// A converter for the `sysscope` service, started at 100 s, with the default conversion.
+    fn sysscope_converter() -> Converter {
+        let started = UNIX_EPOCH + Duration::from_secs(100);
+        let resource = [("service.name".to_string(), "sysscope".to_string())];
+        Converter::new(&resource, started, Conversion::default())
+    }
+
     #[test]
     fn counters_histograms_gauges_and_exemplars() {
-        let started = UNIX_EPOCH + Duration::from_secs(100);
-        let mut c = Converter::new(
-            &[("service.name".into(), "sysscope".into())],
-            started,
-            Conversion::default(),
-        );
+        let mut c = sysscope_converter();
         let now = UNIX_EPOCH + Duration::from_secs(200);
         let r = c.convert(&families(1), now);
         let Some(metric::Data::Sum(sum)) = &metric(&r, "sysscope_syscalls").data else {
@@ -1147,12 +1149,7 @@ mod tests {
 
     #[test]
     fn json_bodies_follow_the_otlp_json_mapping() {
-        let started = UNIX_EPOCH + Duration::from_secs(100);
-        let mut c = Converter::new(
-            &[("service.name".into(), "sysscope".into())],
-            started,
-            Conversion::default(),
-        );
+        let mut c = sysscope_converter();
         let r = c.convert(&families(1), UNIX_EPOCH + Duration::from_secs(200));
         let (body, content_type) = http_body(&r, true);
         assert_eq!(content_type, "application/json");
