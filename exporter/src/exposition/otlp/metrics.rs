@@ -340,7 +340,10 @@ impl Converter {
             && histograms.clone().all(|(_, h)| is_native(h))
         {
             let data_points = histograms
-                .map(|(m, h)| self.exponential_point(&family.name, m, h, now_ns, delta))
+                .map(|(m, h)| {
+                    let point = self.point(&family.name, m, exponential_values(h), delta);
+                    exponential_point(h, point, now_ns)
+                })
                 .collect();
             return metric::Data::ExponentialHistogram(ExponentialHistogram {
                 data_points,
@@ -348,112 +351,116 @@ impl Converter {
             });
         }
         let data_points = histograms
-            .map(|(m, h)| self.explicit_point(&family.name, m, h, now_ns, delta))
+            .map(|(m, h)| {
+                let point = self.point(&family.name, m, explicit_values(h), delta);
+                explicit_point(h, point, now_ns)
+            })
             .collect();
         metric::Data::Histogram(OtlpHistogram {
             data_points,
             aggregation_temporality,
         })
     }
+}
 
-    /// A point with the classic buckets' bounds and counts.
-    fn explicit_point(
-        &mut self,
-        family: &str,
-        m: &PromMetric,
-        h: &PromHistogram,
-        now_ns: u64,
-        delta: bool,
-    ) -> HistogramDataPoint {
-        let mut now = Values {
-            count: h.sample_count as f64,
-            sum: h.sample_sum,
-            ..Values::default()
-        };
-        let mut previous = 0u64;
-        for (i, b) in h.bucket.iter().enumerate() {
-            now.buckets
-                .insert(i as i32, b.cumulative_count.saturating_sub(previous));
-            previous = b.cumulative_count;
-        }
-        if h.bucket.last().is_none_or(|b| b.upper_bound.is_finite()) {
-            // No +Inf bucket: the overflow bucket holds what the bounds do not.
-            let overflow = h.sample_count.saturating_sub(previous);
-            now.buckets.insert(h.bucket.len() as i32, overflow);
-        }
-        let (attributes, start, values) = self.point(family, m, now, delta);
-        HistogramDataPoint {
-            attributes,
-            start_time_unix_nano: start,
-            time_unix_nano: now_ns,
-            count: values.count as u64,
-            sum: Some(values.sum),
-            bucket_counts: values.buckets.into_values().collect(),
-            explicit_bounds: h
-                .bucket
-                .iter()
-                .map(|b| b.upper_bound)
-                .filter(|b| b.is_finite())
-                .collect(),
-            exemplars: h
-                .bucket
-                .iter()
-                .filter_map(|b| b.exemplar.as_ref())
-                .map(otlp_exemplar)
-                .collect(),
-            ..Default::default()
-        }
+/// The classic buckets' counts (each bucket's own, not cumulative), count and sum.
+fn explicit_values(h: &PromHistogram) -> Values {
+    let mut now = Values {
+        count: h.sample_count as f64,
+        sum: h.sample_sum,
+        ..Values::default()
+    };
+    let mut previous = 0u64;
+    for (i, b) in h.bucket.iter().enumerate() {
+        now.buckets
+            .insert(i as i32, b.cumulative_count.saturating_sub(previous));
+        previous = b.cumulative_count;
     }
+    if h.bucket.last().is_none_or(|b| b.upper_bound.is_finite()) {
+        // No +Inf bucket: the overflow bucket holds what the bounds do not.
+        let overflow = h.sample_count.saturating_sub(previous);
+        now.buckets.insert(h.bucket.len() as i32, overflow);
+    }
+    now
+}
 
-    /// A point with the native histogram's buckets: OTLP's scale is the native schema (both
-    /// name a bucket width of 2^(2^-scale)), and OTLP's bucket `j` covers (base^j, base^(j+1)]
-    /// where the native bucket `i` covers (base^(i-1), base^i]: `j = i - 1`.
-    fn exponential_point(
-        &mut self,
-        family: &str,
-        m: &PromMetric,
-        h: &PromHistogram,
-        now_ns: u64,
-        delta: bool,
-    ) -> ExponentialHistogramDataPoint {
-        let spans: Vec<(i32, u32)> = h
-            .positive_span
+/// A point with the classic buckets' bounds and counts.
+fn explicit_point(
+    h: &PromHistogram,
+    (attributes, start, values): Point,
+    now_ns: u64,
+) -> HistogramDataPoint {
+    HistogramDataPoint {
+        attributes,
+        start_time_unix_nano: start,
+        time_unix_nano: now_ns,
+        count: values.count as u64,
+        sum: Some(values.sum),
+        bucket_counts: values.buckets.into_values().collect(),
+        explicit_bounds: h
+            .bucket
             .iter()
-            .map(|s| (s.offset, s.length))
-            .collect();
-        let now = Values {
-            count: h.sample_count as f64,
-            sum: h.sample_sum,
-            zero: h.zero_count,
-            buckets: expand_spans(&spans, &h.positive_delta)
-                .into_iter()
-                .map(|(i, n)| (i - 1, n))
+            .map(|b| b.upper_bound)
+            .filter(|b| b.is_finite())
+            .collect(),
+        exemplars: h
+            .bucket
+            .iter()
+            .filter_map(|b| b.exemplar.as_ref())
+            .map(otlp_exemplar)
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The native histogram's buckets in OTLP's numbering: OTLP's scale is the native schema (both
+/// name a bucket width of 2^(2^-scale)), and OTLP's bucket `j` covers (base^j, base^(j+1)]
+/// where the native bucket `i` covers (base^(i-1), base^i]: `j = i - 1`.
+fn exponential_values(h: &PromHistogram) -> Values {
+    let spans: Vec<(i32, u32)> = h
+        .positive_span
+        .iter()
+        .map(|s| (s.offset, s.length))
+        .collect();
+    Values {
+        count: h.sample_count as f64,
+        sum: h.sample_sum,
+        zero: h.zero_count,
+        buckets: expand_spans(&spans, &h.positive_delta)
+            .into_iter()
+            .map(|(i, n)| (i - 1, n))
+            .collect(),
+    }
+}
+
+/// A point with the native histogram's buckets, as [`exponential_values`] numbers them.
+fn exponential_point(
+    h: &PromHistogram,
+    (attributes, start, values): Point,
+    now_ns: u64,
+) -> ExponentialHistogramDataPoint {
+    let indexes = values.buckets.keys();
+    let positive = match (indexes.clone().next(), indexes.last()) {
+        (Some(&first), Some(&last)) => Some(Buckets {
+            offset: first,
+            bucket_counts: (first..=last)
+                .map(|j| values.buckets.get(&j).copied().unwrap_or(0))
                 .collect(),
-        };
-        let (attributes, start, values) = self.point(family, m, now, delta);
-        let indexes = values.buckets.keys();
-        let positive = match (indexes.clone().next(), indexes.last()) {
-            (Some(&first), Some(&last)) => Some(Buckets {
-                offset: first,
-                bucket_counts: (first..=last)
-                    .map(|j| values.buckets.get(&j).copied().unwrap_or(0))
-                    .collect(),
-            }),
-            _ => None,
-        };
-        ExponentialHistogramDataPoint {
-            attributes,
-            start_time_unix_nano: start,
-            time_unix_nano: now_ns,
-            count: values.count as u64,
-            sum: Some(values.sum),
-            scale: h.schema,
-            zero_count: values.zero,
-            zero_threshold: h.zero_threshold,
-            positive,
-            exemplars: h.exemplars.iter().map(otlp_exemplar).collect(),
-            ..Default::default()
-        }
+        }),
+        _ => None,
+    };
+    ExponentialHistogramDataPoint {
+        attributes,
+        start_time_unix_nano: start,
+        time_unix_nano: now_ns,
+        count: values.count as u64,
+        sum: Some(values.sum),
+        scale: h.schema,
+        zero_count: values.zero,
+        zero_threshold: h.zero_threshold,
+        positive,
+        exemplars: h.exemplars.iter().map(otlp_exemplar).collect(),
+        ..Default::default()
     }
 }
 
@@ -1035,30 +1042,35 @@ mod tests {
                 assert_eq!(p.value, Some(number_data_point::Value::AsDouble(value)));
                 assert_eq!(p.start_time_unix_nano, start * 1_000_000_000);
                 assert_eq!(sum.aggregation_temporality, kind as i32);
-                match &metric(&r, "sysscope_syscall_duration_seconds").data {
-                    Some(metric::Data::Histogram(h)) => {
-                        let p = &h.data_points[0];
-                        assert_eq!(
-                            h.aggregation_temporality,
-                            AggregationTemporality::Delta as i32
-                        );
-                        assert_eq!((p.count, p.sum), (24, Some(1.0)));
-                        assert_eq!(p.bucket_counts, vec![4, 20, 0]);
-                        assert_eq!(p.start_time_unix_nano, 200_000_000_000);
-                    }
-                    Some(metric::Data::ExponentialHistogram(h)) => {
-                        let p = &h.data_points[0];
-                        assert_eq!(
-                            h.aggregation_temporality,
-                            AggregationTemporality::Delta as i32
-                        );
-                        assert_eq!((p.count, p.sum), (24, Some(1.0)));
-                        assert_eq!(
-                            p.positive.as_ref().unwrap().bucket_counts,
-                            vec![4, 0, 0, 20]
-                        );
-                    }
-                    other => panic!("{other:?}"),
+                // Histograms are delta in both delta and lowmemory: (temporality, count, sum,
+                // bucket counts, start) of either form.
+                let (temporality, count, sum, buckets, start) =
+                    match &metric(&r, "sysscope_syscall_duration_seconds").data {
+                        Some(metric::Data::Histogram(h)) => {
+                            let p = &h.data_points[0];
+                            let start = Some(p.start_time_unix_nano);
+                            (
+                                h.aggregation_temporality,
+                                p.count,
+                                p.sum,
+                                p.bucket_counts.clone(),
+                                start,
+                            )
+                        }
+                        Some(metric::Data::ExponentialHistogram(h)) => {
+                            let p = &h.data_points[0];
+                            let buckets = p.positive.as_ref().unwrap().bucket_counts.clone();
+                            (h.aggregation_temporality, p.count, p.sum, buckets, None)
+                        }
+                        other => panic!("{other:?}"),
+                    };
+                assert_eq!(temporality, AggregationTemporality::Delta as i32);
+                assert_eq!((count, sum), (24, Some(1.0)));
+                if histograms == HistogramAggregation::ExplicitBucket {
+                    assert_eq!(buckets, vec![4, 20, 0]);
+                    assert_eq!(start, Some(200_000_000_000));
+                } else {
+                    assert_eq!(buckets, vec![4, 0, 0, 20]);
                 }
                 // Reset (fewer counts): the delta is the whole new value, from the last push.
                 let r = c.convert(&families(1), t(400));
@@ -1084,34 +1096,26 @@ mod tests {
             ..Conversion::default()
         };
         let mut c = Converter::new(&[], t(100), conversion);
+        // The sum a push carries and the second its delta starts at.
         let sum = |r: &ExportMetricsServiceRequest| {
             let Some(metric::Data::Sum(sum)) = &metric(r, "sysscope_syscalls").data else {
                 panic!()
             };
             let p = &sum.data_points[0];
-            (p.value, p.start_time_unix_nano)
+            match p.value {
+                Some(number_data_point::Value::AsDouble(v)) => {
+                    (v, p.start_time_unix_nano / 1_000_000_000)
+                }
+                other => panic!("{other:?}"),
+            }
         };
         c.convert(&[counter(12.0)], t(200));
         c.delivered(true);
         c.convert(&[counter(36.0)], t(300));
         c.delivered(false);
-        let r = c.convert(&[counter(48.0)], t(400));
-        assert_eq!(
-            sum(&r),
-            (
-                Some(number_data_point::Value::AsDouble(36.0)),
-                200_000_000_000
-            )
-        );
+        assert_eq!(sum(&c.convert(&[counter(48.0)], t(400))), (36.0, 200));
         c.delivered(true);
-        let r = c.convert(&[counter(50.0)], t(500));
-        assert_eq!(
-            sum(&r),
-            (
-                Some(number_data_point::Value::AsDouble(2.0)),
-                400_000_000_000
-            )
-        );
+        assert_eq!(sum(&c.convert(&[counter(50.0)], t(500))), (2.0, 400));
     }
 
     #[test]
