@@ -87,6 +87,9 @@ where
     if !options.telemetry_path.starts_with('/') {
         return Err(ServeError::TelemetryPath(options.telemetry_path.clone()));
     }
+    // The OTLP clients (reqwest) take the process's TLS provider; the binary installs ring
+    // first thing, and so does this for callers of the library that did not (a no-op if set).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(8)
