@@ -1,4 +1,6 @@
 # Shared by the bench/*.sh drivers (sourced): root check, and the binaries to measure.
+# bench_setup "$@" is a driver's whole preamble: root, cargo on PATH, $workdir (removed at exit),
+# $bin_dir (bench_bins, a debug build when the arguments hold --smoke) and SYSSCOPE_REVISION.
 # bench_bins WORKDIR SMOKE sets $bin_dir: $SYSSCOPE_BENCH_BIN_DIR if given, else a fresh build
 # (release; debug in smoke mode, where timing is not looked at) copied into WORKDIR/bin.
 
@@ -28,4 +30,15 @@ bench_bins() {
   bin_dir=$workdir/bin
   mkdir -p "$bin_dir"
   for b in sysscope sysscope-bench sysscope-workload; do cp "$target/$profile/$b" "$bin_dir/"; done
+}
+
+bench_setup() {
+  bench_require_root
+  export PATH="$HOME/.cargo/bin:$PATH"
+  local smoke=0 arg
+  for arg in "$@"; do [ "$arg" = "--smoke" ] && smoke=1; done
+  workdir=$(mktemp -d /tmp/sysscope-bench.XXXXXX)
+  trap 'rm -rf "$workdir"' EXIT
+  bench_bins "$workdir" "$smoke"
+  export SYSSCOPE_REVISION=${SYSSCOPE_REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 }

@@ -12,15 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
-bench_require_root
-export PATH="$HOME/.cargo/bin:$PATH"
-
-smoke=0
-for arg in "$@"; do [ "$arg" = "--smoke" ] && smoke=1; done
-
-workdir=$(mktemp -d /tmp/sysscope-bench.XXXXXX)
-trap 'rm -rf "$workdir"' EXIT
-bench_bins "$workdir" "$smoke"
+bench_setup "$@"
 
 # bpftrace and perf trace read tracepoint formats from tracefs. It is left mounted: other
 # tools may start using it meanwhile, and a mounted tracefs costs nothing.
@@ -28,5 +20,4 @@ if ! grep -qs " tracefs " /proc/mounts; then
   mount -t tracefs tracefs /sys/kernel/tracing || echo "bench: cannot mount tracefs" >&2
 fi
 
-export SYSSCOPE_REVISION=${SYSSCOPE_REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 python3 bench/overhead.py --bin-dir "$bin_dir" "$@"

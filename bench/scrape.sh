@@ -11,13 +11,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
-bench_require_root
-export PATH="$HOME/.cargo/bin:$PATH"
-
-smoke=0
-for arg in "$@"; do [ "$arg" = "--smoke" ] && smoke=1; done
-workdir=$(mktemp -d /tmp/sysscope-bench.XXXXXX)
-trap 'rm -rf "$workdir"' EXIT
-bench_bins "$workdir" "$smoke"
-export SYSSCOPE_REVISION=${SYSSCOPE_REVISION:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+bench_setup "$@"
 python3 bench/scrape.py --bin-dir "$bin_dir" "$@"
