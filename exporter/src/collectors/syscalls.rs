@@ -463,8 +463,11 @@ impl Collector for SyscallCollector {
             )?;
             for (key, _) in self.stats.series() {
                 let (workload, nr, fd) = key;
+                // The series' labels once, then each state in the last place.
+                series_labels(&mut labels, workload, *nr, fd);
+                let len = labels.len();
                 for (state, ns) in STATES.iter().zip(time.get(key).by_state()) {
-                    series_labels(&mut labels, workload, *nr, fd);
+                    labels.truncate(len);
                     labels.push(("state", Cow::Borrowed(state)));
                     family
                         .encode_family(&labels)?

@@ -592,7 +592,12 @@ impl Settings {
     /// set.
     pub fn from_env(file: &OtlpConfig, node_name: Option<&str>) -> Result<Self, SettingsError> {
         let vars: HashMap<String, String> = std::env::vars().collect();
-        Self::resolve(file, |k| vars.get(k).cloned(), node_name, &hostname())
+        Self::resolve(
+            file,
+            |k| vars.get(k).cloned(),
+            node_name,
+            &crate::util::pseudo_file::hostname(),
+        )
     }
 
     /// Resolves the settings from a variable lookup (the environment; empty values count as
@@ -985,13 +990,6 @@ fn resource(
         set("k8s.node.name", node.trim().to_string(), false);
     }
     Ok(attrs)
-}
-
-/// This machine's host name (what `uname -n` prints).
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -345,8 +345,7 @@ mod tests {
 
     #[test]
     fn file_offsets_resolve_on_this_kernel() {
-        let Ok(btf) = Btf::from_kernel() else {
-            eprintln!("SKIPPED file_offsets_resolve_on_this_kernel: no readable kernel BTF");
+        let Some(btf) = crate::kernel::btf::for_test("file_offsets_resolve_on_this_kernel") else {
             return;
         };
         let c = resolve_file_offsets(&btf, true).unwrap();

@@ -35,7 +35,7 @@ use sysscope_abi::{
 use crate::{
     config::Config,
     kernel::bpf_batch::{self, BatchError},
-    kernel::cumulative::{deleted, HashReader, Snapshot},
+    kernel::cumulative::{deleted, Counters, HashReader, Snapshot},
     kernel::ring,
     kernel::{read_err, ProbeError, Probes},
     util::error::Chain,
@@ -472,7 +472,7 @@ impl SyscallStatsTable {
                     .take_while(|(_, (_, s, _))| *s == slot)
                 {
                     if owned & (1 << stripe) != 0 {
-                        add_states(&mut sums[first + i], copy);
+                        sums[first + i].add(copy);
                     }
                 }
             };
@@ -646,11 +646,7 @@ impl SyscallStatsTable {
             self.stripes as usize
         ];
         for (cpu, stats) in per_cpu.iter().enumerate() {
-            let copy = &mut copies[cpu % self.stripes as usize].stats;
-            copy.sum_ns = copy.sum_ns.wrapping_add(stats.sum_ns);
-            for (t, b) in copy.buckets.iter_mut().zip(stats.buckets.iter()) {
-                *t = t.wrapping_add(*b);
-            }
+            copies[cpu % self.stripes as usize].stats.add(stats);
         }
         for (stripe, copy) in copies.into_iter().enumerate() {
             self.stats
@@ -695,13 +691,6 @@ fn slot_runs<'a, K>(
 /// `BPF_NOEXIST`: create only.
 const BPF_NOEXIST: u64 = 1;
 
-fn add_states(sum: &mut StateStats, copy: &StateStats) {
-    sum.wait_ns = sum.wait_ns.wrapping_add(copy.wait_ns);
-    sum.blocked_ns = sum.blocked_ns.wrapping_add(copy.blocked_ns);
-    sum.unknown_ns = sum.unknown_ns.wrapping_add(copy.unknown_ns);
-    sum.switched = sum.switched.wrapping_add(copy.switched);
-}
-
 /// Adds `copy` (copy `stripe` of `slot`) to the sum of the key it names, if that key holds
 /// `slot`, and marks the copy as the key's. `keys` (sorted by slot) and `sums` run in step. A
 /// slot is held by one key (two only while a probe and user space race on it): each counts the
@@ -721,10 +710,7 @@ fn add_copy(
         if copy.key == *key {
             let (sum, owned) = &mut sums[first + i];
             *owned |= 1 << stripe;
-            sum.sum_ns = sum.sum_ns.wrapping_add(copy.stats.sum_ns);
-            for (t, b) in sum.buckets.iter_mut().zip(copy.stats.buckets.iter()) {
-                *t = t.wrapping_add(*b);
-            }
+            sum.add(&copy.stats);
         }
     }
 }

@@ -17,7 +17,7 @@ use std::{
 };
 
 use super::cgroups::unescape_mountinfo;
-use crate::kernel::cumulative::Counters;
+use crate::{kernel::cumulative::Counters, util::pseudo_file::read_small};
 
 /// What `cpu.stat` says of a cgroup's CPU bandwidth, cumulative since the cgroup was created.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -113,13 +113,13 @@ impl BandwidthReader {
     /// root); `None` when neither hierarchy accounts it (or the cgroup is gone).
     pub fn read(&self, path: &str) -> Option<CpuBandwidth> {
         let rel = path.trim_start_matches('/');
-        let v2 = std::fs::read_to_string(self.v2_root.join(rel).join("cpu.stat"))
-            .ok()
-            .and_then(|text| parse(&text, "throttled_usec", 1_000));
+        let mut buf = vec![0; 1024];
+        let v2 = read_small(&self.v2_root.join(rel).join("cpu.stat"), &mut buf)
+            .and_then(|text| parse(text, "throttled_usec", 1_000));
         v2.or_else(|| {
             let root = self.v1_cpu_root.as_ref()?;
-            let text = std::fs::read_to_string(root.join(rel).join("cpu.stat")).ok()?;
-            parse(&text, "throttled_time", 1)
+            let text = read_small(&root.join(rel).join("cpu.stat"), &mut buf)?;
+            parse(text, "throttled_time", 1)
         })
     }
 

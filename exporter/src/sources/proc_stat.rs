@@ -107,8 +107,8 @@ pub(crate) fn parse(text: &str, path: &str) -> Result<ProcStat, ProcStatError> {
                 .map_err(|_| parse_err(format!("`{field}` is not a tick count")))?;
             n += 1;
         }
-        let name = cpu.map_or_else(|| "cpu".to_string(), |c| format!("cpu{c}"));
         if n < 4 {
+            let name = cpu.map_or_else(|| "cpu".to_string(), |c| format!("cpu{c}"));
             return Err(parse_err(format!(
                 "{name} has {n} columns, expected at least 4"
             )));

@@ -9,6 +9,7 @@ use sysscope_abi::{fd_class, FdClass};
 
 use super::features::*;
 use crate::cli::{
+    profile::SyscallRow,
     progress::thousands,
     render::{strace as format, units::secs},
 };
@@ -297,12 +298,16 @@ pub(super) const REMOTE_FILESYSTEMS: &[&str] = &[
 ];
 
 /// Time in the read family by what was read (`file (ext4)`, `pipe`, ...), most first, from
-/// the kernel's classification of each call's descriptor.
-pub(super) fn read_time_by_descriptor(c: &Context) -> Vec<(FdClass, u64)> {
+/// the kernel's classification of each call's descriptor; `part` is the time of a row counted
+/// (its whole time, or a part of it such as the time blocked).
+pub(super) fn read_time_by_descriptor(
+    c: &Context,
+    part: impl Fn(&SyscallRow) -> u64,
+) -> Vec<(FdClass, u64)> {
     let mut by: HashMap<FdClass, u64> = HashMap::new();
     for ((_, fd), row) in &c.profile.by_fd {
         if READ.contains(&row.name.as_str()) {
-            *by.entry(*fd).or_default() += row.total_ns;
+            *by.entry(*fd).or_default() += part(row);
         }
     }
     let mut v: Vec<_> = by.into_iter().collect();
@@ -388,7 +393,7 @@ pub(super) fn read_rule(c: &Context) -> Option<Verdict> {
     let mut evidence = vec![format!("reads take {} of syscall time", pct(share))];
     evidence.extend(c.describe(READ));
     // What was read, as the kernel classified each call's descriptor.
-    let kinds = read_time_by_descriptor(c);
+    let kinds = read_time_by_descriptor(c, |r| r.total_ns);
     let read_ns = c.time_ns(READ).max(1);
     if !kinds.is_empty() {
         let parts: Vec<String> = kinds

@@ -3,7 +3,7 @@
 //! time the probes keep (`SYSCALL_STATES`, see `ebpf/probes/src/sched.rs`) and the cgroup's
 //! `cpu.stat` over the run; every threshold is a named constant, documented in docs/cli.md.
 
-use sysscope_abi::{fd_class, FdClass};
+use sysscope_abi::fd_class;
 
 use super::{features::*, rules::*};
 use crate::cli::{profile::SyscallRow, render::units::secs};
@@ -149,21 +149,6 @@ pub(super) fn reads_wait_rule(c: &Context) -> Option<Verdict> {
     })
 }
 
-/// Blocked read time per descriptor class, most first.
-fn blocked_reads_by_descriptor(c: &Context) -> Vec<(FdClass, u64)> {
-    let mut by: Vec<(FdClass, u64)> = Vec::new();
-    for ((_, fd), row) in &c.profile.by_fd {
-        if READ.contains(&row.name.as_str()) {
-            match by.iter_mut().find(|(f, _)| f == fd) {
-                Some((_, ns)) => *ns += row.blocked_ns,
-                None => by.push((*fd, row.blocked_ns)),
-            }
-        }
-    }
-    by.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-    by
-}
-
 /// "reads are blocked on <fs>": most of the read time was asleep, mostly on files of one
 /// filesystem. (Reads blocked on pipes and sockets are the read verdict's own.)
 pub(super) fn reads_blocked_rule(c: &Context) -> Option<Verdict> {
@@ -175,7 +160,7 @@ pub(super) fn reads_blocked_rule(c: &Context) -> Option<Verdict> {
     if share < STATE_MIN_SHARE || fraction(parts[3], parts[0]) < BLOCKED_DOMINANT_SHARE {
         return None;
     }
-    let by = blocked_reads_by_descriptor(c);
+    let by = read_time_by_descriptor(c, |r| r.blocked_ns);
     let (fd, ns) = by
         .first()
         .filter(|(fd, ns)| fd.kind == fd_class::FILE && ns * 2 > parts[3])?;
@@ -300,7 +285,7 @@ pub(super) fn throttled_rule(c: &Context) -> Option<Verdict> {
 mod tests {
     use std::time::Duration;
 
-    use sysscope_abi::StateStats;
+    use sysscope_abi::{FdClass, StateStats};
 
     use super::*;
     use crate::{cli::profile::Profile, metadata::cpu_bandwidth::CpuBandwidth, syscall_table};
