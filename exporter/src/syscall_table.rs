@@ -12,7 +12,7 @@ pub fn name(nr: u32) -> Option<&'static str> {
 }
 
 /// The number of a syscall by name on this architecture.
-pub(crate) fn number(name: &str) -> Option<u32> {
+pub fn number(name: &str) -> Option<u32> {
     name.parse::<Sysno>().ok().map(|s| s.id() as u32)
 }
 

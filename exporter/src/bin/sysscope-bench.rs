@@ -174,8 +174,7 @@ fn sample_every_call(probes: &mut Probes, names: &[String]) -> anyhow::Result<Sl
     let mut thresholds = SlowThresholds::take(probes)?;
     let mut every = vec![0u64; MAX_SYSCALL_NR as usize];
     for name in names {
-        let nr = (0..MAX_SYSCALL_NR)
-            .find(|nr| syscall_table::name(*nr) == Some(name.as_str()))
+        let nr = syscall_table::number(name)
             .with_context(|| format!("--slow {name}: no such syscall"))?;
         every[nr as usize] = 1;
     }

@@ -437,13 +437,17 @@ impl SyscallStatsTable {
                 }
             }
         }
-        let mut read = Vec::with_capacity(keys.len());
+        // What state_snapshot reads the parts of: kept only where the split is loaded.
+        let keep = self.states.is_some();
+        let mut read = Vec::with_capacity(if keep { keys.len() } else { 0 });
         let entries = keys
             .into_iter()
             .zip(sums)
             .filter(|(_, (_, owned))| *owned != 0)
             .map(|((key, slot), (stats, owned))| {
-                read.push((key, slot, owned));
+                if keep {
+                    read.push((key, slot, owned));
+                }
                 (key, stats)
             })
             .collect();

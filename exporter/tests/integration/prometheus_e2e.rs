@@ -168,12 +168,8 @@ struct ThrottledReader {
 }
 
 impl ThrottledReader {
-    fn start(cg: &TestCgroup, seconds: u32) -> Self {
-        let quota = CpuQuota::new(cg, 90_000, 100_000);
-        assert!(
-            quota.is_some() || std::env::var("CI").as_deref() != Ok("true"),
-            "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
-        );
+    fn start(test: &str, cg: &TestCgroup, seconds: u32) -> Self {
+        let quota = CpuQuota::required(test, cg, 90_000, 100_000);
         let data = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(data.path(), vec![7u8; 16 << 20]).unwrap();
         let scratch = tempfile::NamedTempFile::new().unwrap();
@@ -223,7 +219,11 @@ fn prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending() {
     // A read-bound workload: after a few fsync'd writes (sync latency, block I/O), it reads a
     // cached file in 1 MiB calls for 40 s, in its own cgroup.
     let cg = TestCgroup::new("sysscope-test-reader");
-    let mut reader = ThrottledReader::start(&cg, 40);
+    let mut reader = ThrottledReader::start(
+        "prometheus_scrapes_rules_evaluate_and_read_alert_goes_pending",
+        &cg,
+        40,
+    );
 
     // A control: an idle server, parked in sleeps (the wait family), in a cgroup of its own.
     let idle_cg = TestCgroup::new("sysscope-test-idle");
@@ -370,7 +370,11 @@ fn native_histograms_equal_the_classic_ones_and_rules_read_either_form() {
     // Reads, syncs and block I/O for the rules, as in the classic test, for 15 s, under a CPU
     // quota as there (the throttling rule and panel).
     let reader_cg = TestCgroup::new("sysscope-test-native-reader");
-    let mut reader = ThrottledReader::start(&reader_cg, 15);
+    let mut reader = ThrottledReader::start(
+        "native_histograms_equal_the_classic_ones_and_rules_read_either_form",
+        &reader_cg,
+        15,
+    );
 
     let cg = TestCgroup::new("sysscope-test-native");
     let out = cg

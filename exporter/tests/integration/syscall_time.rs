@@ -302,12 +302,12 @@ fn a_cpu_quota_shows_as_throttling_beside_the_time_split() {
     let _alone = alone();
     let exporter = Exporter::start(CONFIG, &[]);
     let cg = TestCgroup::new("sysscope-test-time-quota");
-    let Some(quota) = CpuQuota::new(&cg, 10_000, 100_000) else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI must have the cpu controller (cgroup v2, or v1 on a hybrid host)"
-        );
-        eprintln!("SKIPPED: no cpu controller to set a quota with");
+    let Some(quota) = CpuQuota::required(
+        "a_cpu_quota_shows_as_throttling_beside_the_time_split",
+        &cg,
+        10_000,
+        100_000,
+    ) else {
         return;
     };
     let join = quota.join.clone();

@@ -733,6 +733,14 @@ pub struct CpuQuota {
 }
 
 impl CpuQuota {
+    /// [`CpuQuota::new`] for `test`, which skips (or, under CI, fails) without a cpu controller.
+    pub fn required(test: &str, cg: &TestCgroup, quota_us: u64, period_us: u64) -> Option<Self> {
+        let quota = Self::new(cg, quota_us, period_us);
+        let what = "the cpu controller (cgroup v2, or v1 on a hybrid host)";
+        require(test, what, quota.is_some());
+        quota
+    }
+
     /// `quota_us` of every `period_us` for `cg`; `None` where no cpu controller is available.
     pub fn new(cg: &TestCgroup, quota_us: u64, period_us: u64) -> Option<Self> {
         let root = cgroup_root();
@@ -749,16 +757,10 @@ impl CpuQuota {
                 });
             }
         }
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        let v1 = mountinfo.lines().find_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let mut right = right.split_whitespace();
-            (right.next() == Some("cgroup")).then_some(())?;
-            right.nth(1)?.split(',').any(|o| o == "cpu").then_some(())?;
-            let mut fields = left.split_whitespace();
-            (fields.nth(3)? == "/").then_some(())?;
-            Some(PathBuf::from(fields.next()?))
-        })?;
+        // The v1 `cpu` hierarchy of a hybrid host, found as the exporter finds it.
+        let v1 = sysscope::metadata::cpu_bandwidth::BandwidthReader::new(root)
+            .v1_cpu_root()?
+            .to_path_buf();
         let dir = v1.join(cg.rel.trim_start_matches('/'));
         let mut created: Vec<PathBuf> = dir
             .ancestors()
