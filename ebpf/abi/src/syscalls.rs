@@ -408,16 +408,25 @@ pub struct RateWindow {
     pub events: u64,
 }
 
+/// When a finished call ran and whose it was: the head of every record of one call, a slow
+/// call's ([`SlowCallEvent`]) and a traced one's ([`crate::TraceEvent`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallStamp {
+    /// `bpf_ktime_get_ns()` at entry and exit (CLOCK_MONOTONIC).
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The caller's cgroup v2 id, tgid and tid.
+    pub cgroup_id: u64,
+    pub tgid: u32,
+    pub tid: u32,
+}
+
 /// A syscall slower than its threshold, as written to `SLOW_EVENTS` at `sys_exit`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SlowCallEvent {
-    /// `bpf_ktime_get_ns()` at entry and exit (CLOCK_MONOTONIC).
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub cgroup_id: u64,
-    pub tgid: u32,
-    pub tid: u32,
+    pub call: CallStamp,
     pub nr: u32,
     pub _pad: u32,
     /// The descriptor's class at entry ([`FdClass::NONE`] for calls not classified).
@@ -463,6 +472,7 @@ pod!(
     ErrnoKey,
     ProcessExit,
     RateWindow,
+    CallStamp,
     SlowCallEvent,
     StateStats,
     OffCpuEvent
@@ -477,6 +487,7 @@ const _: () = {
     assert!(size_of::<ErrnoKey>() == 24);
     assert!(size_of::<ProcessExit>() == 32);
     assert!(size_of::<RateWindow>() == 16);
+    assert!(size_of::<CallStamp>() == 32);
     assert!(size_of::<SlowCallEvent>() == 168);
     assert!(
         size_of::<SlowCallScratch>()

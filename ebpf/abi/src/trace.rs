@@ -2,7 +2,7 @@
 //! every syscall of one target, one ring-buffer record per call, for `sysscope trace` and
 //! `sysscope diagnose`. The exporter loads these programs but never attaches them.
 
-use crate::{FdCache, FdClass};
+use crate::{CallStamp, FdCache, FdClass};
 
 maps! {
     /// Slot 0: the target cgroup (a cgroup array holds the directory's file descriptor).
@@ -61,12 +61,8 @@ pub struct TraceThread {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceEvent {
-    /// `bpf_ktime_get_ns()` at entry and exit (CLOCK_MONOTONIC); equal for `NO_RETURN` calls.
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub cgroup_id: u64,
-    pub tgid: u32,
-    pub tid: u32,
+    /// Its start and end are equal for `NO_RETURN` calls.
+    pub call: CallStamp,
     pub nr: u32,
     /// Bits of [`trace_flags`].
     pub flags: u32,
@@ -85,11 +81,7 @@ pub struct TraceEvent {
 impl Default for TraceEvent {
     fn default() -> Self {
         Self {
-            start_ns: 0,
-            end_ns: 0,
-            cgroup_id: 0,
-            tgid: 0,
-            tid: 0,
+            call: CallStamp::default(),
             nr: 0,
             flags: 0,
             ret: 0,

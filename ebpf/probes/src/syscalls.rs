@@ -816,11 +816,11 @@ fn sample_slow_call(regs: *const u8, key: &SyscallKey, span: &SlowSpan, ret: i64
     // not nest on a CPU). Every field of the event is written below: the value is reused.
     let record = unsafe { &mut *record };
     let event = &mut record.event;
-    event.start_ns = start_ns;
-    event.end_ns = end_ns;
-    event.cgroup_id = key.cgroup_id;
-    event.tgid = key.tgid;
-    event.tid = bpf_get_current_pid_tgid() as u32;
+    event.call.start_ns = start_ns;
+    event.call.end_ns = end_ns;
+    event.call.cgroup_id = key.cgroup_id;
+    event.call.tgid = key.tgid;
+    event.call.tid = bpf_get_current_pid_tgid() as u32;
     event.nr = key.nr;
     event._pad = 0;
     event.fd = key.fd;

@@ -202,12 +202,12 @@ fn emit(
     };
     // SAFETY: a ring-buffer record reserved for this program, of this type, until it is submitted.
     let event = unsafe { &mut *entry.as_mut_ptr() };
-    event.start_ns = start_ns;
-    event.end_ns = end_ns;
+    event.call.start_ns = start_ns;
+    event.call.end_ns = end_ns;
     // SAFETY: the helper has no preconditions.
-    event.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
-    event.tgid = (pid_tgid >> 32) as u32;
-    event.tid = pid_tgid as u32;
+    event.call.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    event.call.tgid = (pid_tgid >> 32) as u32;
+    event.call.tid = pid_tgid as u32;
     event.nr = nr;
     event.ret = ret;
     event.args = *args;

@@ -34,16 +34,19 @@ pub(crate) fn drain<T: aya::Pod>(ring: &mut RingBuf<MapData>, mut each: impl FnM
 
 #[cfg(test)]
 mod tests {
-    use sysscope_abi::SlowCallEvent;
+    use sysscope_abi::{CallStamp, SlowCallEvent};
 
     use super::*;
 
     #[test]
     fn records_are_checked_for_length_and_read_at_any_alignment() {
         let ev = SlowCallEvent {
-            start_ns: 10,
-            end_ns: 30,
-            tgid: 42,
+            call: CallStamp {
+                start_ns: 10,
+                end_ns: 30,
+                tgid: 42,
+                ..CallStamp::default()
+            },
             nr: 17,
             ret: -2,
             args: [3, 0, 64, 0, 0, 0],

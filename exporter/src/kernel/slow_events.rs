@@ -77,13 +77,17 @@ impl AsRawFd for SlowEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sysscope_abi::CallStamp;
 
     #[test]
     fn records_carry_the_name_after_the_event() {
         let event = SlowCallEvent {
-            start_ns: 10,
-            end_ns: 30,
-            tgid: 42,
+            call: CallStamp {
+                start_ns: 10,
+                end_ns: 30,
+                tgid: 42,
+                ..CallStamp::default()
+            },
             nr: 0,
             args: [3, 0, 64, 0, 0, 0],
             ..SlowCallEvent::default()

@@ -205,7 +205,7 @@ impl ProcContext {
             }
             _ => (None, None),
         };
-        let exe = std::fs::read_link(proc_root.join(format!("{}/exe", ev.tgid)))
+        let exe = std::fs::read_link(proc_root.join(format!("{}/exe", ev.call.tgid)))
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
         Self {
@@ -267,8 +267,8 @@ fn proc_link(
     proc_root: &Path,
     expect: Option<&FileIdentity>,
 ) -> Result<String, &'static str> {
-    let thread = proc_root.join(format!("{}/task/{}/fd/{fd}", ev.tgid, ev.tid));
-    let process = proc_root.join(format!("{}/fd/{fd}", ev.tgid));
+    let thread = proc_root.join(format!("{}/task/{}/fd/{fd}", ev.call.tgid, ev.call.tid));
+    let process = proc_root.join(format!("{}/fd/{fd}", ev.call.tgid));
     read_link_of(&thread, expect).or_else(|_| read_link_of(&process, expect))
 }
 
@@ -388,10 +388,10 @@ impl Enricher {
             // two cycles: opening a cycle first lets that lookup walk the hierarchy instead of
             // marking a live cgroup as missing for everyone. Known ids never walk.
             labeler.new_cycle();
-            labeler.workload(ev.cgroup_id, ev.tgid)
+            labeler.workload(ev.call.cgroup_id, ev.call.tgid)
         };
 
-        attrs.push(("process.pid", i64::from(ev.tgid).into()));
+        attrs.push(("process.pid", i64::from(ev.call.tgid).into()));
         // The executable's name; once the process is gone, its name as last known, or the
         // calling thread's as the kernel saw it.
         let thread_name = comm_from_bytes(&ev.comm);
@@ -403,7 +403,7 @@ impl Enricher {
                 None => AttrValue::from(thread_name.clone()),
             },
         ));
-        attrs.push(("thread.id", i64::from(ev.tid).into()));
+        attrs.push(("thread.id", i64::from(ev.call.tid).into()));
         attrs.push(("thread.name", AttrValue::from(thread_name)));
         if &*workload.cgroup.path != UNRESOLVED {
             // The semantic convention's form: the cgroup v2 line of /proc/<pid>/cgroup.
@@ -485,9 +485,9 @@ impl Enricher {
             trace_id: nonzero(|| rng.random::<[u8; 16]>()),
             span_id: nonzero(|| rng.random::<[u8; 8]>()),
             name,
-            start_unix_ns: self.clock.unix_ns(ev.start_ns),
-            end_unix_ns: self.clock.unix_ns(ev.end_ns),
-            duration_ns: ev.end_ns.saturating_sub(ev.start_ns),
+            start_unix_ns: self.clock.unix_ns(ev.call.start_ns),
+            end_unix_ns: self.clock.unix_ns(ev.call.end_ns),
+            duration_ns: ev.call.end_ns.saturating_sub(ev.call.start_ns),
             error,
             attributes: attrs,
         };
@@ -502,7 +502,7 @@ impl Enricher {
 /// less the rest), waiting for a CPU, blocked, and off CPU with no wakeup seen; they add up to
 /// the span's duration.
 fn push_time_by_state(attrs: &mut Vec<(&'static str, AttrValue)>, ev: &SlowCallEvent) {
-    let duration = ev.end_ns.saturating_sub(ev.start_ns);
+    let duration = ev.call.end_ns.saturating_sub(ev.call.start_ns);
     let off = ev
         .wait_ns
         .saturating_add(ev.blocked_ns)
@@ -546,6 +546,7 @@ mod tests {
 
     use super::*;
     use crate::metadata::Labeler;
+    use sysscope_abi::CallStamp;
 
     fn enricher(resolve_paths: bool) -> Enricher {
         let labeler = Arc::new(Mutex::new(Labeler::new(
@@ -564,11 +565,13 @@ mod tests {
         let mut comm = [0u8; 16];
         comm[..6].copy_from_slice(b"worker");
         SlowCallEvent {
-            start_ns: 5_000,
-            end_ns: 30_005_000,
-            cgroup_id: 1,
-            tgid: std::process::id(),
-            tid: std::process::id(),
+            call: CallStamp {
+                start_ns: 5_000,
+                end_ns: 30_005_000,
+                cgroup_id: 1,
+                tgid: std::process::id(),
+                tid: std::process::id(),
+            },
             nr: syscall_table::number(nr).unwrap(),
             _pad: 0,
             fd: sysscope_abi::FdClass::NONE,
@@ -682,12 +685,10 @@ mod tests {
     /// A read of descriptor 7 by a process that no longer exists (pid `u32::MAX - 1`), with
     /// the file the kernel read.
     fn read_of_a_gone_process(file: FileIdentity) -> SlowCallEvent {
-        SlowCallEvent {
-            tgid: u32::MAX - 1,
-            tid: u32::MAX - 1,
-            file,
-            ..event("read", [7, 0, 1, 0, 0, 0], 1)
-        }
+        let mut event = event("read", [7, 0, 1, 0, 0, 0], 1);
+        event.call.tgid = u32::MAX - 1;
+        event.call.tid = u32::MAX - 1;
+        SlowCallEvent { file, ..event }
     }
 
     fn identity(magic: u32, kind: u8, ino: u64) -> FileIdentity {

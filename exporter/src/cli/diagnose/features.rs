@@ -117,7 +117,7 @@ impl EventSink for Features {
     fn event(&mut self, e: &TraceEvent) {
         self.events += 1;
         if self.threads.len() < MAX_DISTINCT {
-            self.threads.insert(e.tid);
+            self.threads.insert(e.call.tid);
         }
         let nr = e.nr;
         let ok = e.flags & trace_flags::NO_RETURN == 0 && e.ret >= 0;
@@ -133,7 +133,7 @@ impl EventSink for Features {
         }
         if in_group(SYNC, nr) {
             self.fsyncs += 1;
-            if let Some((prev, fd)) = self.last_call.get(&e.tid) {
+            if let Some((prev, fd)) = self.last_call.get(&e.call.tid) {
                 if in_group(WRITE, *prev) && *fd == e.args[0] {
                     self.fsync_after_write += 1;
                 }
@@ -156,8 +156,8 @@ impl EventSink for Features {
                 bump(&mut self.lookup_paths, path);
             }
         }
-        if self.last_call.len() < MAX_DISTINCT || self.last_call.contains_key(&e.tid) {
-            self.last_call.insert(e.tid, (nr, e.args[0]));
+        if self.last_call.len() < MAX_DISTINCT || self.last_call.contains_key(&e.call.tid) {
+            self.last_call.insert(e.call.tid, (nr, e.args[0]));
         }
     }
 }

@@ -735,7 +735,7 @@ pub(crate) fn diagnose_with(c: &Context, more: Vec<Verdict>) -> Vec<Verdict> {
 mod tests {
     use std::time::Duration;
 
-    use sysscope_abi::{trace_flags, TraceEvent};
+    use sysscope_abi::{trace_flags, CallStamp, TraceEvent};
 
     use super::*;
     use crate::{
@@ -977,8 +977,11 @@ mod tests {
         let mut f = Features::default();
         let mk = |name: &str, tid: u32, a0: u64, ret: i64| TraceEvent {
             nr: syscall_table::number(name).unwrap(),
-            tid,
-            tgid: 1,
+            call: CallStamp {
+                tid,
+                tgid: 1,
+                ..CallStamp::default()
+            },
             args: [a0, 0, 0, 0, 0, 0],
             ret,
             ..TraceEvent::default()

@@ -308,8 +308,8 @@ impl TraceWriter {
 
     fn slice(&mut self, e: &TraceEvent) {
         let name = format::name_of(e);
-        let ts = micros(e.start_ns.saturating_sub(self.base_ns));
-        let dur = micros(e.end_ns.saturating_sub(e.start_ns));
+        let ts = micros(e.call.start_ns.saturating_sub(self.base_ns));
+        let dur = micros(e.call.end_ns.saturating_sub(e.call.start_ns));
         let mut args = format!("\"args\":{}", json_str(&format::format_args(e)));
         if e.flags & trace_flags::NO_RETURN == 0 {
             if let Some(errno) = format::errno_of(e.ret) {
@@ -340,8 +340,8 @@ impl TraceWriter {
         let body = format!(
             "{{\"ph\":\"X\",\"cat\":\"syscall\",\"name\":{},\"pid\":{},\"tid\":{},\"ts\":{ts},\"dur\":{dur},\"args\":{{{args}}}}}",
             json_str(&name),
-            e.tgid,
-            e.tid
+            e.call.tgid,
+            e.call.tid
         );
         self.json_event(&body);
     }
@@ -667,19 +667,24 @@ impl EventSink for TraceWriter {
         self.stats.written += 1;
         // The latest comm wins: a thread that execs is renamed.
         let comm = format::comm_of(e);
-        match self.threads.get_mut(&e.tid) {
+        match self.threads.get_mut(&e.call.tid) {
             Some(t) => {
                 if t.comm != comm {
                     t.comm = comm;
                 }
-                t.tgid = e.tgid;
+                t.tgid = e.call.tgid;
             }
             None => {
-                self.threads
-                    .insert(e.tid, ThreadInfo { tgid: e.tgid, comm });
+                self.threads.insert(
+                    e.call.tid,
+                    ThreadInfo {
+                        tgid: e.call.tgid,
+                        comm,
+                    },
+                );
             }
         }
-        self.cgroups.entry(e.tgid).or_insert(e.cgroup_id);
+        self.cgroups.entry(e.call.tgid).or_insert(e.call.cgroup_id);
         match self.format {
             Format::TraceEventJson => self.slice(e),
             Format::Text => {
@@ -738,6 +743,7 @@ impl EventSink for TraceWriter {
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
+    use sysscope_abi::CallStamp;
 
     /// A Write that keeps what was written, shared with the test.
     #[derive(Clone, Default)]
@@ -757,10 +763,13 @@ mod tests {
         let mut comm = [0u8; 16];
         comm[..4].copy_from_slice(b"work");
         TraceEvent {
-            start_ns: start,
-            end_ns: start + dur,
-            tgid,
-            tid,
+            call: CallStamp {
+                start_ns: start,
+                end_ns: start + dur,
+                tgid,
+                tid,
+                ..CallStamp::default()
+            },
             nr: syscall_table::number(name).unwrap(),
             ret,
             comm,

@@ -202,7 +202,7 @@ pub(crate) fn name_of(e: &TraceEvent) -> String {
 /// A record as one `strace -f -T -ttt`-like line: `tid  seconds name(args) = ret <dur>`,
 /// with `seconds` relative to `base_ns`.
 pub(crate) fn strace_line(e: &TraceEvent, base_ns: u64) -> String {
-    let ts = e.start_ns.saturating_sub(base_ns) as f64 / 1e9;
+    let ts = e.call.start_ns.saturating_sub(base_ns) as f64 / 1e9;
     let call = format!("{}({})", name_of(e), format_args(e));
     let result = if e.flags & trace_flags::NO_RETURN != 0 {
         "= ?".to_string()
@@ -211,16 +211,16 @@ pub(crate) fn strace_line(e: &TraceEvent, base_ns: u64) -> String {
             "= -1 {} ({}) <{:.6}>",
             syscall_table::errno_label(errno),
             errno_message(errno),
-            e.end_ns.saturating_sub(e.start_ns) as f64 / 1e9
+            e.call.end_ns.saturating_sub(e.call.start_ns) as f64 / 1e9
         )
     } else {
         format!(
             "= {} <{:.6}>",
             format_return(e.nr, e.ret),
-            e.end_ns.saturating_sub(e.start_ns) as f64 / 1e9
+            e.call.end_ns.saturating_sub(e.call.start_ns) as f64 / 1e9
         )
     };
-    format!("{:<7} {ts:>12.6} {call} {result}", e.tid)
+    format!("{:<7} {ts:>12.6} {call} {result}", e.call.tid)
 }
 
 /// Return values that are addresses (`mmap`, `brk`) in hex, others in decimal.
@@ -239,16 +239,20 @@ pub(crate) fn comm_of(e: &TraceEvent) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sysscope_abi::CallStamp;
 
     fn event(name: &str, args: [u64; 6], ret: i64, path: Option<&str>) -> TraceEvent {
         let mut e = TraceEvent {
             nr: syscall_table::number(name).unwrap(),
             args,
             ret,
-            start_ns: 2_000_000_000,
-            end_ns: 2_000_017_000,
-            tid: 42,
-            tgid: 42,
+            call: CallStamp {
+                start_ns: 2_000_000_000,
+                end_ns: 2_000_017_000,
+                tid: 42,
+                tgid: 42,
+                ..CallStamp::default()
+            },
             ..TraceEvent::default()
         };
         if let Some(p) = path {
