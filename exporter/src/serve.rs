@@ -3,7 +3,8 @@
 //! to its sinks (exemplars, the OTLP span exporter, the recent-calls route), drops the
 //! capabilities running does not need ([`crate::privileges`]), and serves until asked to stop:
 //! scrapes and the OTLP metrics push share one [`Scraper`], a background tick refreshes the
-//! collectors when nobody scrapes, and SIGHUP (like `POST /-/reload`) reloads the
+//! collectors when nobody scrapes and gives the heap pages freed since the last tick back to
+//! the kernel (process churn leaves a cycle's tables freed but resident otherwise), and SIGHUP (like `POST /-/reload`) reloads the
 //! configuration. On the way out it sends what is queued (bounded) and detaches every probe.
 //! `main.rs` parses the flags, installs the stop signals and calls [`run_exporter`].
 
@@ -32,8 +33,11 @@ use crate::{
     reload,
     spans::{self, exemplars::ExemplarStore, recent::RecentCalls, SlowCalls, SpanSink},
     startup::{self, StartError},
-    util::error::Chain,
+    util::{error::Chain, memory::HeapTrimmer},
 };
+
+/// How often at most the background refresh hands freed heap pages back to the kernel.
+const HEAP_TRIM_GAP: Duration = Duration::from_secs(10);
 
 /// What the exporter is told on its command line.
 #[derive(Debug, Clone)]
@@ -119,7 +123,6 @@ where
                 otlp_settings.max_batch,
                 otlp_settings.schedule_delay,
                 otlp_stats.clone(),
-                tokio::runtime::Handle::current(),
             )?)),
             _ => None,
         };
@@ -193,23 +196,27 @@ where
                 })
             }),
         });
-        let metric_push = otlp::metrics::MetricPush::start(
-            &otlp_settings,
-            scraper.clone(),
-            otlp_stats.clone(),
-            tokio::runtime::Handle::current(),
-        )?;
+        let metric_push =
+            otlp::metrics::MetricPush::start(&otlp_settings, scraper.clone(), otlp_stats.clone())?;
 
         let background = {
             let scraper = scraper.clone();
             let every = config.collection.background_interval;
+            let trimmer = Arc::new(Mutex::new(HeapTrimmer::new(HEAP_TRIM_GAP)));
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
-                    let s = scraper.clone();
-                    let _ = tokio::task::spawn_blocking(move || s.refresh()).await;
+                    let (s, trimmer) = (scraper.clone(), trimmer.clone());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        s.refresh();
+                        let trimmed = trimmer.lock().map(|mut t| t.maybe_trim());
+                        if let Ok(Some(took)) = trimmed {
+                            tracing::debug!(?took, "freed heap pages given back to the kernel");
+                        }
+                    })
+                    .await;
                 }
             })
         };
@@ -243,15 +250,13 @@ where
         http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
         background.abort();
         hangups.abort();
-        // Send what is queued (bounded). The exporters block: on this worker, made a blocking
-        // thread for the time, not in the blocking pool, where it would queue behind scrapes still
-        // waiting for the agent.
-        tokio::task::block_in_place(move || {
-            if let Some(push) = metric_push {
-                push.shutdown(Duration::from_secs(1));
-            }
-            slow_calls.shutdown(Duration::from_secs(2));
-        });
+        // Send what is queued (bounded). The span exporter blocks: on this worker, made a
+        // blocking thread for the time, not in the blocking pool, where it would queue behind
+        // scrapes still waiting for the agent.
+        if let Some(push) = metric_push {
+            push.shutdown(Duration::from_secs(1)).await;
+        }
+        tokio::task::block_in_place(move || slow_calls.shutdown(Duration::from_secs(2)));
         // Dropping the agent detaches every program and closes every map.
         drop(scraper);
         if let Ok(agent) = Arc::try_unwrap(agent) {

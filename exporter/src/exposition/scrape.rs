@@ -2,8 +2,7 @@
 //! Concurrent scrapes inside that interval share one read of the maps and one encoding per
 //! format, so a burst of scrapers costs the kernel nothing extra. The text formats are
 //! prometheus-client's text encoding (OpenMetrics, rewritten for 0.0.4); the protobuf
-//! exposition and the OTLP push take the same families typed ([`Scraper::families`]). The
-//! background refresh also gives freed heap pages back to the kernel (`util::memory`).
+//! exposition and the OTLP push take the same families typed ([`Scraper::families`]).
 
 use std::{
     collections::HashMap,
@@ -25,13 +24,7 @@ use super::{
     format::{openmetrics_to_prometheus_text, Format},
     protobuf,
 };
-use crate::{
-    agent::Agent, config::ExpositionConfig, spans::exemplars::ExemplarStore,
-    util::memory::HeapTrimmer,
-};
-
-/// How often at most the background refresh hands freed heap pages back to the kernel.
-const HEAP_TRIM_GAP: Duration = Duration::from_secs(10);
+use crate::{agent::Agent, config::ExpositionConfig, spans::exemplars::ExemplarStore};
 
 /// Lets prometheus-client's encoder walk the agent's collectors.
 #[derive(Debug)]
@@ -57,15 +50,6 @@ pub struct Scraper {
     exemplars: Option<Arc<ExemplarStore>>,
     /// What the protobuf exposition carries of the duration histograms.
     forms: ExpositionConfig,
-    trimmer: Mutex<HeapTrimmer>,
-}
-
-impl std::fmt::Debug for Scraper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Scraper")
-            .field("min_interval", &self.min_interval)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Scraper {
@@ -79,7 +63,6 @@ impl Scraper {
             cache: Mutex::new(Cache::default()),
             exemplars: None,
             forms: ExpositionConfig::default(),
-            trimmer: Mutex::new(HeapTrimmer::new(HEAP_TRIM_GAP)),
         }
     }
 
@@ -167,16 +150,9 @@ impl Scraper {
         families
     }
 
-    /// Refreshes without encoding (the background tick that reclaims exited processes), then
-    /// gives the heap pages freed since the last tick back to the kernel: process churn
-    /// leaves the tables of a cycle freed but resident otherwise.
+    /// Refreshes without encoding (the background tick that reclaims exited processes).
     pub fn refresh(&self) {
-        {
-            let mut cache = self.cache.lock().expect("scrape cache lock");
-            self.refresh_agent(&mut cache, Duration::ZERO);
-        }
-        if let Some(took) = self.trimmer.lock().expect("trimmer lock").maybe_trim() {
-            tracing::debug!(?took, "freed heap pages given back to the kernel");
-        }
+        let mut cache = self.cache.lock().expect("scrape cache lock");
+        self.refresh_agent(&mut cache, Duration::ZERO);
     }
 }

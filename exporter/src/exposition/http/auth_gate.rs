@@ -1,8 +1,5 @@
-//! Basic auth of every request (with `--web.config.file`), and the headers it configures.
-//! bcrypt costs tens of milliseconds of CPU by design, so who runs it, and when, is decided
-//! here: at most [`MAX_CONCURRENT_PASSWORD_CHECKS`] checks at once, one lane per peer (so one
-//! address's guesses cannot delay another's login), and a verified credential answered at
-//! once from the cache, before any queue.
+//! Basic auth of every request (with `--web.config.file`), and the headers it configures; and
+//! since bcrypt costs tens of milliseconds of CPU by design, who runs it, and when ([`Security`]).
 
 use std::{
     collections::HashMap,

@@ -38,14 +38,6 @@ pub struct AppState {
 /// What `POST /-/reload` runs.
 pub type ReloadHandler = Arc<dyn Fn() -> Result<String, String> + Send + Sync>;
 
-impl std::fmt::Debug for AppState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState")
-            .field("telemetry_path", &self.telemetry_path)
-            .finish_non_exhaustive()
-    }
-}
-
 fn landing_page(state: &AppState) -> String {
     let extra: String = (state.routes.keys())
         .map(|path| format!("<li><a href=\"{path}\">{path}</a></li>"))

@@ -16,16 +16,16 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{mpsc, Arc},
-    thread::JoinHandle,
+    sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use opentelemetry::trace::{SpanId, TraceId};
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::{
         metrics_service_client::MetricsServiceClient, ExportMetricsServiceRequest,
     },
-    common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue},
+    common::v1::{InstrumentationScope, KeyValue},
     metrics::v1::{
         exemplar, exponential_histogram_data_point::Buckets, metric, number_data_point,
         AggregationTemporality, Exemplar as OtlpExemplar, ExponentialHistogram,
@@ -39,8 +39,9 @@ use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
     MetricType,
 };
 use prost::Message;
+use tokio::sync::Notify;
 
-use super::{built_off_runtime, grpc_metadata, http_headers, ExportError, Stats};
+use super::{grpc_metadata, http_headers, ExportError, Stats};
 use crate::{
     config::otlp::{HistogramAggregation, Protocol, Settings, SignalSettings, Temporality},
     exposition::{protobuf::is_native, scrape::Scraper},
@@ -56,16 +57,13 @@ fn unix_ns(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-fn kv(key: &str, value: any_value::Value) -> KeyValue {
+/// An OTLP attribute (through opentelemetry-proto's conversion of API values).
+fn kv(key: &str, value: impl Into<opentelemetry::Value>) -> KeyValue {
     KeyValue {
         key: key.to_string(),
-        value: Some(AnyValue { value: Some(value) }),
+        value: Some(value.into().into()),
         ..Default::default()
     }
-}
-
-fn string(key: &str, value: &str) -> KeyValue {
-    kv(key, any_value::Value::StringValue(value.to_string()))
 }
 
 /// A series label as an OTLP attribute. Labels the slow-call spans carry under an
@@ -75,19 +73,17 @@ fn attribute(label: &str, value: &str) -> KeyValue {
     match label {
         // The cgroup v2 line of /proc/<pid>/cgroup, as the spans write it; a folded series'
         // `other` is no path.
-        "cgroup" if value.starts_with('/') => {
-            string("process.linux.cgroup", &format!("0::{value}"))
-        }
-        "cgroup" => string("process.linux.cgroup", value),
-        "comm" => string("process.executable.name", value),
+        "cgroup" if value.starts_with('/') => kv("process.linux.cgroup", format!("0::{value}")),
+        "cgroup" => kv("process.linux.cgroup", value.to_string()),
+        "comm" => kv("process.executable.name", value.to_string()),
         "pid" => match value.parse::<i64>() {
-            Ok(pid) => kv("process.pid", any_value::Value::IntValue(pid)),
-            Err(_) => string("process.pid", value),
+            Ok(pid) => kv("process.pid", pid),
+            Err(_) => kv("process.pid", value.to_string()),
         },
-        "errno" => string("error.type", value),
+        "errno" => kv("error.type", value.to_string()),
         _ => match kubernetes::span_attribute(label) {
-            Some(key) => string(key, value),
-            None => string(label, value),
+            Some(key) => kv(key, value.to_string()),
+            None => kv(label, value.to_string()),
         },
     }
 }
@@ -111,12 +107,6 @@ fn unit_of(family: &MetricFamily, name: &str) -> &'static str {
     }
 }
 
-fn hex_bytes(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .filter_map(|i| u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok())
-        .collect()
-}
-
 fn otlp_exemplar(e: &PromExemplar) -> OtlpExemplar {
     let mut out = OtlpExemplar {
         value: Some(exemplar::Value::AsDouble(e.value)),
@@ -127,10 +117,13 @@ fn otlp_exemplar(e: &PromExemplar) -> OtlpExemplar {
         ..Default::default()
     };
     for l in &e.label {
+        let v = &l.value;
         match l.name.as_str() {
-            "trace_id" => out.trace_id = hex_bytes(&l.value),
-            "span_id" => out.span_id = hex_bytes(&l.value),
-            _ => out.filtered_attributes.push(string(&l.name, &l.value)),
+            "trace_id" => {
+                out.trace_id = TraceId::from_hex(v).map_or(vec![], |t| t.to_bytes().into())
+            }
+            "span_id" => out.span_id = SpanId::from_hex(v).map_or(vec![], |s| s.to_bytes().into()),
+            _ => out.filtered_attributes.push(kv(&l.name, l.value.clone())),
         }
     }
     out
@@ -204,7 +197,7 @@ impl Converter {
     ) -> Self {
         Self {
             resource: Resource {
-                attributes: resource.iter().map(|(k, v)| string(k, v)).collect(),
+                attributes: resource.iter().map(|(k, v)| kv(k, v.to_string())).collect(),
                 ..Default::default()
             },
             scope: InstrumentationScope {
@@ -498,16 +491,15 @@ fn gauge(family: &MetricFamily, now_ns: u64) -> metric::Data {
     metric::Data::Gauge(Gauge { data_points })
 }
 
-/// How requests are sent.
+/// How requests are sent: both clients are async, on the agent's runtime.
 enum Client {
     Grpc {
-        runtime: tokio::runtime::Handle,
         client: MetricsServiceClient<tonic::transport::Channel>,
         metadata: tonic::metadata::MetadataMap,
     },
     /// OTLP/HTTP: protobuf or JSON bodies, gzip-compressed or not.
     Http {
-        client: reqwest::blocking::Client,
+        client: reqwest::Client,
         url: String,
         headers: reqwest::header::HeaderMap,
         json: bool,
@@ -538,11 +530,8 @@ fn http_body(request: &ExportMetricsServiceRequest, json: bool) -> (Vec<u8>, &'s
 struct SendError(String, bool);
 
 impl Client {
-    /// The client of `settings`; gRPC's channel lives on `runtime`.
-    fn new(
-        settings: &SignalSettings,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<Self, ExportError> {
+    /// The client of `settings`; built on the runtime (gRPC's channel lives there).
+    fn new(settings: &SignalSettings) -> Result<Self, ExportError> {
         let endpoint = &settings.endpoint;
         if settings.protocol != Protocol::Grpc {
             let client = super::tls::http_client(settings).map_err(|source| ExportError::Tls {
@@ -570,37 +559,25 @@ impl Client {
                 .tls_config(super::tls::tonic_config(tls))
                 .map_err(bad)?;
         }
-        let channel = {
-            let _guard = runtime.enter();
-            channel.connect_lazy()
-        };
-        let mut client = MetricsServiceClient::new(channel);
+        let mut client = MetricsServiceClient::new(channel.connect_lazy());
         if settings.gzip {
             client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
         }
         let metadata = grpc_metadata(&settings.headers)?;
-        Ok(Client::Grpc {
-            runtime,
-            client,
-            metadata,
-        })
+        Ok(Client::Grpc { client, metadata })
     }
 
-    fn send(
+    async fn send(
         &mut self,
         request: &ExportMetricsServiceRequest,
         timeout: Duration,
     ) -> Result<(), SendError> {
         match self {
-            Client::Grpc {
-                runtime,
-                client,
-                metadata,
-            } => {
+            Client::Grpc { client, metadata } => {
                 let mut req = tonic::Request::new(request.clone());
                 *req.metadata_mut() = metadata.clone();
                 req.set_timeout(timeout);
-                let Err(status) = runtime.block_on(client.export(req)) else {
+                let Err(status) = client.export(req).await else {
                     return Ok(());
                 };
                 use tonic::Code as C;
@@ -636,7 +613,7 @@ impl Client {
                 } else {
                     body
                 };
-                match req.body(body).send() {
+                match req.body(body).send().await {
                     Ok(resp) if resp.status().is_success() => Ok(()),
                     Ok(resp) => {
                         let code = resp.status().as_u16();
@@ -654,27 +631,25 @@ impl Client {
     }
 }
 
-/// The running metrics push.
+/// The running metrics push: a task on the agent's runtime.
 #[derive(Debug)]
 pub struct MetricPush {
-    stop: mpsc::Sender<()>,
-    done: mpsc::Receiver<()>,
-    thread: Option<JoinHandle<()>>,
+    stop: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl MetricPush {
-    /// Starts pushing every `OTEL_METRIC_EXPORT_INTERVAL` when `otlp` has a metrics endpoint;
-    /// gRPC runs on `runtime` (the agent's).
+    /// Starts pushing every `OTEL_METRIC_EXPORT_INTERVAL` when `otlp` has a metrics endpoint.
+    /// Must be called on the agent's runtime.
     pub fn start(
         otlp: &Settings,
         scraper: Arc<Scraper>,
         stats: Arc<Stats>,
-        runtime: tokio::runtime::Handle,
     ) -> Result<Option<Self>, ExportError> {
         let Some(signal) = otlp.metrics.clone() else {
             return Ok(None);
         };
-        let mut client = built_off_runtime(|| Client::new(&signal, runtime))?;
+        let mut client = Client::new(&signal)?;
         let conversion = Conversion {
             temporality: otlp.metric_temporality,
             histograms: otlp.metric_histograms,
@@ -683,49 +658,51 @@ impl MetricPush {
         let interval = otlp.metric_interval;
         // Within the export timeout and the interval, so pushes never pile up.
         let budget = otlp.metric_export_timeout.min(interval);
-        let (stop, stop_rx) = mpsc::channel::<()>();
-        let (done_tx, done) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("otlp-metrics".into())
-            .spawn(move || {
-                tracing::info!(endpoint = %signal.endpoint, protocol = signal.protocol.as_str(), tls = signal.tls.is_some(), ?interval, "pushing metrics over OTLP");
-                let mut failing = false;
-                // Each interval, unless told to stop (or the agent is gone).
-                while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(interval) {
-                    let request = converter.convert(&scraper.families(), SystemTime::now());
-                    let ok = push_with_retry(&mut client, &request, &signal, budget, &stats, failing);
-                    if ok && failing {
-                        tracing::info!("OTLP metrics push recovered");
-                    }
-                    converter.delivered(ok);
-                    failing = !ok;
+        let stop = Arc::new(Notify::new());
+        let stopped = stop.clone();
+        tracing::info!(endpoint = %signal.endpoint, protocol = signal.protocol.as_str(), tls = signal.tls.is_some(), ?interval, "pushing metrics over OTLP");
+        let task = tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stopped.notified() => return,
                 }
-                // The blocking HTTP client is dropped here, outside the runtime.
-                drop(client);
-                let _ = done_tx.send(());
-            })
-            .map_err(ExportError::Thread)?;
-        Ok(Some(Self {
-            stop,
-            done,
-            thread: Some(thread),
-        }))
+                // Reading the maps blocks, as a scrape does.
+                let scraper = scraper.clone();
+                let Ok(families) = tokio::task::spawn_blocking(move || scraper.families()).await
+                else {
+                    return;
+                };
+                let request = converter.convert(&families, SystemTime::now());
+                let ok =
+                    push_with_retry(&mut client, &request, &signal, budget, &stats, failing).await;
+                if ok && failing {
+                    tracing::info!("OTLP metrics push recovered");
+                }
+                converter.delivered(ok);
+                failing = !ok;
+            }
+        });
+        Ok(Some(Self { stop, task }))
     }
 
-    /// Stops the push (waiting at most `grace` for a request in flight).
-    pub fn shutdown(mut self, grace: Duration) {
-        let _ = self.stop.send(());
-        if self.done.recv_timeout(grace).is_ok() {
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
+    /// Stops the push, waiting at most `grace` for a request in flight.
+    pub async fn shutdown(self, grace: Duration) {
+        self.stop.notify_one();
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout(grace, self.task).await.is_err() {
+            abort.abort();
         }
     }
 }
 
 /// Sends one request, retrying retryable failures with a doubling pause, all within `budget`.
 /// Returns whether it succeeded.
-fn push_with_retry(
+async fn push_with_retry(
     client: &mut Client,
     request: &ExportMetricsServiceRequest,
     signal: &SignalSettings,
@@ -738,7 +715,7 @@ fn push_with_retry(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let timeout = signal.timeout.min(left.max(Duration::from_millis(100)));
-        let result = client.send(request, timeout);
+        let result = client.send(request, timeout).await;
         stats.request("metrics", result.is_ok());
         let Err(SendError(error, retryable)) = result else {
             return true;
@@ -751,7 +728,7 @@ fn push_with_retry(
             }
             return false;
         }
-        std::thread::sleep(pause);
+        tokio::time::sleep(pause).await;
         pause *= 2;
     }
 }
@@ -761,6 +738,8 @@ mod tests {
     use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
         Bucket, BucketSpan, Counter, Gauge as PromGauge, LabelPair,
     };
+
+    use opentelemetry_proto::tonic::common::v1::any_value;
 
     use super::*;
 

@@ -2,7 +2,7 @@
 //!
 //! Configured by the standard `OTEL_*` environment variables over the config file's `[otlp]`
 //! section (resolved in [`crate::config::otlp`]); with no endpoint set nothing is sent. TLS and
-//! the blocking HTTP client are in `tls`. Spans go through `traces` (the SDK's batch span
+//! the HTTP client are in `tls`. Spans go through `traces` (the SDK's batch span
 //! processor, with every drop counted), metrics through [`metrics`] (built from the typed
 //! families the protobuf exposition serves, so both outputs carry the same numbers).
 //!
@@ -37,26 +37,6 @@ pub enum ExportError {
         #[source]
         source: tls::TlsError,
     },
-    #[error("starting an OTLP export thread")]
-    Thread(#[source] std::io::Error),
-}
-
-/// What `build` makes, built on a thread of its own: the blocking HTTP client must not be
-/// built inside the tokio runtime, where the exporters are started (tonic's channel must be:
-/// `build` enters the runtime for gRPC).
-fn built_off_runtime<T: Send>(
-    build: impl FnOnce() -> Result<T, ExportError> + Send,
-) -> Result<T, ExportError> {
-    std::thread::scope(|scope| {
-        let thread = std::thread::Builder::new().name("otlp-init".into());
-        let panicked = || std::io::Error::other("building an OTLP exporter panicked");
-        let built = thread
-            .spawn_scoped(scope, build)
-            .map_err(ExportError::Thread)?;
-        built
-            .join()
-            .unwrap_or_else(|_| Err(ExportError::Thread(panicked())))
-    })
 }
 
 /// A configured header that cannot be sent as it is.

@@ -50,17 +50,15 @@ pub(crate) fn tonic_config(tls: &TlsSettings) -> tonic::transport::ClientTlsConf
     config
 }
 
-/// The blocking HTTP client of one signal: the request timeout, and TLS as configured (rustls,
-/// with the process's provider): trust in the CA file or the system's roots, the client
-/// certificate and key presented for mutual TLS, a key that does not match its certificate
-/// refused here. Must be built, used and dropped outside the tokio runtime. opentelemetry-otlp's
-/// span exporter takes it as it is (opentelemetry-http implements its `HttpClient` for it,
-/// reading at most 4 MiB of a response, as OTLP's are small).
-pub(crate) fn http_client(
-    settings: &SignalSettings,
-) -> Result<reqwest::blocking::Client, TlsError> {
+/// The HTTP client of one signal: the request timeout, and TLS as configured (rustls, with the
+/// process's provider): trust in the CA file or the system's roots, the client certificate and
+/// key presented for mutual TLS, a key that does not match its certificate refused here. Its
+/// requests run on the agent's runtime. opentelemetry-otlp's span exporter takes it as it is
+/// (opentelemetry-http implements its `HttpClient` for it, reading at most 4 MiB of a
+/// response, as OTLP's are small).
+pub(crate) fn http_client(settings: &SignalSettings) -> Result<reqwest::Client, TlsError> {
     let failed = |e: reqwest::Error| TlsError::Client(Chain(&e).to_string());
-    let mut builder = reqwest::blocking::Client::builder().timeout(settings.timeout);
+    let mut builder = reqwest::Client::builder().timeout(settings.timeout);
     if let Some(tls) = &settings.tls {
         let roots = match &tls.ca {
             Some(ca) => reqwest::Certificate::from_pem_bundle(&ca.pem).map_err(failed)?,

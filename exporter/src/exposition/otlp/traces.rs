@@ -1,7 +1,7 @@
 //! Span export to an OTLP endpoint: the OpenTelemetry SDK's `BatchSpanProcessor` (batching on
 //! its own thread) in front of opentelemetry-otlp's `SpanExporter` with its retry policy (gRPC
-//! through tonic, or OTLP/HTTP with protobuf or JSON bodies through the blocking reqwest
-//! client of [`super::tls`]; TLS for `https://` endpoints as [`super::tls`] builds it).
+//! through tonic, or OTLP/HTTP with protobuf or JSON bodies through the reqwest client of
+//! [`super::tls`]; TLS for `https://` endpoints as [`super::tls`] builds it).
 //!
 //! What the SDK does not count is counted here. At most `slow_calls.export_queue` spans are
 //! held, the batch being sent included (the sink admits a span only below that
@@ -13,9 +13,8 @@
 //! [`OUTAGE_PAUSE`], so a dead endpoint costs a few requests every few seconds, not a stream.
 //! Why this, and not sysscope's own queue: docs/spans.md ("Export").
 //!
-//! The export thread is the processor's plain OS thread: the HTTP exporter's blocking client
-//! must not run on a tokio runtime thread, while tonic needs a runtime, which the exporter
-//! borrows through a [`tokio::runtime::Handle`] for gRPC only.
+//! The export thread is the processor's plain OS thread; each export runs to completion on the
+//! agent's runtime (both clients are async), borrowed through a [`tokio::runtime::Handle`].
 
 use std::{
     collections::HashMap,
@@ -33,7 +32,7 @@ use opentelemetry_sdk::{
     Resource,
 };
 
-use super::{built_off_runtime, grpc_metadata, ExportError, Stats};
+use super::{grpc_metadata, ExportError, Stats};
 use crate::config::otlp::{Protocol, SignalSettings};
 
 /// Retries of a failed request, after the first attempt.
@@ -68,8 +67,8 @@ struct Shared {
 #[derive(Debug)]
 struct Counted {
     otlp: opentelemetry_otlp::SpanExporter,
-    /// gRPC: tonic's connections live on the agent's runtime.
-    runtime: Option<tokio::runtime::Handle>,
+    /// The agent's runtime, where the clients' connections live.
+    runtime: tokio::runtime::Handle,
     endpoint: String,
     shared: Arc<Shared>,
 }
@@ -77,10 +76,7 @@ struct Counted {
 impl SpanExporter for Counted {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len();
-        let result = match &self.runtime {
-            Some(runtime) => runtime.block_on(self.otlp.export(batch)),
-            None => self.otlp.export(batch).await,
-        };
+        let result = self.runtime.block_on(self.otlp.export(batch));
         let (shared, endpoint) = (&self.shared, &self.endpoint);
         shared.stats.request("traces", result.is_ok());
         match &result {
@@ -178,7 +174,8 @@ fn build_exporter(
 }
 
 impl SpanExport {
-    /// Builds the exporter and starts the export thread; gRPC runs on `runtime` (the agent's).
+    /// Builds the exporter and starts the export thread. Must be called on the agent's runtime,
+    /// where every export runs.
     pub(crate) fn start(
         settings: SignalSettings,
         resource: Resource,
@@ -186,13 +183,8 @@ impl SpanExport {
         max_batch: usize,
         schedule_delay: Duration,
         stats: Arc<Stats>,
-        runtime: tokio::runtime::Handle,
     ) -> Result<Self, ExportError> {
-        let runtime = (settings.protocol == Protocol::Grpc).then_some(runtime);
-        let otlp = built_off_runtime(|| {
-            let _guard = runtime.as_ref().map(|h| h.enter());
-            build_exporter(&settings, &resource)
-        })?;
+        let otlp = build_exporter(&settings, &resource)?;
         let shared = Arc::new(Shared {
             held: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
@@ -201,7 +193,7 @@ impl SpanExport {
         });
         let exporter = Counted {
             otlp,
-            runtime,
+            runtime: tokio::runtime::Handle::current(),
             endpoint: settings.endpoint.clone(),
             shared: shared.clone(),
         };

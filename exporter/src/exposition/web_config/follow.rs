@@ -1,8 +1,7 @@
 //! The web config file as the endpoint enforces it: the file and the files it names
 //! (certificate, key, client CA) read as one [`Snapshot`] and built into a [`WebConfig`] (the
 //! settings `config::web` validates, with TLS and basic auth made ready), then followed while
-//! the endpoint serves: compared with what was last read once a second, a change applied once
-//! two checks in a row read it alike ([`WebConfigFile`]).
+//! the endpoint serves ([`WebConfigFile`]).
 
 use std::{
     path::{Path, PathBuf},
@@ -68,6 +67,7 @@ impl Snapshot {
 }
 
 /// The validated file: what the endpoint enforces.
+#[derive(Debug)]
 pub struct WebConfig {
     /// TLS server configuration; `None` serves plain HTTP.
     pub tls: Option<Arc<ServerConfig>>,
@@ -78,17 +78,6 @@ pub struct WebConfig {
     pub http2: bool,
     /// The certificate and key TLS serves (with `tls`).
     pub(super) served_cert: Option<Arc<CertifiedKey>>,
-}
-
-impl std::fmt::Debug for WebConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebConfig")
-            .field("tls", &self.tls.is_some())
-            .field("basic_auth", &self.basic_auth.is_some())
-            .field("headers", &self.headers)
-            .field("http2", &self.http2)
-            .finish()
-    }
 }
 
 impl WebConfig {
@@ -153,14 +142,6 @@ pub struct WebConfigFile {
     started_tls: bool,
     started_http2: bool,
     state: Mutex<FileState>,
-}
-
-impl std::fmt::Debug for WebConfigFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebConfigFile")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
 }
 
 struct FileState {
@@ -324,20 +305,15 @@ impl WebConfigFile {
     fn applicable(&self, files: &Snapshot) -> Result<WebConfig, String> {
         let path = self.path.display();
         let mut settings = files.settings(&self.path).map_err(|e| e.to_string())?;
-        match (self.started_tls, settings.tls.is_some()) {
-            (false, true) => {
-                return Err(format!(
-                    "web config file {path}: tls_server_config now configures TLS, but the \
-                     endpoint was started serving plain HTTP: restart sysscope to serve TLS"
-                ))
-            }
-            (true, false) => {
-                return Err(format!(
-                    "web config file {path}: tls_server_config no longer configures TLS, but \
-                     the endpoint was started serving TLS: restart sysscope to serve plain HTTP"
-                ))
-            }
-            _ => {}
+        if settings.tls.is_some() != self.started_tls {
+            let (now, started, wanted) = match self.started_tls {
+                false => ("now configures", "plain HTTP", "TLS"),
+                true => ("no longer configures", "TLS", "plain HTTP"),
+            };
+            return Err(format!(
+                "web config file {path}: tls_server_config {now} TLS, but the endpoint was \
+                 started serving {started}: restart sysscope to serve {wanted}"
+            ));
         }
         // Users gone from a file that had them is also what a writer stalled after
         // `basic_auth_users:` leaves: serving everyone without credentials waits for a restart.
