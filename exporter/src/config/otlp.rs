@@ -18,6 +18,7 @@
 
 use std::{collections::BTreeMap, collections::HashMap, time::Duration};
 
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
 use serde::{Deserialize, Serialize};
 
@@ -83,7 +84,9 @@ pub struct SignalSettings {
     /// Full URL: for gRPC the server (`http://host:4317`), for HTTP the request URL.
     pub endpoint: String,
     pub protocol: Protocol,
-    pub headers: Vec<(String, String)>,
+    /// Checked as HTTP headers when read; gRPC sends them as metadata (their names are
+    /// lower-case either way).
+    pub headers: HeaderMap,
     /// Timeout of one export request.
     pub timeout: Duration,
     /// Set for `https://` endpoints (and scheme-less gRPC ones that are not insecure).
@@ -795,8 +798,10 @@ fn signal(
             .ok_or_else(|| invalid(&f, "expected grpc, http/protobuf or http/json"))?,
     };
     let headers = match pick("HEADERS") {
-        None => Vec::new(),
-        Some(f) => parse_key_values(&f.value).map_err(|p| invalid(&f, p))?,
+        None => HeaderMap::new(),
+        Some(f) => parse_key_values(&f.value)
+            .and_then(|pairs| header_map(&pairs))
+            .map_err(|p| invalid(&f, p))?,
     };
     let timeout = match pick("TIMEOUT") {
         None => DEFAULT_TIMEOUT,
@@ -942,6 +947,17 @@ pub(crate) fn parse_key_values(s: &str) -> Result<Vec<(String, String)>, String>
     Ok(out)
 }
 
+/// Header names and values as HTTP headers, or what is wrong with the first that is not one.
+fn header_map(pairs: &[(String, String)]) -> Result<HeaderMap, String> {
+    let mut map = HeaderMap::new();
+    for (name, value) in pairs {
+        let bad = |what: &str| format!("`{name}`: not a valid header {what}");
+        let key = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad("name"))?;
+        map.insert(key, HeaderValue::from_str(value).map_err(|_| bad("value"))?);
+    }
+    Ok(map)
+}
+
 fn percent_decode(s: &str) -> Result<String, String> {
     // percent-encoding leaves a malformed escape as it is; the OTLP lists are refused instead.
     let malformed = s
@@ -997,6 +1013,12 @@ mod tests {
     use super::*;
 
     /// Resolves the settings from environment variables only (empty values count as unset).
+    /// The headers in the order they were given.
+    fn pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+        let value = |v: &HeaderValue| v.to_str().unwrap().to_string();
+        (headers.iter().map(|(k, v)| (k.to_string(), value(v)))).collect()
+    }
+
     fn settings(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
         let map: HashMap<String, String> = vars
             .iter()
@@ -1050,7 +1072,7 @@ mod tests {
         let t = s.traces.unwrap();
         assert_eq!(t.endpoint, "http://b:9999/custom");
         assert_eq!(
-            t.headers,
+            pairs(&t.headers),
             vec![
                 ("x-a".to_string(), "1".to_string()),
                 ("authorization".to_string(), "Bearer t".to_string())
@@ -1062,7 +1084,10 @@ mod tests {
             (m.endpoint.as_str(), m.protocol),
             ("http://a:4318", Protocol::Grpc)
         );
-        assert_eq!(m.headers, vec![("x-m".to_string(), "2".to_string())]);
+        assert_eq!(
+            pairs(&m.headers),
+            vec![("x-m".to_string(), "2".to_string())]
+        );
     }
 
     #[test]
@@ -1107,6 +1132,21 @@ mod tests {
                     ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"),
                 ],
                 "OTEL_EXPORTER_OTLP_HEADERS",
+            ),
+            // Checked as HTTP headers when read, not when the exporter starts.
+            (
+                vec![
+                    ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "bad name=1"),
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"),
+                ],
+                "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+            ),
+            (
+                vec![
+                    ("OTEL_EXPORTER_OTLP_HEADERS", "x=a%0Ab"),
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://a:1"),
+                ],
+                "not a valid header value",
             ),
             (
                 vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://")],
@@ -1264,7 +1304,7 @@ authorization = "Bearer a,b%c"
         assert_eq!(t.timeout, Duration::from_millis(2500));
         assert_eq!(t.tls, None);
         assert_eq!(
-            t.headers,
+            pairs(&t.headers),
             vec![("authorization".to_string(), "Bearer a,b%c".to_string())],
             "values survive the key=value form"
         );
@@ -1311,7 +1351,10 @@ x-file = "1"
         assert_eq!(t.endpoint, "http://from-env:4317");
         assert_eq!(t.protocol, Protocol::Grpc, "the file's protocol");
         assert_eq!(t.timeout, Duration::from_secs(3), "the file's timeout");
-        assert_eq!(t.headers, vec![("x-env".to_string(), "2".to_string())]);
+        assert_eq!(
+            pairs(&t.headers),
+            vec![("x-env".to_string(), "2".to_string())]
+        );
         assert_eq!(s.service_name(), "from-env");
         assert_eq!(s.max_batch, 64);
         assert!(s.metrics.is_none(), "metrics = false in the file");

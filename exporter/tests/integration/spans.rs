@@ -94,6 +94,8 @@ struct Received {
     tls_failures: Arc<std::sync::atomic::AtomicU64>,
     /// Signals (`traces`, `metrics`) of requests that came gzip-compressed, one per request.
     gzipped: Arc<Mutex<Vec<&'static str>>>,
+    /// (signal, the `x-scope-orgid` header or metadata) of every request.
+    tenants: Arc<Mutex<Vec<(&'static str, String)>>>,
 }
 
 /// Whether a gRPC request said its message is gzip-compressed.
@@ -105,6 +107,11 @@ fn grpc_gzip<T>(request: &tonic::Request<T>) -> bool {
 }
 
 impl Received {
+    fn tenant(&self, signal: &'static str, value: Option<&[u8]>) {
+        let value = String::from_utf8_lossy(value.unwrap_or_default()).into_owned();
+        self.tenants.lock().unwrap().push((signal, value));
+    }
+
     fn add_traces(&self, req: ExportTraceServiceRequest) {
         let mut spans = self.spans.lock().unwrap();
         for rs in req.resource_spans {
@@ -284,6 +291,13 @@ impl TraceService for Received {
         if grpc_gzip(&request) {
             self.gzipped.lock().unwrap().push("traces");
         }
+        self.tenant(
+            "traces",
+            request
+                .metadata()
+                .get("x-scope-orgid")
+                .map(|v| v.as_bytes()),
+        );
         self.add_traces(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
     }
@@ -298,6 +312,13 @@ impl MetricsService for Received {
         if grpc_gzip(&request) {
             self.gzipped.lock().unwrap().push("metrics");
         }
+        self.tenant(
+            "metrics",
+            request
+                .metadata()
+                .get("x-scope-orgid")
+                .map(|v| v.as_bytes()),
+        );
         self.metrics.lock().unwrap().push(request.into_inner());
         Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
     }
@@ -456,6 +477,13 @@ where
                 .headers()
                 .get(hyper::header::CONTENT_ENCODING)
                 .is_some_and(|v| v == "gzip");
+            let signal = if path == "/v1/traces" {
+                "traces"
+            } else {
+                "metrics"
+            };
+            let tenant = req.headers().get("x-scope-orgid");
+            data.tenant(signal, tenant.map(|v| v.as_bytes()));
             let mut body = req.into_body().collect().await.unwrap().to_bytes();
             if gzipped {
                 use std::io::Read;
@@ -464,11 +492,7 @@ where
                     .read_to_end(&mut plain)
                     .expect("a gzip body");
                 body = bytes::Bytes::from(plain);
-                data.gzipped.lock().unwrap().push(if path == "/v1/traces" {
-                    "traces"
-                } else {
-                    "metrics"
-                });
+                data.gzipped.lock().unwrap().push(signal);
             }
             data.http_requests
                 .lock()
@@ -1882,9 +1906,11 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
 
 /// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` (and its per-signal variants): both signals arrive
 /// compressed over gRPC and OTLP/HTTP, and the receiver decodes the exact spans and counts.
+/// `OTEL_EXPORTER_OTLP_HEADERS` (a tenant, as Mimir and Tempo take it) comes with every
+/// request of both signals, as HTTP headers or gRPC metadata.
 #[test]
-fn gzip_compression_over_grpc_and_http() {
-    if !require_root("gzip_compression_over_grpc_and_http") {
+fn gzip_compression_and_headers_over_grpc_and_http() {
+    if !require_root("gzip_compression_and_headers_over_grpc_and_http") {
         return;
     }
     let _serial = serial();
@@ -1909,6 +1935,7 @@ fn gzip_compression_over_grpc_and_http() {
             ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
             ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "X-Scope-OrgID=tenant-a"),
         ];
         vars.extend(env);
         let exporter = Exporter::start_with_env(SLOW_READS, &[], &vars);
@@ -1918,6 +1945,14 @@ fn gzip_compression_over_grpc_and_http() {
             assert!(
                 gzipped.contains(&signal),
                 "{protocol}: no gzip {signal} request: {gzipped:?}"
+            );
+        }
+        let tenants = receiver.data.tenants.lock().unwrap().clone();
+        for signal in ["traces", "metrics"] {
+            let of_signal = tenants.iter().filter(|(s, _)| *s == signal);
+            assert!(
+                of_signal.clone().count() > 0 && of_signal.clone().all(|(_, t)| t == "tenant-a"),
+                "{protocol}: {signal} requests without the configured header: {tenants:?}"
             );
         }
     }

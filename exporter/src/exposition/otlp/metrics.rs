@@ -41,7 +41,7 @@ use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::{
 use prost::Message;
 use tokio::sync::Notify;
 
-use super::{grpc_metadata, http_headers, ExportError, Stats};
+use super::{ExportError, Stats};
 use crate::{
     config::otlp::{HistogramAggregation, Protocol, Settings, SignalSettings, Temporality},
     exposition::{protobuf::is_native, scrape::Scraper},
@@ -492,6 +492,7 @@ fn gauge(family: &MetricFamily, now_ns: u64) -> metric::Data {
 }
 
 /// How requests are sent: both clients are async, on the agent's runtime.
+#[allow(clippy::large_enum_variant, reason = "one per process")]
 enum Client {
     Grpc {
         client: MetricsServiceClient<tonic::transport::Channel>,
@@ -501,7 +502,6 @@ enum Client {
     Http {
         client: reqwest::Client,
         url: String,
-        headers: reqwest::header::HeaderMap,
         json: bool,
         gzip: bool,
     },
@@ -541,7 +541,6 @@ impl Client {
             return Ok(Client::Http {
                 client,
                 url: endpoint.clone(),
-                headers: http_headers(&settings.headers)?,
                 json: settings.protocol == Protocol::HttpJson,
                 gzip: settings.gzip,
             });
@@ -563,7 +562,7 @@ impl Client {
         if settings.gzip {
             client = client.send_compressed(tonic::codec::CompressionEncoding::Gzip);
         }
-        let metadata = grpc_metadata(&settings.headers)?;
+        let metadata = tonic::metadata::MetadataMap::from_headers(settings.headers.clone());
         Ok(Client::Grpc { client, metadata })
     }
 
@@ -597,14 +596,12 @@ impl Client {
             Client::Http {
                 client,
                 url,
-                headers,
                 json,
                 gzip: compress,
             } => {
                 let (body, content_type) = http_body(request, *json);
                 let mut req = client
                     .post(url.as_str())
-                    .headers(headers.clone())
                     .header(reqwest::header::CONTENT_TYPE, content_type)
                     .timeout(timeout);
                 let body = if *compress {

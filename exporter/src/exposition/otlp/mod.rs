@@ -29,41 +29,12 @@ pub enum ExportError {
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },
-    #[error(transparent)]
-    Header(#[from] HeaderError),
     #[error("OTLP endpoint `{endpoint}`")]
     Tls {
         endpoint: String,
         #[source]
         source: tls::TlsError,
     },
-}
-
-/// A configured header that cannot be sent as it is.
-#[derive(Debug, thiserror::Error)]
-#[error("OTLP header `{0}`: not a valid {1}")]
-pub struct HeaderError(String, &'static str);
-
-/// The configured headers as HTTP headers.
-pub(crate) fn http_headers(
-    headers: &[(String, String)],
-) -> Result<reqwest::header::HeaderMap, HeaderError> {
-    let mut map = reqwest::header::HeaderMap::new();
-    for (name, value) in headers {
-        let bad = |what| HeaderError(name.clone(), what);
-        let key = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| bad("HTTP header name"))?;
-        map.insert(key, value.parse().map_err(|_| bad("HTTP header value"))?);
-    }
-    Ok(map)
-}
-
-/// The configured headers as gRPC metadata: the same map, its names lower-cased as gRPC
-/// requires (an HTTP header name is always stored lower-case).
-pub(crate) fn grpc_metadata(
-    headers: &[(String, String)],
-) -> Result<tonic::metadata::MetadataMap, HeaderError> {
-    http_headers(headers).map(tonic::metadata::MetadataMap::from_headers)
 }
 
 /// The span pipeline's and the OTLP exporters' counters: typed handles registered once with

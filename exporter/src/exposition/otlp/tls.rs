@@ -50,15 +50,17 @@ pub(crate) fn tonic_config(tls: &TlsSettings) -> tonic::transport::ClientTlsConf
     config
 }
 
-/// The HTTP client of one signal: the request timeout, and TLS as configured (rustls, with the
-/// process's provider): trust in the CA file or the system's roots, the client certificate and
+/// The HTTP client of one signal: its headers on every request, the request timeout, and TLS as
+/// configured (rustls, with the process's provider): trust in the CA file or the system's roots, the client certificate and
 /// key presented for mutual TLS, a key that does not match its certificate refused here. Its
 /// requests run on the agent's runtime. opentelemetry-otlp's span exporter takes it as it is
 /// (opentelemetry-http implements its `HttpClient` for it, reading at most 4 MiB of a
 /// response, as OTLP's are small).
 pub(crate) fn http_client(settings: &SignalSettings) -> Result<reqwest::Client, TlsError> {
     let failed = |e: reqwest::Error| TlsError::Client(Chain(&e).to_string());
-    let mut builder = reqwest::Client::builder().timeout(settings.timeout);
+    let mut builder = (reqwest::Client::builder())
+        .default_headers(settings.headers.clone())
+        .timeout(settings.timeout);
     if let Some(tls) = &settings.tls {
         let roots = match &tls.ca {
             Some(ca) => reqwest::Certificate::from_pem_bundle(&ca.pem).map_err(failed)?,
@@ -95,7 +97,7 @@ mod tests {
         let settings = |key: String| SignalSettings {
             endpoint: "https://collector.test:4318/v1/traces".into(),
             protocol: Protocol::HttpProtobuf,
-            headers: Vec::new(),
+            headers: Default::default(),
             timeout: Duration::from_secs(1),
             tls: Some(TlsSettings {
                 ca: Some(pem("ca.pem", ca.cert.pem())),

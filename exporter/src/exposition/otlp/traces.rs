@@ -13,11 +13,11 @@
 //! [`OUTAGE_PAUSE`], so a dead endpoint costs a few requests every few seconds, not a stream.
 //! Why this, and not sysscope's own queue: docs/spans.md ("Export").
 //!
-//! The export thread is the processor's plain OS thread; each export runs to completion on the
-//! agent's runtime (both clients are async), borrowed through a [`tokio::runtime::Handle`].
+//! The export thread is the processor's plain OS thread; each export is a task on the agent's
+//! runtime (both clients are async), which the thread waits for: a runtime shutting down
+//! cancels it rather than fail under it.
 
 use std::{
-    collections::HashMap,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
@@ -25,14 +25,17 @@ use std::{
     time::Duration,
 };
 
-use opentelemetry_otlp::{RetryPolicy, WithExportConfig, WithHttpConfig, WithTonicConfig};
+use opentelemetry_otlp::{
+    tonic_types::metadata::MetadataMap, RetryPolicy, WithExportConfig, WithHttpConfig,
+    WithTonicConfig,
+};
 use opentelemetry_sdk::{
-    error::OTelSdkResult,
+    error::{OTelSdkError, OTelSdkResult},
     trace::{BatchConfigBuilder, BatchSpanProcessor, SpanData, SpanExporter, SpanProcessor},
     Resource,
 };
 
-use super::{grpc_metadata, ExportError, Stats};
+use super::{ExportError, Stats};
 use crate::config::otlp::{Protocol, SignalSettings};
 
 /// Retries of a failed request, after the first attempt.
@@ -66,7 +69,7 @@ struct Shared {
 /// The OTLP exporter, counting what the processor hands it.
 #[derive(Debug)]
 struct Counted {
-    otlp: opentelemetry_otlp::SpanExporter,
+    otlp: Arc<opentelemetry_otlp::SpanExporter>,
     /// The agent's runtime, where the clients' connections live.
     runtime: tokio::runtime::Handle,
     endpoint: String,
@@ -76,7 +79,15 @@ struct Counted {
 impl SpanExporter for Counted {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len();
-        let result = self.runtime.block_on(self.otlp.export(batch));
+        let otlp = self.otlp.clone();
+        let result = match self
+            .runtime
+            .spawn(async move { otlp.export(batch).await })
+            .await
+        {
+            Ok(result) => result,
+            Err(cancelled) => Err(OTelSdkError::InternalFailure(cancelled.to_string())),
+        };
         let (shared, endpoint) = (&self.shared, &self.endpoint);
         shared.stats.request("traces", result.is_ok());
         match &result {
@@ -111,7 +122,9 @@ impl SpanExporter for Counted {
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        self.otlp.set_resource(resource);
+        if let Some(otlp) = Arc::get_mut(&mut self.otlp) {
+            otlp.set_resource(resource);
+        }
     }
 }
 
@@ -129,7 +142,7 @@ fn build_exporter(
                 .with_tonic()
                 .with_endpoint(settings.endpoint.clone())
                 .with_timeout(settings.timeout)
-                .with_metadata(grpc_metadata(&settings.headers)?)
+                .with_metadata(MetadataMap::from_headers(settings.headers.clone()))
                 .with_retry_policy(retry);
             if settings.gzip {
                 builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
@@ -161,7 +174,6 @@ fn build_exporter(
                     opentelemetry_otlp::Protocol::HttpBinary
                 })
                 .with_timeout(settings.timeout)
-                .with_headers(settings.headers.iter().cloned().collect::<HashMap<_, _>>())
                 .build()
         }
     };
@@ -192,7 +204,7 @@ impl SpanExport {
             stats,
         });
         let exporter = Counted {
-            otlp,
+            otlp: Arc::new(otlp),
             runtime: tokio::runtime::Handle::current(),
             endpoint: settings.endpoint.clone(),
             shared: shared.clone(),
