@@ -4,8 +4,8 @@
 //! capabilities running does not need ([`crate::privileges`]), and serves until asked to stop:
 //! scrapes and the OTLP metrics push share one [`Scraper`], a background tick refreshes the
 //! collectors when nobody scrapes and gives the heap pages freed since the last tick back to
-//! the kernel (process churn leaves a cycle's tables freed but resident otherwise), and SIGHUP (like `POST /-/reload`) reloads the
-//! configuration. On the way out it sends what is queued (bounded) and detaches every probe.
+//! the kernel (process churn leaves a cycle's tables freed but resident otherwise), and SIGHUP
+//! (like `POST /-/reload`) reloads the configuration. On the way out it sends what is queued (bounded) and detaches every probe.
 //! `main.rs` parses the flags, installs the stop signals and calls [`run_exporter`].
 
 use std::{
@@ -250,9 +250,10 @@ where
         http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
         background.abort();
         hangups.abort();
-        // Send what is queued (bounded). The span exporter blocks: on this worker, made a
-        // blocking thread for the time, not in the blocking pool, where it would queue behind
-        // scrapes still waiting for the agent.
+        // Send what is queued (bounded). The span exporter's shutdown blocks while its last
+        // exports run on the runtime's workers: it waits here, on the thread that drives the
+        // exporter, not in the blocking pool, where it would queue behind scrapes still waiting
+        // for the agent.
         if let Some(push) = metric_push {
             push.shutdown(Duration::from_secs(1)).await;
         }

@@ -489,6 +489,10 @@ const _: () = {
     assert!(size_of::<RateWindow>() == 16);
     assert!(size_of::<CallStamp>() == 32);
     assert!(size_of::<SlowCallEvent>() == 168);
+    // Where the fields after the stamp begin, as user space and the probes both read them.
+    assert!(core::mem::offset_of!(SlowCallEvent, nr) == 32);
+    assert!(core::mem::offset_of!(SlowCallEvent, fd) == 40);
+    assert!(core::mem::offset_of!(SlowCallEvent, file) == 120);
     assert!(
         size_of::<SlowCallScratch>()
             == size_of::<SlowCallEvent>() + 2 * file::NAME_BYTES + file::COMPONENT_BYTES + 8

@@ -99,4 +99,7 @@ const _: () = {
     use core::mem::size_of;
     assert!(size_of::<TraceThread>() == 96);
     assert!(size_of::<TraceEvent>() == 248);
+    assert!(core::mem::offset_of!(TraceEvent, nr) == 32);
+    assert!(core::mem::offset_of!(TraceEvent, flags) == 36);
+    assert!(core::mem::offset_of!(TraceEvent, path) == 120);
 };

@@ -953,7 +953,10 @@ fn header_map(pairs: &[(String, String)]) -> Result<HeaderMap, String> {
     for (name, value) in pairs {
         let bad = |what: &str| format!("`{name}`: not a valid header {what}");
         let key = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad("name"))?;
-        map.insert(key, HeaderValue::from_str(value).map_err(|_| bad("value"))?);
+        let mut value = HeaderValue::from_str(value).map_err(|_| bad("value"))?;
+        // Often a credential: kept out of debug output.
+        value.set_sensitive(true);
+        map.insert(key, value);
     }
     Ok(map)
 }
@@ -1012,13 +1015,15 @@ fn resource(
 mod tests {
     use super::*;
 
-    /// Resolves the settings from environment variables only (empty values count as unset).
-    /// The headers in the order they were given.
+    /// The headers as (name, value), sorted by name.
     fn pairs(headers: &HeaderMap) -> Vec<(String, String)> {
         let value = |v: &HeaderValue| v.to_str().unwrap().to_string();
-        (headers.iter().map(|(k, v)| (k.to_string(), value(v)))).collect()
+        let mut pairs: Vec<_> = (headers.iter().map(|(k, v)| (k.to_string(), value(v)))).collect();
+        pairs.sort();
+        pairs
     }
 
+    /// Resolves the settings from environment variables only (empty values count as unset).
     fn settings(vars: &[(&str, &str)]) -> Result<Settings, SettingsError> {
         let map: HashMap<String, String> = vars
             .iter()
@@ -1074,8 +1079,8 @@ mod tests {
         assert_eq!(
             pairs(&t.headers),
             vec![
-                ("x-a".to_string(), "1".to_string()),
-                ("authorization".to_string(), "Bearer t".to_string())
+                ("authorization".to_string(), "Bearer t".to_string()),
+                ("x-a".to_string(), "1".to_string())
             ]
         );
         assert_eq!(t.timeout, Duration::from_millis(2500));

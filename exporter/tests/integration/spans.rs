@@ -1906,8 +1906,8 @@ fn every_slow_read_of_a_fresh_process_has_its_path() {
 
 /// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip` (and its per-signal variants): both signals arrive
 /// compressed over gRPC and OTLP/HTTP, and the receiver decodes the exact spans and counts.
-/// `OTEL_EXPORTER_OTLP_HEADERS` (a tenant, as Mimir and Tempo take it) comes with every
-/// request of both signals, as HTTP headers or gRPC metadata.
+/// A configured header (a tenant, as Mimir and Tempo take it) comes with every request of both
+/// signals, as HTTP headers or gRPC metadata.
 #[test]
 fn gzip_compression_and_headers_over_grpc_and_http() {
     if !require_root("gzip_compression_and_headers_over_grpc_and_http") {
@@ -1935,10 +1935,11 @@ fn gzip_compression_and_headers_over_grpc_and_http() {
             ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
             ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
-            ("OTEL_EXPORTER_OTLP_HEADERS", "X-Scope-OrgID=tenant-a"),
         ];
         vars.extend(env);
-        let exporter = Exporter::start_with_env(SLOW_READS, &[], &vars);
+        // From the file, which opentelemetry-otlp never reads (it reads the variable itself).
+        let config = format!("{SLOW_READS}[otlp.headers]\nX-Scope-OrgID = \"tenant-a\"\n");
+        let exporter = Exporter::start_with_env(&config, &[], &vars);
         exact_spans_and_metrics(&exporter, &receiver, "sysscope-test-spans-gzip", 3, 400);
         let gzipped = receiver.data.gzipped.lock().unwrap().clone();
         for signal in ["traces", "metrics"] {

@@ -498,31 +498,46 @@ enum Client {
         client: MetricsServiceClient<tonic::transport::Channel>,
         metadata: tonic::metadata::MetadataMap,
     },
-    /// OTLP/HTTP: protobuf or JSON bodies, gzip-compressed or not.
     Http {
         client: reqwest::Client,
         url: String,
-        json: bool,
+    },
+}
+
+/// What one push sends, made once (off the runtime) whatever its retries: the gRPC message, or
+/// the OTLP/HTTP body (protobuf or JSON, gzip-compressed or not).
+enum Ready {
+    Grpc(ExportMetricsServiceRequest),
+    Http {
+        body: bytes::Bytes,
+        content_type: &'static str,
         gzip: bool,
     },
 }
 
-/// `body` gzip-compressed. Writing to a `Vec` cannot fail, so neither can this.
-fn gzip(body: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    let _ = enc.write_all(body);
-    enc.finish().unwrap_or_default()
-}
-
-/// The body and content type of an OTLP/HTTP request.
-fn http_body(request: &ExportMetricsServiceRequest, json: bool) -> (Vec<u8>, &'static str) {
-    if json {
+impl Ready {
+    /// `request` as `protocol` sends it.
+    fn new(request: ExportMetricsServiceRequest, protocol: Protocol, gzip: bool) -> Self {
         // Serializing plain data to a Vec cannot fail (no maps with non-string keys).
-        let body = serde_json::to_vec(request).unwrap_or_default();
-        (body, "application/json")
-    } else {
-        (request.encode_to_vec(), "application/x-protobuf")
+        let (body, content_type) = match protocol {
+            Protocol::Grpc => return Ready::Grpc(request),
+            Protocol::HttpJson => (serde_json::to_vec(&request), "application/json"),
+            Protocol::HttpProtobuf => (Ok(request.encode_to_vec()), "application/x-protobuf"),
+        };
+        let mut body = body.unwrap_or_default();
+        if gzip {
+            use std::io::Write;
+            let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            // Writing to a Vec cannot fail.
+            let _ = enc.write_all(&body);
+            body = enc.finish().unwrap_or_default();
+        }
+        let body = body.into();
+        Ready::Http {
+            body,
+            content_type,
+            gzip,
+        }
     }
 }
 
@@ -538,12 +553,8 @@ impl Client {
                 endpoint: endpoint.clone(),
                 source,
             })?;
-            return Ok(Client::Http {
-                client,
-                url: endpoint.clone(),
-                json: settings.protocol == Protocol::HttpJson,
-                gzip: settings.gzip,
-            });
+            let url = endpoint.clone();
+            return Ok(Client::Http { client, url });
         }
         let bad = |e: tonic::transport::Error| ExportError::Endpoint {
             endpoint: endpoint.clone(),
@@ -566,13 +577,9 @@ impl Client {
         Ok(Client::Grpc { client, metadata })
     }
 
-    async fn send(
-        &mut self,
-        request: &ExportMetricsServiceRequest,
-        timeout: Duration,
-    ) -> Result<(), SendError> {
-        match self {
-            Client::Grpc { client, metadata } => {
+    async fn send(&mut self, ready: &Ready, timeout: Duration) -> Result<(), SendError> {
+        match (self, ready) {
+            (Client::Grpc { client, metadata }, Ready::Grpc(request)) => {
                 let mut req = tonic::Request::new(request.clone());
                 *req.metadata_mut() = metadata.clone();
                 req.set_timeout(timeout);
@@ -593,24 +600,22 @@ impl Client {
                 let message = format!("gRPC {:?}: {}", status.code(), status.message());
                 Err(SendError(message, retryable))
             }
-            Client::Http {
-                client,
-                url,
-                json,
-                gzip: compress,
-            } => {
-                let (body, content_type) = http_body(request, *json);
+            (
+                Client::Http { client, url },
+                Ready::Http {
+                    body,
+                    content_type,
+                    gzip,
+                },
+            ) => {
                 let mut req = client
                     .post(url.as_str())
-                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .header(reqwest::header::CONTENT_TYPE, *content_type)
                     .timeout(timeout);
-                let body = if *compress {
+                if *gzip {
                     req = req.header(reqwest::header::CONTENT_ENCODING, "gzip");
-                    gzip(&body)
-                } else {
-                    body
-                };
-                match req.body(body).send().await {
+                }
+                match req.body(body.clone()).send().await {
                     Ok(resp) if resp.status().is_success() => Ok(()),
                     Ok(resp) => {
                         let code = resp.status().as_u16();
@@ -624,11 +629,12 @@ impl Client {
                     )),
                 }
             }
+            _ => Err(SendError("made ready for the other protocol".into(), false)),
         }
     }
 }
 
-/// The running metrics push: a task on the agent's runtime.
+/// The running metrics push: a task on the agent's runtime, ended when dropped.
 #[derive(Debug)]
 pub struct MetricPush {
     stop: Arc<Notify>,
@@ -659,24 +665,26 @@ impl MetricPush {
         let stopped = stop.clone();
         tracing::info!(endpoint = %signal.endpoint, protocol = signal.protocol.as_str(), tls = signal.tls.is_some(), ?interval, "pushing metrics over OTLP");
         let task = tokio::spawn(async move {
-            let mut tick =
-                tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing = false;
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = stopped.notified() => return,
-                }
-                // Reading the maps blocks, as a scrape does.
-                let scraper = scraper.clone();
-                let Ok(families) = tokio::task::spawn_blocking(move || scraper.families()).await
-                else {
+            // A full interval after each push ends, however long it took.
+            while tokio::select! {
+                biased;
+                _ = stopped.notified() => false,
+                _ = tokio::time::sleep(interval) => true,
+            } {
+                // Reading the maps blocks, as a scrape does; converting and encoding are CPU
+                // work: all of it off the runtime's workers, done once whatever the retries.
+                let (scraper, protocol, gzip) = (scraper.clone(), signal.protocol, signal.gzip);
+                let made = tokio::task::spawn_blocking(move || {
+                    let request = converter.convert(&scraper.families(), SystemTime::now());
+                    (converter, Ready::new(request, protocol, gzip))
+                });
+                let Ok((made_by, ready)) = made.await else {
                     return;
                 };
-                let request = converter.convert(&families, SystemTime::now());
+                converter = made_by;
                 let ok =
-                    push_with_retry(&mut client, &request, &signal, budget, &stats, failing).await;
+                    push_with_retry(&mut client, &ready, &signal, budget, &stats, failing).await;
                 if ok && failing {
                     tracing::info!("OTLP metrics push recovered");
                 }
@@ -688,12 +696,15 @@ impl MetricPush {
     }
 
     /// Stops the push, waiting at most `grace` for a request in flight.
-    pub async fn shutdown(self, grace: Duration) {
+    pub async fn shutdown(mut self, grace: Duration) {
         self.stop.notify_one();
-        let abort = self.task.abort_handle();
-        if tokio::time::timeout(grace, self.task).await.is_err() {
-            abort.abort();
-        }
+        let _ = tokio::time::timeout(grace, &mut self.task).await;
+    }
+}
+
+impl Drop for MetricPush {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -701,7 +712,7 @@ impl MetricPush {
 /// Returns whether it succeeded.
 async fn push_with_retry(
     client: &mut Client,
-    request: &ExportMetricsServiceRequest,
+    request: &Ready,
     signal: &SignalSettings,
     budget: Duration,
     stats: &Stats,
@@ -1131,7 +1142,12 @@ mod tests {
     fn json_bodies_follow_the_otlp_json_mapping() {
         let mut c = sysscope_converter();
         let r = c.convert(&families(1), UNIX_EPOCH + Duration::from_secs(200));
-        let (body, content_type) = http_body(&r, true);
+        let Ready::Http {
+            body, content_type, ..
+        } = Ready::new(r.clone(), Protocol::HttpJson, false)
+        else {
+            panic!("an OTLP/HTTP request made ready as gRPC")
+        };
         assert_eq!(content_type, "application/json");
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let rm = &v["resourceMetrics"][0];

@@ -120,12 +120,6 @@ impl SpanExporter for Counted {
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.otlp.shutdown_with_timeout(timeout)
     }
-
-    fn set_resource(&mut self, resource: &Resource) {
-        if let Some(otlp) = Arc::get_mut(&mut self.otlp) {
-            otlp.set_resource(resource);
-        }
-    }
 }
 
 fn build_exporter(
