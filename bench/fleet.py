@@ -31,16 +31,17 @@ import http.server
 import json
 import os
 import platform
-import socket
 import socketserver
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
+
+import benchlib
+from benchlib import Exporter
 
 SCHEMA = "sysscope-bench-fleet/1"
 NAMESPACE = "sysscope-fleet"
@@ -62,7 +63,7 @@ CONFIGS = {
 
 
 def log(msg: str) -> None:
-    print(f"[fleet] {msg}", file=sys.stderr, flush=True)
+    benchlib.log(msg, "fleet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,44 +211,6 @@ class Node:
 
 # ---------------------------------------------------------------------------------------------
 # Exporters and scrapes.
-
-class Exporter:
-    def __init__(self, bin_dir: Path, name: str, config: str, tmp: Path, kubeconfig: Path) -> None:
-        self.name = name
-        cfg = tmp / f"{name.replace(' ', '-').replace(',', '-')}.toml"
-        cfg.write_text(config)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        env = dict(os.environ, KUBECONFIG=str(kubeconfig))
-        self.proc = subprocess.Popen(
-            [str(bin_dir / "sysscope"), f"--web.listen-address=127.0.0.1:{self.port}",
-             f"--config.file={cfg}", "--log.level=error"],
-            stdout=subprocess.DEVNULL, env=env)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"sysscope ({name}) exited during start-up ({self.proc.returncode})")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise SystemExit(f"sysscope ({name}) not ready after 120 s")
-
-    def scrape(self, accept: str) -> bytes:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/metrics", headers={"Accept": accept})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return r.read()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
 
 def text_labels(line: str) -> dict[str, str]:
     """The labels of a sample line of the text format (values unescaped enough to match)."""
@@ -406,7 +369,8 @@ def measure(bin_dir: Path, tmp: Path, n_pods: int, n_procs: int, configs: dict[s
     try:
         node.make_pods(n_pods)
         for name, config in configs.items():
-            exporters.append(Exporter(bin_dir, name, config, tmp, kubeconfig))
+            exporters.append(Exporter(bin_dir, config, tmp, name=name, env={"KUBECONFIG": str(kubeconfig)},
+                                      log_level="error", ready_s=120))
         log(f"{n_pods} pods x {n_procs} processes: {len(exporters)} exporters ready, starting the processes")
         node.start(n_procs)
         want = n_pods * n_procs * MARKER_CALLS

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from benchlib import log, proc_cpu_ns
+
 SCHEMA = "sysscope-bench-overhead/1"
 
 # sysscope's syscall programs, as the `probes` configurations attach them.
@@ -70,28 +72,8 @@ pod_watch = "off"
 """
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------------------------------------
 # Process and kernel accounting
-
-
-def proc_cpu_ns(pid: int) -> int:
-    """CPU time (ns) all threads of `pid` have used, from schedstat (ns resolution)."""
-    total = 0
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
 
 
 def tree_pids(root: int) -> list[int]:

@@ -21,14 +21,14 @@ import json
 import math
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from benchlib import Exporter, log, proc_cpu_ns
 
 SCHEMA = "sysscope-bench-scrape/1"
 # Exported series per (workload, syscall) with the default log4 histogram: the counter, 13
@@ -46,65 +46,12 @@ pod_watch = "off"
 """
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_ns(pid: int) -> int:
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-class Exporter:
-    def __init__(self, bin_dir: Path, config: str, tmp: Path):
-        cfg = tmp / "scrape.toml"
-        cfg.write_text(config)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(
-            [str(bin_dir / "sysscope"), f"--web.listen-address=127.0.0.1:{self.port}",
-             f"--config.file={cfg}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"sysscope exited during start-up ({self.proc.returncode})")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise SystemExit("sysscope not ready after 60 s")
-
-    def scrape(self) -> tuple[float, bytes]:
-        t = time.monotonic()
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=120) as r:
-            body = r.read()
-        return time.monotonic() - t, body
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def samples_and_scrape_duration(body: bytes) -> tuple[int, float | None]:
@@ -142,21 +89,21 @@ class Filler:
 def measure_series(bin_dir: Path, tmp: Path, series: int, scrapes: int) -> dict:
     exp = Exporter(bin_dir, CONFIG, tmp)
     try:
-        _, body = exp.scrape()
+        _, body = exp.timed_scrape()
         base_samples, _ = samples_and_scrape_duration(body)
         entries = math.ceil(series / SERIES_PER_ENTRY)
         filler = Filler(bin_dir, exp.proc.pid, entries)
         try:
-            exp.scrape()  # first sight: labels resolved, series created
+            exp.timed_scrape()  # first sight: labels resolved, series created
             lat, server, sizes, samples = [], [], [], 0
             for _ in range(scrapes):
                 filler.ask("bump")
-                t, body = exp.scrape()
+                t, body = exp.timed_scrape()
                 lat.append(t)
                 sizes.append(len(body))
                 samples, _ = samples_and_scrape_duration(body)
                 # The exposition reports the duration of the scrape before it.
-                _, body2 = exp.scrape()
+                _, body2 = exp.timed_scrape()
                 server.append(samples_and_scrape_duration(body2)[1])
             reads = [json.loads(filler.ask("time-read")) for _ in range(3)]
             rss = rss_bytes(exp.proc.pid)
@@ -189,18 +136,18 @@ def measure_cpu(bin_dir: Path, tmp: Path, seconds: float, series: int, rate: int
             filler = Filler(bin_dir, exp.proc.pid, math.ceil(series / SERIES_PER_ENTRY))
         load = subprocess.Popen([str(bin_dir / "sysscope-workload"), "rate-getppid", str(rate), f"{seconds:g}"],
                                 stdout=subprocess.PIPE, text=True)
-        c0, t0 = cpu_ns(exp.proc.pid), time.monotonic()
+        c0, t0 = proc_cpu_ns(exp.proc.pid), time.monotonic()
         next_scrape = t0
         scrapes = 0
         while load.poll() is None:
             if time.monotonic() >= next_scrape:
                 if filler:
                     filler.ask("bump")
-                exp.scrape()
+                exp.timed_scrape()
                 scrapes += 1
                 next_scrape += 15
             time.sleep(0.2)
-        c1, t1 = cpu_ns(exp.proc.pid), time.monotonic()
+        c1, t1 = proc_cpu_ns(exp.proc.pid), time.monotonic()
         out = load.stdout.read()
         calls = int(out.split("calls=")[1].split()[0]) if "calls=" in out else 0
         rss = rss_bytes(exp.proc.pid)
