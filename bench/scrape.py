@@ -89,12 +89,12 @@ class Filler:
 def measure_series(bin_dir: Path, tmp: Path, series: int, scrapes: int) -> dict:
     exp = Exporter(bin_dir, CONFIG, tmp)
     try:
-        _, body = exp.timed_scrape()
+        body = exp.scrape()
         base_samples, _ = samples_and_scrape_duration(body)
         entries = math.ceil(series / SERIES_PER_ENTRY)
         filler = Filler(bin_dir, exp.proc.pid, entries)
         try:
-            exp.timed_scrape()  # first sight: labels resolved, series created
+            exp.scrape()  # first sight: labels resolved, series created
             lat, server, sizes, samples = [], [], [], 0
             for _ in range(scrapes):
                 filler.ask("bump")
@@ -103,7 +103,7 @@ def measure_series(bin_dir: Path, tmp: Path, series: int, scrapes: int) -> dict:
                 sizes.append(len(body))
                 samples, _ = samples_and_scrape_duration(body)
                 # The exposition reports the duration of the scrape before it.
-                _, body2 = exp.timed_scrape()
+                body2 = exp.scrape()
                 server.append(samples_and_scrape_duration(body2)[1])
             reads = [json.loads(filler.ask("time-read")) for _ in range(3)]
             rss = rss_bytes(exp.proc.pid)
@@ -143,7 +143,7 @@ def measure_cpu(bin_dir: Path, tmp: Path, seconds: float, series: int, rate: int
             if time.monotonic() >= next_scrape:
                 if filler:
                     filler.ask("bump")
-                exp.timed_scrape()
+                exp.scrape()
                 scrapes += 1
                 next_scrape += 15
             time.sleep(0.2)

@@ -73,7 +73,7 @@ fi
 pip_run() {
   python3 -m pip --version >/dev/null 2>&1 || apt_install python3 python3-pip
   local extra=()
-  if python3 -m pip install --help 2>/dev/null | grep -q -- --break-system-packages; then
+  if python3 -m pip install --help 2>/dev/null | grep -- --break-system-packages >/dev/null; then
     extra=(--break-system-packages)
   fi
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore "${extra[@]}" "$@" >&2
@@ -123,8 +123,7 @@ if [ "$want_test_tools" -eq 1 ]; then
     libc6-dev-arm64-cross binutils
   rustup target list --installed | grep -qx aarch64-unknown-linux-gnu \
     || rustup target add aarch64-unknown-linux-gnu
-  # Python packages the tests use: the reference Prometheus parsers, the manifest validator,
-  # and the OTLP protobuf definitions.
+  # Python packages the tests use: the reference Prometheus parsers and the manifest validator.
   for mod_pkg in prometheus_client:prometheus-client kubernetes_validate:kubernetes-validate; do
     mod=${mod_pkg%%:*} pkg=${mod_pkg#*:}
     if ! python3 -c "import $mod" 2>/dev/null; then

@@ -43,7 +43,7 @@ pub(crate) fn encode_histogram(
 #[derive(Debug, Clone)]
 pub(crate) struct HistogramLayout {
     /// Kernel bucket indices whose upper bounds are exported, with the bound in seconds.
-    pub(crate) bounds: Vec<(usize, f64)>,
+    bounds: Vec<(usize, f64)>,
     /// Sets the native histogram's schema.
     resolution: HistogramResolution,
 }
@@ -54,6 +54,11 @@ impl HistogramLayout {
             bounds: exported_bounds(resolution),
             resolution,
         }
+    }
+
+    /// Classic series one histogram costs: one per bound, `+Inf`, `_sum` and `_count`.
+    pub(crate) fn series_cost(&self) -> usize {
+        self.bounds.len() + 3
     }
 
     /// Writes `histogram` with this layout ([`encode_histogram`]).

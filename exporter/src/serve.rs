@@ -202,21 +202,25 @@ where
         let background = {
             let scraper = scraper.clone();
             let every = config.collection.background_interval;
-            let trimmer = Arc::new(Mutex::new(HeapTrimmer::new(HEAP_TRIM_GAP)));
+            // Half a tick of slack: ticks that vary in length still trim on every tick once
+            // the gap has passed, not on every other one.
+            let gap = HEAP_TRIM_GAP.saturating_sub(every / 2);
+            let mut trimmer = HeapTrimmer::new(gap);
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(every);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
-                    let (s, trimmer) = (scraper.clone(), trimmer.clone());
-                    let _ = tokio::task::spawn_blocking(move || {
+                    let s = scraper.clone();
+                    let refreshed = tokio::task::spawn_blocking(move || {
                         s.refresh();
-                        let trimmed = trimmer.lock().map(|mut t| t.maybe_trim());
-                        if let Ok(Some(took)) = trimmed {
+                        if let Some(took) = trimmer.maybe_trim() {
                             tracing::debug!(?took, "freed heap pages given back to the kernel");
                         }
-                    })
-                    .await;
+                        trimmer
+                    });
+                    // A refresh that panicked took the trimmer with it.
+                    trimmer = refreshed.await.unwrap_or_else(|_| HeapTrimmer::new(gap));
                 }
             })
         };

@@ -174,9 +174,8 @@ fn sample_every_call(probes: &mut Probes, names: &[String]) -> anyhow::Result<Sl
     let mut thresholds = SlowThresholds::take(probes)?;
     let mut every = vec![0u64; MAX_SYSCALL_NR as usize];
     for name in names {
-        let nr = syscall_table::number(name)
-            .with_context(|| format!("--slow {name}: no such syscall"))?;
-        every[nr as usize] = 1;
+        let slot = syscall_table::number(name).and_then(|nr| every.get_mut(nr as usize));
+        *slot.with_context(|| format!("--slow {name}: no such syscall"))? = 1;
     }
     thresholds.write(&every)?;
     let mut ring = SlowEvents::take(probes)?;

@@ -171,8 +171,7 @@ impl BlockIoCollector {
     }
 
     fn lat_cost(&self) -> usize {
-        // one per bound + +Inf + _sum + _count
-        self.histograms.bounds.len() + 3
+        self.histograms.series_cost()
     }
 
     /// tgids gone for a reclaim interval, and cgroups gone at this check and the previous

@@ -55,6 +55,8 @@ pub(crate) struct CgroupCpu {
     /// be read: not offered again while the reads name them, so each costs one read, and a
     /// cgroup whose series ended is never counted again from zero.
     unaccounted: HashSet<u64>,
+    /// The buffer every `cpu.stat` is read into.
+    buf: Vec<u8>,
     table: SeriesTable<u64, CpuBandwidth, (), Arc<CgroupLabels>>,
 }
 
@@ -66,6 +68,7 @@ impl CgroupCpu {
             reader: BandwidthReader::new(root),
             cgroups: HashMap::new(),
             unaccounted: HashSet::new(),
+            buf: vec![0; 1024],
             table: SeriesTable::following_renames(),
         }
     }
@@ -106,10 +109,10 @@ impl CgroupCpu {
     pub(crate) fn refresh(&mut self, now: Instant, retention: Duration) {
         // A cgroup that can no longer be read is gone (or no longer accounts bandwidth): it
         // is forgotten, what it counted stays in its series.
-        let (reader, unaccounted) = (&self.reader, &mut self.unaccounted);
+        let (reader, unaccounted, buf) = (&self.reader, &mut self.unaccounted, &mut self.buf);
         let mut entries = Vec::with_capacity(self.cgroups.len());
         self.cgroups
-            .retain(|id, read| match reader.read(&read.path) {
+            .retain(|id, read| match reader.read(&read.path, buf) {
                 Some(bandwidth) => {
                     entries.push((*id, bandwidth));
                     true

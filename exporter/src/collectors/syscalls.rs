@@ -125,9 +125,9 @@ impl SyscallCollector {
     }
 
     fn series_cost(&self) -> usize {
-        // _total + one per bound + +Inf + _sum + _count (+ one per state)
+        // _total + the histogram's (+ one per state)
         let states = if self.time.is_some() { STATES.len() } else { 0 };
-        1 + self.histograms.bounds.len() + 3 + states
+        1 + self.histograms.series_cost() + states
     }
 
     /// The coarser label sets a call series folds into when it does not fit the budget.

@@ -751,8 +751,9 @@ fn exporter_enabled(
     }
 }
 
-/// Reads a PEM file named by a setting and checks it holds what it must.
-fn read_pem(f: &Found, what: PemKind) -> Result<PemFile, SettingsError> {
+/// Reads a PEM file named by a setting and checks it holds what it must (`check`: one of
+/// `config::pem`'s readers).
+fn read_pem<T>(f: &Found, check: fn(&[u8]) -> Result<T, String>) -> Result<PemFile, SettingsError> {
     let path = f.value.trim().to_string();
     let file_error = |problem: String| SettingsError::File {
         setting: f.setting.clone(),
@@ -760,18 +761,8 @@ fn read_pem(f: &Found, what: PemKind) -> Result<PemFile, SettingsError> {
         problem,
     };
     let pem = std::fs::read(&path).map_err(|e| file_error(format!("cannot read it: {e}")))?;
-    match what {
-        PemKind::Certificates => super::pem::certificates(&pem).map(drop),
-        PemKind::PrivateKey => super::pem::private_key(&pem).map(drop),
-    }
-    .map_err(file_error)?;
+    check(&pem).map_err(file_error)?;
     Ok(PemFile { path, pem })
-}
-
-#[derive(Clone, Copy)]
-enum PemKind {
-    Certificates,
-    PrivateKey,
 }
 
 /// The settings of one signal; `None` without an endpoint. With `every`, the settings that do
@@ -832,13 +823,13 @@ fn signal(
     let client_key = pick("CLIENT_KEY");
     let tls = if secure {
         let ca = match &certificate {
-            Some(f) => Some(read_pem(f, PemKind::Certificates)?),
+            Some(f) => Some(read_pem(f, super::pem::certificates)?),
             None => None,
         };
         let client = match (&client_certificate, &client_key) {
             (Some(c), Some(k)) => Some((
-                read_pem(c, PemKind::Certificates)?,
-                read_pem(k, PemKind::PrivateKey)?,
+                read_pem(c, super::pem::certificates)?,
+                read_pem(k, super::pem::private_key)?,
             )),
             (Some(c), None) => {
                 return Err(invalid(

@@ -110,15 +110,15 @@ impl BandwidthReader {
     }
 
     /// The bandwidth accounting of the cgroup at `path` (relative to the v2 root, `/` for the
-    /// root); `None` when neither hierarchy accounts it (or the cgroup is gone).
-    pub fn read(&self, path: &str) -> Option<CpuBandwidth> {
+    /// root); `None` when neither hierarchy accounts it (or the cgroup is gone). `buf` is the
+    /// caller's, reused from read to read.
+    pub fn read(&self, path: &str, buf: &mut Vec<u8>) -> Option<CpuBandwidth> {
         let rel = path.trim_start_matches('/');
-        let mut buf = vec![0; 1024];
-        let v2 = read_small(&self.v2_root.join(rel).join("cpu.stat"), &mut buf)
+        let v2 = read_small(&self.v2_root.join(rel).join("cpu.stat"), buf)
             .and_then(|text| parse(text, "throttled_usec", 1_000));
         v2.or_else(|| {
             let root = self.v1_cpu_root.as_ref()?;
-            let text = read_small(&root.join(rel).join("cpu.stat"), &mut buf)?;
+            let text = read_small(&root.join(rel).join("cpu.stat"), buf)?;
             parse(text, "throttled_time", 1)
         })
     }
@@ -126,7 +126,7 @@ impl BandwidthReader {
     /// The bandwidth accounting of the cgroup v2 directory `dir` (under this reader's root).
     pub fn read_dir(&self, dir: &Path) -> Option<CpuBandwidth> {
         let rel = dir.strip_prefix(&self.v2_root).ok()?;
-        self.read(&format!("/{}", rel.display()))
+        self.read(&format!("/{}", rel.display()), &mut vec![0; 1024])
     }
 
     /// The v1 `cpu` hierarchy this reader falls back to.
@@ -241,12 +241,15 @@ mod tests {
             v2_root: dir.path().to_path_buf(),
             v1_cpu_root: None,
         };
-        assert_eq!(without_v1.read("/a/b"), None);
-        assert_eq!(without_v1.read("/gone"), None);
+        assert_eq!(without_v1.read("/a/b", &mut vec![0; 16]), None);
+        assert_eq!(without_v1.read("/gone", &mut vec![0; 16]), None);
         let hybrid = BandwidthReader {
             v1_cpu_root: Some(v1.path().to_path_buf()),
             ..without_v1
         };
-        assert_eq!(hybrid.read("/a/b").map(|b| b.periods), Some(3));
+        assert_eq!(
+            hybrid.read("/a/b", &mut vec![0; 16]).map(|b| b.periods),
+            Some(3)
+        );
     }
 }

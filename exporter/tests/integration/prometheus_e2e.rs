@@ -43,12 +43,7 @@ pub(crate) fn dashboard_queries() -> Vec<serde_json::Value> {
         .current_dir(repo_root())
         .output()
         .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_str(&stdout_of_success(&out)).unwrap()
 }
 
 /// Held by each test that runs a Prometheus: two at once, with their exporters and workloads,

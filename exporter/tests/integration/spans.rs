@@ -1088,7 +1088,7 @@ fn http_protobuf_exports_spans_and_metrics() {
         "{:?}",
         receiver.data.counter("sysscope_syscalls", &series)
     );
-    assert_protobuf_posts_of_both_signals(&receiver);
+    assert_posts_of_both_signals(&receiver, "application/x-protobuf");
 }
 
 /// With `base2_exponential_bucket_histogram` and delta temporality, the pushed latency
@@ -1723,7 +1723,7 @@ fn config_file_alone_exports_over_https_with_a_client_certificate() {
         "OTLP/protobuf bodies over TLS: {}",
         receiver.data.body_sizes()
     );
-    assert_protobuf_posts_of_both_signals(&receiver);
+    assert_posts_of_both_signals(&receiver, "application/x-protobuf");
     assert_eq!(
         receiver
             .data
@@ -1834,15 +1834,8 @@ fn http_json_exports_exact_spans_and_metrics() {
     let spans = exact_spans_and_metrics(&exporter, &receiver, "sysscope-test-spans-json", 4, 800);
     assert_eq!(spans[0].resource_str("service.name"), Some("sysscope"));
     eprintln!("OTLP/JSON bodies: {}", receiver.data.body_sizes());
+    assert_posts_of_both_signals(&receiver, "application/json");
     let requests = receiver.data.http_requests.lock().unwrap().clone();
-    for path in ["/v1/traces", "/v1/metrics"] {
-        assert!(
-            requests
-                .iter()
-                .any(|(p, ct)| p == path && ct == "application/json"),
-            "{requests:?}"
-        );
-    }
     assert!(
         requests.iter().all(|(_, ct)| ct == "application/json"),
         "{requests:?}"
@@ -2025,17 +2018,14 @@ fn spans_reach_the_collector_within_the_batch_delay() {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The file a slow call waited on, named from what the kernel read at the call's exit.
-
-/// Both signals reached the HTTP receiver as OTLP/protobuf.
-fn assert_protobuf_posts_of_both_signals(receiver: &Receiver) {
+/// Both signals reached the HTTP receiver with bodies of `content_type`.
+fn assert_posts_of_both_signals(receiver: &Receiver, content_type: &str) {
     let requests = receiver.data.http_requests.lock().unwrap().clone();
     for path in ["/v1/traces", "/v1/metrics"] {
         assert!(
             requests
                 .iter()
-                .any(|(p, ct)| p == path && ct == "application/x-protobuf"),
+                .any(|(p, ct)| p == path && ct == content_type),
             "{requests:?}"
         );
     }
@@ -2093,6 +2083,9 @@ fn printed<'a>(ran: &'a Ran, key: &str) -> &'a str {
         .find_map(|w| w.strip_prefix(prefix.as_str()))
         .unwrap_or_else(|| panic!("no {key}= in {:?}", ran.stdout))
 }
+
+// ---------------------------------------------------------------------------------------------
+// The file a slow call waited on, named from what the kernel read at the call's exit.
 
 /// Device (`MAJ:MIN`) and inode of `path`, as stat(2) sees them.
 fn stat_identity(path: &std::path::Path) -> (String, i64) {

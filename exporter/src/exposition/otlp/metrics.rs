@@ -549,10 +549,7 @@ impl Client {
     fn new(settings: &SignalSettings) -> Result<Self, ExportError> {
         let endpoint = &settings.endpoint;
         if settings.protocol != Protocol::Grpc {
-            let client = super::tls::http_client(settings).map_err(|source| ExportError::Tls {
-                endpoint: endpoint.clone(),
-                source,
-            })?;
+            let client = super::tls::http_client(settings)?;
             let url = endpoint.clone();
             return Ok(Client::Http { client, url });
         }
@@ -673,7 +670,8 @@ impl MetricPush {
                 _ = tokio::time::sleep(interval) => true,
             } {
                 // Reading the maps blocks, as a scrape does; converting and encoding are CPU
-                // work: all of it off the runtime's workers, done once whatever the retries.
+                // work: off the runtime's workers, once whatever the retries (tonic encodes a
+                // gRPC message itself, at each attempt).
                 let (scraper, protocol, gzip) = (scraper.clone(), signal.protocol, signal.gzip);
                 let made = tokio::task::spawn_blocking(move || {
                     let request = converter.convert(&scraper.families(), SystemTime::now());

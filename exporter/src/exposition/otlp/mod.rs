@@ -29,12 +29,6 @@ pub enum ExportError {
         #[source]
         source: opentelemetry_otlp::ExporterBuildError,
     },
-    #[error("OTLP endpoint `{endpoint}`")]
-    Tls {
-        endpoint: String,
-        #[source]
-        source: tls::TlsError,
-    },
 }
 
 /// The span pipeline's and the OTLP exporters' counters: typed handles registered once with

@@ -8,31 +8,25 @@
 //! client certificate and key, when set, are presented for mutual TLS. The files were checked
 //! when the settings were read (`config::pem`).
 
+use super::ExportError;
 use crate::{
     config::otlp::{SignalSettings, TlsSettings},
     util::error::Chain,
 };
 
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("no trusted CA: the system has no root certificates ({0}); set OTEL_EXPORTER_OTLP_CERTIFICATE or otlp.certificate")]
-    NoRoots(String),
-    #[error("HTTP client: {0}")]
-    Client(String),
-}
-
 /// The system's root certificates, which an endpoint without a configured CA is verified
-/// against: none is an error now rather than a failed handshake at every export.
-fn system_roots() -> Result<Vec<reqwest::Certificate>, TlsError> {
+/// against: none is an error now rather than a failed handshake at every export (the problem).
+fn system_roots() -> Result<Vec<reqwest::Certificate>, String> {
     let native = rustls_native_certs::load_native_certs();
     let roots: Vec<_> = (native.certs.iter())
         .filter_map(|cert| reqwest::Certificate::from_der(cert).ok())
         .collect();
     if roots.is_empty() {
-        let why = native.errors.first().map(|e| e.to_string());
-        return Err(TlsError::NoRoots(
-            why.unwrap_or_else(|| "none found".into()),
-        ));
+        let why = native
+            .errors
+            .first()
+            .map_or("none found".into(), |e| e.to_string());
+        return Err(format!("no trusted CA: the system has no root certificates ({why}); set OTEL_EXPORTER_OTLP_CERTIFICATE or otlp.certificate"));
     }
     Ok(roots)
 }
@@ -56,15 +50,19 @@ pub(crate) fn tonic_config(tls: &TlsSettings) -> tonic::transport::ClientTlsConf
 /// requests run on the agent's runtime. opentelemetry-otlp's span exporter takes it as it is
 /// (opentelemetry-http implements its `HttpClient` for it, reading at most 4 MiB of a
 /// response, as OTLP's are small).
-pub(crate) fn http_client(settings: &SignalSettings) -> Result<reqwest::Client, TlsError> {
-    let failed = |e: reqwest::Error| TlsError::Client(Chain(&e).to_string());
+pub(crate) fn http_client(settings: &SignalSettings) -> Result<reqwest::Client, ExportError> {
+    let problem = |problem| ExportError::Endpoint {
+        endpoint: settings.endpoint.clone(),
+        problem,
+    };
+    let failed = |e: reqwest::Error| problem(format!("HTTP client: {}", Chain(&e)));
     let mut builder = (reqwest::Client::builder())
         .default_headers(settings.headers.clone())
         .timeout(settings.timeout);
     if let Some(tls) = &settings.tls {
         let roots = match &tls.ca {
             Some(ca) => reqwest::Certificate::from_pem_bundle(&ca.pem).map_err(failed)?,
-            None => system_roots()?,
+            None => system_roots().map_err(problem)?,
         };
         builder = builder.tls_certs_only(roots);
         if let Some((cert, key)) = &tls.client {

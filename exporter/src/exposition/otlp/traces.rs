@@ -149,10 +149,7 @@ fn build_exporter(
             }
         }
         Protocol::HttpProtobuf | Protocol::HttpJson => {
-            let client = super::tls::http_client(settings).map_err(|source| ExportError::Tls {
-                endpoint: settings.endpoint.clone(),
-                source,
-            })?;
+            let client = super::tls::http_client(settings)?;
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_http_client(client)
