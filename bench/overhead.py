@@ -288,6 +288,12 @@ class Bench:
             return Running(name)
         if name in ("empty", "empty+stats"):
             return self.start_attach(name, ["empty_sys_enter", "empty_sys_exit"])
+        if name in ("empty-sched", "empty-sched+stats"):
+            # The floor of the time split: empty programs on the syscall tracepoints and on
+            # the scheduler hooks the split stamps (per context switch, what any design pays).
+            return self.start_attach(
+                name, ["empty_sys_enter", "empty_sys_exit", "empty_sched_switch", "empty_sched_wakeup"]
+            )
         if name in ("clock", "clock+stats"):
             # The exact-duration floor: the clock read at entry and exit, nothing else.
             return self.start_attach(name, ["clock_sys_enter", "clock_sys_exit"])
@@ -315,6 +321,9 @@ class Bench:
         if name == "sysscope-nofd":
             # The defaults with reads and writes not split by descriptor: what the split costs.
             return self.start_exporter(name, SYSSCOPE_DEFAULT + "[syscalls]\ndescriptor_kinds = false\n")
+        if name == "sysscope-nosplit":
+            # The defaults with the time split off: what the split costs per context switch.
+            return self.start_exporter(name, SYSSCOPE_DEFAULT + "[syscalls]\ntime_by_state = false\n")
         if name == "sysscope+stats":
             return self.start_exporter(name, SYSSCOPE_DEFAULT + "[collection]\nprobe_stats = \"always\"\n")
         if name == "bpftrace":
@@ -609,6 +618,19 @@ def ratio(rows: list[dict], num_cfg: str, den_cfg: str, workload: str, threads: 
     return round(a["cpu_ns_added"] / b["cpu_ns_added"], 2)
 
 
+def difference_ratio(rows: list[dict], num: tuple[str, str], den: tuple[str, str], workload: str,
+                     threads: int) -> Optional[float]:
+    """(num[0] added - num[1] added) / (den[0] added - den[1] added): the cost of one part of a
+    configuration over the cost of the hooks it runs on."""
+    get = {(r["config"], r["workload"], r["threads"]): r for r in rows}
+    vals = [get.get((c, workload, threads)) for c in num + den]
+    if any(v is None or v["cpu_ns_added"] is None for v in vals):
+        return None
+    a = vals[0]["cpu_ns_added"] - vals[1]["cpu_ns_added"]
+    b = vals[2]["cpu_ns_added"] - vals[3]["cpu_ns_added"]
+    return round(a / b, 2) if b > 0 else None
+
+
 def scaling(rows: list[dict], cfg: str, workload: str) -> Optional[float]:
     """Proportional loss with 2 threads over the proportional loss with 1 thread."""
     get = {(r["config"], r["workload"], r["threads"]): r for r in rows}
@@ -633,6 +655,16 @@ def targets(rows: list[dict]) -> list[dict]:
     for wl in ("getppid", "dd", "read"):
         add(f"sysscope added / empty added ({wl}, 1 thread)", ratio(rows, "sysscope", "empty", wl, 1),
             "<= 2", lambda v: v <= 2)
+    # The time split per context switch: in a ping-pong every call blocks, so each call is
+    # one switch out and one in; the floor is empty programs on the same scheduler hooks.
+    # What the split itself adds (sysscope with it on, less sysscope with it off) over what
+    # empty scheduler programs add beside empty syscall programs.
+    for wl in ("pingpong", "pingpong-procs"):
+        add(f"split added / empty sched hooks added ({wl}, 1 thread)",
+            difference_ratio(rows, ("sysscope", "sysscope-nosplit"), ("empty-sched", "empty"), wl, 1),
+            "<= 1.5", lambda v: v <= 1.5)
+        out.append({"target": f"  reference: sysscope added / empty-sched added ({wl}, 1 thread)",
+                    "value": ratio(rows, "sysscope", "empty-sched", wl, 1), "goal": "(no goal)", "met": None})
     add("bpftrace added / sysscope added (getppid, 1 thread)", ratio(rows, "bpftrace", "sysscope", "getppid", 1),
         ">= 5", lambda v: v >= 5)
     add("perf trace -s added / sysscope added (getppid, 1 thread)",
@@ -717,9 +749,9 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="1 round of 0.2 s cells: checks the machinery only")
     ap.add_argument("--rounds", type=int)
     ap.add_argument("--seconds", type=float, help="length of one measured cell")
-    ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, clock, "
+    ap.add_argument("--configs", help="comma-separated configurations (default: all): none, empty, empty-sched, clock, "
                     "empty+stats, probes, probes+stats, slow-reads, slow-reads-nopath (+stats: every read a "
-                    "slow call), sysscope-syscalls, sysscope, sysscope-nofd, sysscope+stats, bpftrace, "
+                    "slow call), sysscope-syscalls, sysscope, sysscope-nofd, sysscope-nosplit, sysscope+stats, bpftrace, "
                     "perf-trace, strace, or attach:PROG+PROG...[@OBJECT][+nosplit][+stats] for chosen programs of "
                     "the object (or of another build of it; +nosplit: syscalls.time_by_state off)")
     ap.add_argument("--workloads", default="getppid,dd,read",
@@ -731,7 +763,7 @@ def main() -> int:
     ap.add_argument("--label", default="", help="free text stored in the JSON (e.g. the variant measured)")
     args = ap.parse_args()
 
-    default_configs = ["none", "empty", "clock", "sysscope-syscalls", "sysscope", "bpftrace", "perf-trace", "strace"]
+    default_configs = ["none", "empty", "empty-sched", "clock", "sysscope-syscalls", "sysscope", "bpftrace", "perf-trace", "strace"]
     if args.smoke:
         args.rounds = args.rounds or 1
         args.seconds = args.seconds or 0.2

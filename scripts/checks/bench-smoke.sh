@@ -66,7 +66,7 @@ if doc:
         problems.append(f"overhead schema {doc.get('schema')!r}")
     rows = doc.get("results", [])
     configs = {r["config"] for r in rows}
-    for cfg in ("none", "empty", "sysscope"):
+    for cfg in ("none", "empty", "empty-sched", "sysscope"):
         if cfg not in configs:
             problems.append(f"overhead results lack configuration {cfg}")
     for r in rows:

@@ -38,3 +38,17 @@ pub fn clock_sys_exit(_ctx: RawTracePointContext) -> i32 {
     }
     0
 }
+
+/// Empty programs on the scheduler hooks the time split uses (`sched_switch`, `sched_wakeup`,
+/// tp_btf as sysscope's): with `empty_sys_enter`/`empty_sys_exit` beside them, the floor any
+/// design of the split pays per context switch (configuration `empty-sched` of
+/// `bench/overhead.sh`).
+#[aya_ebpf::macros::btf_tracepoint(function = "sched_switch")]
+pub fn empty_sched_switch(_ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
+    0
+}
+
+#[aya_ebpf::macros::btf_tracepoint(function = "sched_wakeup")]
+pub fn empty_sched_wakeup(_ctx: aya_ebpf::programs::BtfTracePointContext) -> i32 {
+    0
+}
