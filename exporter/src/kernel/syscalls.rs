@@ -229,9 +229,12 @@ pub struct SyscallStatsTable {
     epoch: Array<MapData, u64>,
     taken: BpfHashMap<MapData, u64, u64>,
     returned: BpfHashMap<MapData, u64, u64>,
-    /// `SYSCALL_STATES`, when it has a value beside every copy (calls' time is split by
-    /// state).
-    states: Option<Array<MapData, StateStats>>,
+    /// `SYSCALL_STATES`. Held even when it is not read: `sys_exit` names it, and a map whose
+    /// last descriptor is closed before the programs that name it are loaded makes their
+    /// load fail ("fd N is not pointing to valid bpf_map").
+    states: Array<MapData, StateStats>,
+    /// Whether `states` has a value beside every copy (calls' time is split by state).
+    splits: bool,
     /// Copies per slot (`SYSCALL_STAT_STRIPES`, as the loader chose it).
     stripes: u32,
     /// Whether the kernel supports batched lookups (cleared on the first refusal).
@@ -329,11 +332,12 @@ impl SyscallStatsTable {
         }
         let states: Array<MapData, StateStats> =
             Array::try_from(maps.states).map_err(map_err(maps::SYSCALL_STATES))?;
-        let states = (states.len() == entries).then_some(states);
+        let splits = states.len() == entries;
         Ok(Self {
             slots,
             stats,
             states,
+            splits,
             free: Stack::try_from(maps.free).map_err(map_err(maps::FREE_SLOTS))?,
             epoch: Array::try_from(maps.epoch).map_err(map_err(maps::SLOT_EPOCH))?,
             taken: BpfHashMap::try_from(maps.taken).map_err(map_err(maps::CGROUP_TAKEN))?,
@@ -348,7 +352,7 @@ impl SyscallStatsTable {
 
     /// Whether the table keeps calls' time off CPU ([`Self::state_snapshot`]).
     pub fn splits_by_state(&self) -> bool {
-        self.states.is_some()
+        self.splits
     }
 
     /// Copies per slot.
@@ -438,7 +442,7 @@ impl SyscallStatsTable {
             }
         }
         // What state_snapshot reads the parts of: kept only where the split is loaded.
-        let keep = self.states.is_some();
+        let keep = self.splits;
         let mut read = Vec::with_capacity(if keep { keys.len() } else { 0 });
         let entries = keys
             .into_iter()
@@ -461,9 +465,10 @@ impl SyscallStatsTable {
     /// counted since). Empty when the table does not split calls' time by state.
     pub fn state_snapshot(&mut self) -> Snapshot<SyscallKey, StateStats> {
         let (keys, mut complete) = std::mem::take(&mut self.last_read);
-        let Some(states) = &self.states else {
+        if !self.splits {
             return Snapshot::ended(Vec::new(), complete);
-        };
+        }
+        let states = &self.states;
         let stripes = self.stripes;
         let mut sums = vec![StateStats::ZERO; keys.len()];
         for (held, indices) in slot_runs(&keys, |k| k.1, stripes) {
@@ -545,9 +550,10 @@ impl SyscallStatsTable {
             let zeroed = (0..self.stripes).try_for_each(|stripe| {
                 let index = slot * self.stripes + stripe;
                 self.stats.set(index, SlotStats::default(), 0)?;
-                match &mut self.states {
-                    Some(states) => states.set(index, StateStats::ZERO, 0),
-                    None => Ok(()),
+                if self.splits {
+                    self.states.set(index, StateStats::ZERO, 0)
+                } else {
+                    Ok(())
                 }
             });
             match zeroed {

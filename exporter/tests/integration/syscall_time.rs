@@ -610,3 +610,94 @@ fn diagnose_says_reads_wait_for_a_cpu() {
         "{verdict:#}"
     );
 }
+
+/// The time split is a switch, and both of its values load: `--config.check` reports every
+/// collector up and every program attached, `sched_wakeup` only with the split on. (The GPU
+/// collector is off: no machine of the tests has a GPU.)
+#[test]
+fn config_check_loads_with_the_split_on_and_off() {
+    if !require_root("config_check_loads_with_the_split_on_and_off") {
+        return;
+    }
+    for split in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sysscope.toml");
+        std::fs::write(
+            &path,
+            format!("[gpu]\nenabled = false\n[syscalls]\ntime_by_state = {split}\n"),
+        )
+        .unwrap();
+        let (code, out, err) = run_sysscope(
+            &[
+                &format!("--config.file={}", path.display()),
+                "--config.check",
+            ],
+            &[],
+        );
+        let context = format!("time_by_state = {split}:\n{out}\n{err}");
+        assert_eq!(code, 0, "{context}");
+        assert!(
+            out.lines().any(|l| l == "configuration OK: yes"),
+            "{context}"
+        );
+        let collectors: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("collector ") && !l.contains(" failed: "))
+            .collect();
+        for name in ["syscalls", "block_io", "cpu"] {
+            assert!(
+                collectors.contains(&format!("collector {name}: up").as_str()),
+                "{name} not up; {context}"
+            );
+        }
+        assert!(collectors.iter().all(|l| l.ends_with(": up")), "{context}");
+        assert!(!out.lines().any(|l| l.starts_with("FAILED")), "{context}");
+        for program in ["sys_enter", "sys_exit", "sched_switch"] {
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with("attached") && l.contains(&format!(" {program} "))),
+                "{program} not attached; {context}"
+            );
+        }
+        assert_eq!(
+            out.lines()
+                .any(|l| l.starts_with("attached") && l.contains(" sched_wakeup ")),
+            split,
+            "sched_wakeup; {context}"
+        );
+    }
+}
+
+/// With the split off the exporter counts exactly, calls that blocked (and so were moved to
+/// the thread's storage at their switch-out) included, and exports no time split.
+#[test]
+fn split_off_counts_exactly() {
+    if !require_root("split_off_counts_exactly") {
+        return;
+    }
+    let config = format!("{CONFIG}[syscalls]\ntime_by_state = false\n");
+    let exporter = Exporter::start(&config, &[]);
+    let cg = TestCgroup::new("sysscope-test-split-off");
+    const N: u64 = 4321;
+    const SLEEPS: u64 = 20;
+    run_workload_joined(
+        &cg,
+        &["getppid", &N.to_string(), "sleep", &SLEEPS.to_string(), "1"],
+    );
+    let samples = parse_samples(&exporter.scrape());
+    assert_eq!(getppid_calls(&samples, &cg), N as f64);
+    let with = |syscall| [("cgroup", cg.rel.as_str()), ("syscall", syscall)];
+    assert_eq!(
+        sum(&samples, "sysscope_syscalls_total", &with("nanosleep")),
+        SLEEPS as f64
+    );
+    assert!(
+        select(
+            &samples,
+            "sysscope_syscall_time_seconds_total",
+            &[("cgroup", cg.rel.as_str())]
+        )
+        .is_empty(),
+        "a time split exported with the split off"
+    );
+}
