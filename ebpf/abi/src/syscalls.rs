@@ -71,6 +71,17 @@ globals! {
     /// `u32`: slots one cgroup's keys may hold before its new keys fold into the cgroup's
     /// shared key ([`crate::FOLDED_TGID`]); 0: no quota.
     SYSCALL_CGROUP_QUOTA: u32,
+    /// `u32`: slots the keys of processes may hold in all, cgroups together (0: no bound).
+    /// The loader sets it below the table's size: the rest is a reserve only cgroups' shared
+    /// keys take, so cgroups at their quota cannot leave another cgroup without a slot to
+    /// fold into.
+    SYSCALL_OWN_SLOTS: u32,
+    /// `u32`: error keys of one cgroup's processes `SYSCALL_ERRORS` may hold before the
+    /// cgroup's new errors fold into its shared key; 0: no quota.
+    SYSCALL_ERROR_QUOTA: u32,
+    /// `u32`: error keys of processes `SYSCALL_ERRORS` may hold in all (0: no bound); the rest
+    /// of the map is the reserve of the cgroups' shared error keys.
+    SYSCALL_OWN_ERRORS: u32,
     /// `u32`: non-zero when the scheduler programs split each call's time into on CPU, waiting
     /// for a CPU and blocked ([`crate::call_state`]); 0 leaves `sched_switch` as cheap as
     /// the spill alone needs (`syscalls.time_by_state`).
@@ -105,6 +116,32 @@ pub fn bounded_nr(id: u64) -> u32 {
 /// not have a key of their own (the cgroup held [`globals::SYSCALL_CGROUP_QUOTA`] slots, or
 /// none was free) are counted there, exported as `comm="other"`. No process has tgid 0.
 pub const FOLDED_TGID: u32 = 0;
+
+/// The keys of `CGROUP_TAKEN` and `CGROUP_RETURNED`: besides a cgroup's own id (the slots its
+/// processes' keys hold), what the bounds of [`globals::SYSCALL_OWN_SLOTS`],
+/// [`globals::SYSCALL_ERROR_QUOTA`] and [`globals::SYSCALL_OWN_ERRORS`] count. Cgroup ids are
+/// kernfs inode numbers, far below 2^63, so none of these is ever a cgroup's id.
+pub mod quota_key {
+    /// Slots held by the keys of processes, all cgroups together.
+    pub const ALL_SLOTS: u64 = u64::MAX;
+    /// `SYSCALL_ERRORS` entries of processes, all cgroups together.
+    pub const ALL_ERRORS: u64 = u64::MAX - 1;
+    /// The bit that makes a cgroup id the key of its processes' error entries.
+    pub const ERRORS: u64 = 1 << 63;
+
+    /// The key counting the `SYSCALL_ERRORS` entries of `cgroup_id`'s processes.
+    #[inline(always)]
+    pub const fn errors_of(cgroup_id: u64) -> u64 {
+        cgroup_id | ERRORS
+    }
+}
+
+/// The part of a map of `entries` that the keys of processes may fill (the reserve, an eighth,
+/// is left to the cgroups' shared keys): what the loader sets [`globals::SYSCALL_OWN_SLOTS`]
+/// and [`globals::SYSCALL_OWN_ERRORS`] to.
+pub const fn own_share(entries: u32) -> u32 {
+    entries - entries / 8
+}
 
 /// Most copies of a `SYSCALL_STATS` slot (see [`SlotStats`]): memory stays fixed however many
 /// CPUs a node has.

@@ -35,8 +35,12 @@
 //!
 //! What a tenant controls is bounded here: a syscall number out of the table counts as
 //! `INVALID_NR`, and a cgroup whose keys hold `SYSCALL_CGROUP_QUOTA` slots (or that finds none
-//! free) has its new (process, syscall) pairs counted under its shared key (`FOLDED_TGID`), so
-//! no workload can fill the table and leave another's calls uncounted.
+//! free) has its new (process, syscall) pairs counted under its shared key (`FOLDED_TGID`).
+//! The keys of processes, all cgroups together, may hold `SYSCALL_OWN_SLOTS` slots (seven
+//! eighths of the table): the rest is a reserve only shared keys take, so cgroups at their
+//! quota cannot leave another without a slot to fold into. `SYSCALL_ERRORS` is bounded the same
+//! way (`SYSCALL_ERROR_QUOTA` error keys per cgroup, `SYSCALL_OWN_ERRORS` in all). The counts
+//! are in `CGROUP_TAKEN`/`CGROUP_RETURNED`, under the keys of `sysscope_abi::quota_key`.
 //!
 //! The read and write families and the socket calls also classify their descriptor at entry
 //! (`fd_class.rs`): the class joins the key, so their counts and durations are split by what
@@ -67,9 +71,9 @@ use aya_ebpf::{
 use sysscope_abi::{
     bounded_nr, call_state, counters,
     fd_class::{self, file},
-    hist, noreturn, slot_cache, CpuState, ErrnoKey, FdClass, FileIdentity, ProcessExit, RateWindow,
-    SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey, ThreadSpill, FOLDED_TGID,
-    INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    hist, noreturn, quota_key, slot_cache, CpuState, ErrnoKey, FdClass, FileIdentity, ProcessExit,
+    RateWindow, SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey, ThreadSpill,
+    FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
@@ -177,7 +181,8 @@ static SYSCALL_ERRORS: HashMap<ErrnoKey, u64> = HashMap::with_max_entries(4096, 
 /// cgroup id -> slots handed to its keys, ever (atomic adds). With `CGROUP_RETURNED`
 /// (written by user space alone as it frees slots) it gives the slots a cgroup holds, which
 /// [`SYSCALL_CGROUP_QUOTA`] bounds: one workload cannot take every slot and leave the others'
-/// calls uncounted.
+/// calls uncounted. The same pair counts, under the other keys of `quota_key`, the slots of
+/// all processes and the error keys of each cgroup and of all.
 #[map(name = "CGROUP_TAKEN")]
 static CGROUP_TAKEN: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 
@@ -213,6 +218,20 @@ static SYSCALL_STAT_STRIPES: u32 = 1;
 /// Slots one cgroup's keys may hold (0: no quota); set by the loader.
 #[unsafe(no_mangle)]
 static SYSCALL_CGROUP_QUOTA: u32 = 0;
+
+/// Slots the keys of processes may hold in all (0: no bound); the rest of the table is the
+/// shared keys' reserve. Set by the loader.
+#[unsafe(no_mangle)]
+static SYSCALL_OWN_SLOTS: u32 = 0;
+
+/// Error keys one cgroup's processes may hold (0: no quota); set by the loader.
+#[unsafe(no_mangle)]
+static SYSCALL_ERROR_QUOTA: u32 = 0;
+
+/// Error keys all processes may hold (0: no bound); the rest of `SYSCALL_ERRORS` is the
+/// shared keys' reserve. Set by the loader.
+#[unsafe(no_mangle)]
+static SYSCALL_OWN_ERRORS: u32 = 0;
 
 /// Non-zero: count only the target selected by the trace filter; set by the loader.
 #[unsafe(no_mangle)]
@@ -626,10 +645,13 @@ fn add_parts(slot: u32, stripe: u32, parts: &StateStats) {
 const NO_SLOT: u32 = u32::MAX;
 
 /// The slot that counts `key`'s calls: its own (taken from the free slots when it has none
-/// yet), or its cgroup's shared key's when the cgroup holds its quota or no slot is free;
-/// [`NO_SLOT`] when neither can have one. Off the common path, and a function of its own (a
-/// BPF subprogram) so that older verifiers, which explore every path of an inlined body once
-/// per path leading to it, stay within their complexity limit.
+/// yet), or its cgroup's shared key's when the cgroup holds its quota, the keys of processes
+/// hold their share of the table, or no slot is free; [`NO_SLOT`] when neither can have one.
+/// The shared keys alone may take the last eighth of the table (`SYSCALL_OWN_SLOTS`), so
+/// however many cgroups sit at their quota, a cgroup's calls still find a slot to fold into.
+/// Off the common path, and a function of its own (a BPF subprogram) so that older verifiers,
+/// which explore every path of an inlined body once per path leading to it, stay within their
+/// complexity limit.
 #[inline(never)]
 fn slot_of(key: &SyscallKey) -> u32 {
     // SAFETY: a read of a hash map value, copied out at once.
@@ -640,27 +662,40 @@ fn slot_of(key: &SyscallKey) -> u32 {
         tgid: FOLDED_TGID,
         ..*key
     };
-    if !over_quota(key.cgroup_id) {
-        if let Some(slot) = take_slot(key) {
-            slot_taken(key.cgroup_id);
+    // SAFETY: loader-set globals.
+    let (quota, own) = unsafe {
+        (
+            core::ptr::read_volatile(&SYSCALL_CGROUP_QUOTA),
+            core::ptr::read_volatile(&SYSCALL_OWN_SLOTS),
+        )
+    };
+    if !holds(key.cgroup_id, quota) && !holds(quota_key::ALL_SLOTS, own) {
+        if let Some((slot, fresh)) = take_slot(key) {
+            if fresh {
+                count_taken(key.cgroup_id);
+                count_taken(quota_key::ALL_SLOTS);
+            }
             return slot;
         }
     }
-    take_slot(&folded).unwrap_or(NO_SLOT)
+    match take_slot(&folded) {
+        Some((slot, _)) => slot,
+        None => NO_SLOT,
+    }
 }
 
-/// Whether the cgroup's keys hold their quota of slots (or its count cannot be kept).
-#[inline(always)]
-fn over_quota(cgroup_id: u64) -> bool {
-    // SAFETY: a loader-set global.
-    let quota = unsafe { core::ptr::read_volatile(&SYSCALL_CGROUP_QUOTA) } as u64;
-    if quota == 0 {
+/// Whether what `count` counts (see [`quota_key`]) holds `bound` entries, or its count cannot
+/// be kept; false when `bound` is 0 (no bound). A BPF subprogram: [`slot_of`] and
+/// [`record_error`] ask it twice each.
+#[inline(never)]
+fn holds(count: u64, bound: u32) -> bool {
+    if bound == 0 {
         return false;
     }
-    let Some(taken) = CGROUP_TAKEN.get_ptr(&cgroup_id) else {
-        // First key of the cgroup; if its count cannot be created (the map is full), its keys
-        // fold rather than take slots nobody counts against it.
-        return match CGROUP_TAKEN.insert(&cgroup_id, &0, BPF_NOEXIST as u64) {
+    let Some(taken) = CGROUP_TAKEN.get_ptr(&count) else {
+        // First entry it counts; if its count cannot be created (the map is full), the entry
+        // folds rather than take room nobody counts.
+        return match CGROUP_TAKEN.insert(&count, &0, BPF_NOEXIST as u64) {
             Ok(()) => false,
             Err(err) => err != EEXIST,
         };
@@ -668,28 +703,27 @@ fn over_quota(cgroup_id: u64) -> bool {
     // SAFETY: a value of a hash map, read whole (an aligned u64).
     let taken = unsafe { core::ptr::read_volatile(taken) };
     // SAFETY: as above.
-    let returned = unsafe { CGROUP_RETURNED.get(&cgroup_id) }
-        .copied()
-        .unwrap_or(0);
-    taken.saturating_sub(returned) >= quota
+    let returned = unsafe { CGROUP_RETURNED.get(&count) }.copied().unwrap_or(0);
+    taken.saturating_sub(returned) >= bound as u64
 }
 
+/// Counts one more entry under `count` (see [`quota_key`]).
 #[inline(always)]
-fn slot_taken(cgroup_id: u64) {
-    if let Some(taken) = CGROUP_TAKEN.get_ptr_mut(&cgroup_id) {
+fn count_taken(count: u64) {
+    if let Some(taken) = CGROUP_TAKEN.get_ptr_mut(&count) {
         // SAFETY: an aligned u64 of a hash map value; CPUs add to it at once.
         unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(taken, 1) };
     }
 }
 
-/// `key`'s slot, taken from the free slots when it has none yet. The probe that takes a slot
-/// names the key in every copy before it publishes the slot in `SYSCALL_SLOTS`, so no CPU
-/// ever finds a published slot whose copies name another key.
+/// `key`'s slot, taken from the free slots when it has none yet, and whether this call took
+/// it. The probe that takes a slot names the key in every copy before it publishes the slot
+/// in `SYSCALL_SLOTS`, so no CPU ever finds a published slot whose copies name another key.
 #[inline(always)]
-fn take_slot(key: &SyscallKey) -> Option<u32> {
+fn take_slot(key: &SyscallKey) -> Option<(u32, bool)> {
     // SAFETY: as in `slot_of`.
     if let Some(slot) = unsafe { SYSCALL_SLOTS.get(key) } {
-        return Some(*slot);
+        return Some((*slot, false));
     }
     let slot = FREE_SLOTS.pop().ok().flatten()?;
     // SAFETY: a loader-set global.
@@ -707,13 +741,13 @@ fn take_slot(key: &SyscallKey) -> Option<u32> {
         stripe += 1;
     }
     match SYSCALL_SLOTS.insert(key, &slot, BPF_NOEXIST as u64) {
-        Ok(()) => Some(slot),
+        Ok(()) => Some((slot, true)),
         Err(err) => {
             // Another CPU gave the key a slot first (EEXIST), or the map is full: hand ours back.
             let _ = FREE_SLOTS.push(slot, 0);
             if err == EEXIST {
                 // SAFETY: as in `slot_of`.
-                unsafe { SYSCALL_SLOTS.get(key) }.copied()
+                unsafe { SYSCALL_SLOTS.get(key) }.map(|slot| (*slot, false))
             } else {
                 None
             }
@@ -721,8 +755,11 @@ fn take_slot(key: &SyscallKey) -> Option<u32> {
     }
 }
 
-/// Counts one failed call. Off the common path, and a BPF subprogram for the same reason as
-/// [`slot_of`].
+/// Counts one failed call. A process's own error key is created only while its cgroup's
+/// processes hold fewer than `SYSCALL_ERROR_QUOTA` error keys and all processes together fewer
+/// than `SYSCALL_OWN_ERRORS`; past either, or with the map full, the error counts under the
+/// cgroup's shared key, as its calls do. The shared keys alone may take the rest of the map.
+/// Off the common path, and a BPF subprogram for the same reason as [`slot_of`].
 #[inline(never)]
 fn record_error(key: &SyscallKey, errno: u16) {
     let ekey = ErrnoKey {
@@ -736,16 +773,30 @@ fn record_error(key: &SyscallKey, errno: u16) {
     if add_error(&ekey) {
         return;
     }
-    // Past the cgroup's quota or with the map full, the error counts under the cgroup's shared
-    // key, as its calls do.
-    if !over_quota(key.cgroup_id) && insert_error(&ekey) {
-        return;
+    // SAFETY: loader-set globals.
+    let (quota, own) = unsafe {
+        (
+            core::ptr::read_volatile(&SYSCALL_ERROR_QUOTA),
+            core::ptr::read_volatile(&SYSCALL_OWN_ERRORS),
+        )
+    };
+    let count = quota_key::errors_of(key.cgroup_id);
+    if !holds(count, quota) && !holds(quota_key::ALL_ERRORS, own) {
+        match insert_error(&ekey) {
+            Inserted::Created => {
+                count_taken(count);
+                count_taken(quota_key::ALL_ERRORS);
+                return;
+            }
+            Inserted::Added => return,
+            Inserted::Full => {}
+        }
     }
     let folded = ErrnoKey {
         tgid: FOLDED_TGID,
         ..ekey
     };
-    if !(add_error(&folded) || insert_error(&folded)) {
+    if !add_error(&folded) && matches!(insert_error(&folded), Inserted::Full) {
         count_drop(counters::SYSCALL_ERRORS_FULL);
     }
 }
@@ -763,14 +814,23 @@ fn add_error(key: &ErrnoKey) -> bool {
     }
 }
 
-/// Creates an error count of one (or adds to the one another CPU created first); false when
-/// the map is full.
+/// What [`insert_error`] did.
+enum Inserted {
+    /// Created the key's count, at one.
+    Created,
+    /// Another CPU created it first; added one to it.
+    Added,
+    /// The map is full: nothing counted.
+    Full,
+}
+
+/// Creates an error count of one (or adds to the one another CPU created first).
 #[inline(always)]
-fn insert_error(key: &ErrnoKey) -> bool {
+fn insert_error(key: &ErrnoKey) -> Inserted {
     match SYSCALL_ERRORS.insert(key, &1u64, BPF_NOEXIST as u64) {
-        Ok(()) => true,
-        Err(EEXIST) => add_error(key),
-        Err(_) => false,
+        Ok(()) => Inserted::Created,
+        Err(EEXIST) if add_error(key) => Inserted::Added,
+        Err(_) => Inserted::Full,
     }
 }
 

@@ -366,7 +366,7 @@ impl Collector for SyscallCollector {
             time.reclaimed(gone.iter().copied(), complete);
         }
         self.stats.reclaimed(gone, stats.complete);
-        let gone = self.maps.errors.remove(&errors.reclaim);
+        let gone = self.maps.remove_errors(&errors.reclaim);
         self.errors.reclaimed(gone, errors.complete);
         self.maps.stats.forget_idle_cgroups();
         {

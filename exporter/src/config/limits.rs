@@ -22,12 +22,19 @@ pub(crate) struct LimitsConfig {
     pub(crate) max_syscall_entries: u32,
     /// Slots of the syscall map the keys of one cgroup may hold (0: no quota). Past it, the
     /// cgroup's new (process, syscall) pairs are counted under the cgroup's shared key
-    /// (`comm="other"`), so no workload can fill the map and leave another's calls uncounted.
+    /// (`comm="other"`). The keys of processes, all cgroups together, hold at most seven
+    /// eighths of the map: the last eighth is kept for the shared keys, so however many
+    /// cgroups sit at their quota, no workload can leave another's calls uncounted.
     #[schemars(range(min = 0, max = 1_048_576))]
     pub(crate) max_syscall_entries_per_cgroup: u32,
     /// (cgroup, process, syscall, errno) entries in the kernel's error map.
     #[schemars(range(min = 16, max = 1_048_576))]
     pub(crate) max_error_entries: u32,
+    /// Entries of the error map the processes of one cgroup may hold (0: no quota). Past it,
+    /// the cgroup's new errors are counted under its shared key (`comm="other"`); as in the
+    /// syscall map, the last eighth of the error map is kept for the shared keys.
+    #[schemars(range(min = 0, max = 1_048_576))]
+    pub(crate) max_error_entries_per_cgroup: u32,
     /// Exited processes queued for reclaim between two reads.
     #[schemars(range(min = 16, max = 1_048_576))]
     pub(crate) max_exited_processes: u32,
@@ -41,6 +48,7 @@ impl Default for LimitsConfig {
             max_syscall_entries: 16_384,
             max_syscall_entries_per_cgroup: 4_096,
             max_error_entries: 4_096,
+            max_error_entries_per_cgroup: 1_024,
             max_exited_processes: 8_192,
         }
     }

@@ -150,6 +150,12 @@ impl Config {
             1_048_576,
         )?;
         ranged(
+            "limits.max_error_entries_per_cgroup",
+            l.max_error_entries_per_cgroup as u64,
+            0,
+            1_048_576,
+        )?;
+        ranged(
             "limits.max_exited_processes",
             l.max_exited_processes as u64,
             16,

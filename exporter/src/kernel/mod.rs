@@ -328,6 +328,9 @@ impl Probes {
         let limits = &config.limits;
         let stripes = stat_stripes(cpus);
         let cgroup_quota = limits.max_syscall_entries_per_cgroup;
+        let own_slots = sysscope_abi::own_share(limits.max_syscall_entries);
+        let error_quota = limits.max_error_entries_per_cgroup;
+        let own_errors = sysscope_abi::own_share(limits.max_error_entries);
         // A kernel BTF file given with --btf.path serves the loader's relocations too.
         let given_btf = btf::given_kernel_btf_file()
             .map(|path| aya::Btf::parse_file(path, aya::Endianness::default()))
@@ -343,6 +346,9 @@ impl Probes {
             .allow_unsupported_maps()
             .override_global(globals::SYSCALL_STAT_STRIPES, &stripes, false)
             .override_global(globals::SYSCALL_CGROUP_QUOTA, &cgroup_quota, false)
+            .override_global(globals::SYSCALL_OWN_SLOTS, &own_slots, false)
+            .override_global(globals::SYSCALL_ERROR_QUOTA, &error_quota, false)
+            .override_global(globals::SYSCALL_OWN_ERRORS, &own_errors, false)
             .map_max_entries(maps::SLOW_EVENTS, slow.ring_buffer_bytes)
             .override_global(globals::SLOW_EVENTS_PER_CPU_PER_SEC, &per_cpu_rate, true);
         if options.trace_cgroup_id != 0 {

@@ -6,8 +6,11 @@
 //! [`SlotStats`], a few copies per slot chosen by CPU, so its size does not grow with the CPU
 //! count), `SYSCALL_STATES` (array of [`StateStats`], one beside each copy: the time
 //! switched-out calls spent off CPU, by part), `FREE_SLOTS` (stack of unowned slots),
-//! `SLOT_EPOCH` (one `u64`), and the per-cgroup slot counts `CGROUP_TAKEN` (written by the
-//! probes) and `CGROUP_RETURNED` (written here).
+//! `SLOT_EPOCH` (one `u64`), and the counts `CGROUP_TAKEN` (written by the probes) and
+//! `CGROUP_RETURNED` (written here) of the slots each cgroup's processes hold, the slots all
+//! processes hold, and (for `SYSCALL_ERRORS`, whose deletes [`SyscallMaps::remove_errors`]
+//! counts) the error keys each cgroup's processes and all processes hold: the bounds that keep
+//! a reserve of each map for the cgroups' shared keys (keys: [`quota_key`]).
 //!
 //! The parts off CPU are read after the durations ([`SyscallStatsTable::state_snapshot`] after
 //! [`SyscallStatsTable::snapshot`]), and the probes add a call's parts before its duration: a
@@ -28,8 +31,8 @@ use aya::maps::{
     Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, RingBuf, Stack,
 };
 use sysscope_abi::{
-    maps, programs, ErrnoKey, OffCpuEvent, ProcessExit, SlotStats, StateStats, SyscallKey,
-    SyscallStats, FOLDED_TGID,
+    maps, programs, quota_key, ErrnoKey, OffCpuEvent, ProcessExit, SlotStats, StateStats,
+    SyscallKey, SyscallStats, FOLDED_TGID,
 };
 
 use crate::{
@@ -48,8 +51,9 @@ use crate::{
 pub(crate) fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 8] {
     let limits = &config.limits;
     let slots = limits.max_syscall_entries;
-    // One count per cgroup holding slots: at most one per slot, and far fewer in practice.
-    let quota_entries = (slots / 4).max(64);
+    // One count per cgroup holding slots and one per cgroup holding error keys (at most one
+    // per entry, and far fewer in practice), and the two counts of all processes.
+    let quota_entries = (slots / 4 + limits.max_error_entries / 4).max(64) + 2;
     let state_copies = if config.syscalls.time_by_state {
         slots.saturating_mul(stripes)
     } else {
@@ -120,6 +124,22 @@ impl SyscallMaps {
             errors,
             exits,
         })
+    }
+
+    /// Deletes the error entries of `keys` (whose final values the caller has read), counts
+    /// those of processes returned to their cgroup's and to all processes' error bounds, and
+    /// returns the keys that are gone from the kernel (see [`HashReader::remove`]).
+    pub(crate) fn remove_errors(&mut self, keys: &[ErrnoKey]) -> Vec<ErrnoKey> {
+        let gone = self.errors.remove(keys);
+        let mut returned: HashMap<u64, u64> = HashMap::new();
+        for key in gone.iter().filter(|k| k.tgid != FOLDED_TGID) {
+            *returned
+                .entry(quota_key::errors_of(key.cgroup_id))
+                .or_default() += 1;
+            *returned.entry(quota_key::ALL_ERRORS).or_default() += 1;
+        }
+        self.stats.count_returned(returned);
+        gone
     }
 }
 
@@ -581,19 +601,25 @@ impl SyscallStatsTable {
                 // the table: say so rather than fail.
                 tracing::warn!(slot, error = %Chain(&e), "could not return a slot to FREE_SLOTS");
             }
-            // Shared keys hold slots outside the quota.
+            // Shared keys hold slots outside the quota and the processes' share.
             if key.tgid != FOLDED_TGID {
                 *returned.entry(key.cgroup_id).or_default() += 1;
+                *returned.entry(quota_key::ALL_SLOTS).or_default() += 1;
             }
         }
-        for (cgroup_id, n) in returned {
-            let before = self.returned.get(&cgroup_id, 0).unwrap_or(0);
-            if let Err(e) = self.returned.insert(cgroup_id, before + n, 0) {
-                // The cgroup then looks fuller than it is: its new keys fold sooner.
-                tracing::debug!(error = %Chain(&e), "could not count slots returned to a cgroup");
-            }
-        }
+        self.count_returned(returned);
         gone
+    }
+
+    /// Adds entries returned to the counts of `CGROUP_RETURNED` (keys of [`quota_key`]).
+    fn count_returned(&mut self, returned: HashMap<u64, u64>) {
+        for (count, n) in returned {
+            let before = self.returned.get(&count, 0).unwrap_or(0);
+            if let Err(e) = self.returned.insert(count, before + n, 0) {
+                // The count then looks fuller than it is: new keys fold sooner.
+                tracing::debug!(error = %Chain(&e), "could not count entries returned to a bound");
+            }
+        }
     }
 
     /// Forgets the slot counts of cgroups that hold no slot (most are cgroups that are gone),
@@ -634,8 +660,10 @@ impl SyscallStatsTable {
                 match self.slots.insert(key, slot, BPF_NOEXIST) {
                     Ok(()) => {
                         if key.tgid != FOLDED_TGID {
-                            let taken = self.taken.get(&key.cgroup_id, 0).unwrap_or(0);
-                            let _ = self.taken.insert(key.cgroup_id, taken + 1, 0);
+                            for count in [key.cgroup_id, quota_key::ALL_SLOTS] {
+                                let taken = self.taken.get(&count, 0).unwrap_or(0);
+                                let _ = self.taken.insert(count, taken + 1, 0);
+                            }
                         }
                         slot
                     }
@@ -826,6 +854,7 @@ mod tests {
         }
         assert_eq!(table.slots.get(&keys[4], 0).unwrap(), 999);
         assert_eq!(table.cgroup_slots(7), 5);
+        assert_eq!(table.cgroup_slots(quota_key::ALL_SLOTS), 5);
         // Slot 6 (keys[1]): its last copy holds a previous owner's values, not keys[1]'s.
         table
             .stats
@@ -862,6 +891,7 @@ mod tests {
         }
         assert_eq!(table.epoch.get(&0, 0).unwrap(), 1);
         assert_eq!(table.cgroup_slots(7), 3);
+        assert_eq!(table.cgroup_slots(quota_key::ALL_SLOTS), 3);
         let mut read = table.snapshot().entries;
         read.sort_unstable_by_key(|(k, _)| k.tgid);
         assert_eq!(

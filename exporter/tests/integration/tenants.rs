@@ -1,6 +1,7 @@
 //! What a node's tenants can do to the syscall accounting, on the real kernel with the real
-//! probes: an unprivileged process calling thousands of invalid syscall numbers, and a cgroup
-//! whose processes create more (process, syscall) keys than its quota. Neither may leave
+//! probes: an unprivileged process calling thousands of invalid syscall numbers, a cgroup
+//! whose processes create more (process, syscall) keys than its quota, and four fork storms
+//! that together fill the processes' share of the table. None may leave
 //! another workload's calls uncounted, forge errors against real syscalls, or grow the
 //! exposition without bound; the flooding workload's own calls stay counted in full.
 
@@ -277,6 +278,37 @@ fn a_cgroup_over_its_slot_quota_folds_and_the_others_stay_exact() {
 
 /// The cgroup id a `SYSCALL_SLOTS` key (as bpftool prints it) starts with.
 fn key_cgroup(bytes: &serde_json::Value) -> u64 {
+    le_u64(bytes)
+}
+
+/// A fork storm in a cgroup: a shell running `/bin/true` as fast as it can, until dropped.
+struct Storm(Child);
+
+impl Storm {
+    fn start(cg: &TestCgroup) -> Self {
+        let child = cg
+            .command("sh")
+            .args(["-c", "while :; do /bin/true; done"])
+            .spawn()
+            .expect("sh");
+        Self(child)
+    }
+}
+
+impl Drop for Storm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The value of a self-metric sample, 0 when absent.
+fn map_metric(samples: &[Sample], name: &str, map: &str) -> f64 {
+    sum(samples, name, &[("map", map)])
+}
+
+/// The bytes bpftool prints (a list of hex strings) as a little-endian `u64` (the first 8).
+fn le_u64(bytes: &serde_json::Value) -> u64 {
     let bytes: Vec<u8> = bytes
         .as_array()
         .expect("bpftool prints bytes as a list")
@@ -284,4 +316,127 @@ fn key_cgroup(bytes: &serde_json::Value) -> u64 {
         .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).expect("hex"))
         .collect();
     u64::from_le_bytes(bytes[..8].try_into().unwrap())
+}
+
+/// The count a quota map (`CGROUP_TAKEN`, `CGROUP_RETURNED`) holds under `key`, 0 if none.
+fn quota_count(exporter: &Exporter, map: &str, key: u64) -> u64 {
+    dump_exporter_map(exporter, map)
+        .iter()
+        .find(|e| le_u64(&e["key"]) == key)
+        .map_or(0, |e| le_u64(&e["value"]))
+}
+
+#[test]
+fn four_fork_storms_do_not_blind_a_fifth_cgroup() {
+    if !require_root("four_fork_storms_do_not_blind_a_fifth_cgroup") {
+        return;
+    }
+    // Fills the whole syscall table: nothing else may run beside it.
+    let _alone = alone();
+    // The default map sizes and quota (16,384 slots, 4,096 per cgroup): four cgroups at their
+    // quota would hold every slot. Nothing scrapes during the storm: the background refresh
+    // (every 10 s) alone frees the slots of the processes that exited, as on a node.
+    let exporter = Exporter::start(
+        "[collection]\nmin_interval = \"0s\"\n[limits]\nmax_series = 10000000\n",
+        &[],
+    );
+    let capacity = 16_384u64;
+    let own_share = sysscope_abi::own_share(capacity as u32) as u64;
+    let storm_cgs: Vec<TestCgroup> = (0..4)
+        .map(|i| TestCgroup::new(&format!("sysscope-test-storm{i}")))
+        .collect();
+    let storms: Vec<Storm> = storm_cgs.iter().map(Storm::start).collect();
+    let quiet_cg = TestCgroup::new("sysscope-test-quiet");
+
+    // Slots held: by the keys of processes (their count in the kernel), and in all (keys in
+    // SYSCALL_SLOTS); the largest seen.
+    let (mut fullest_own, mut fullest) = (0u64, 0u64);
+    let observe = |own_max: &mut u64, all_max: &mut u64| {
+        let key = sysscope_abi::quota_key::ALL_SLOTS;
+        let own = quota_count(&exporter, "CGROUP_TAKEN", key).saturating_sub(quota_count(
+            &exporter,
+            "CGROUP_RETURNED",
+            key,
+        ));
+        *own_max = (*own_max).max(own);
+        *all_max = (*all_max).max(dump_exporter_map(&exporter, "SYSCALL_SLOTS").len() as u64);
+        own
+    };
+    // The storms fill the table first, then the quiet cgroup starts its processes among them.
+    let filled = eventually(Duration::from_secs(10), || {
+        (observe(&mut fullest_own, &mut fullest) >= own_share).then_some(())
+    });
+    assert!(
+        filled.is_some(),
+        "the storms never filled the processes' share of the table \
+         ({fullest_own} of {own_share} slots)"
+    );
+    const RUNS: u64 = 20;
+    const CALLS: u64 = 500;
+    let start = std::time::Instant::now();
+    const STORM: Duration = Duration::from_secs(25);
+    for run in 0..RUNS {
+        // Spread over the storm's 25 s.
+        let due = STORM * run as u32 / RUNS as u32;
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        run_workload_joined(&quiet_cg, &["getppid", &CALLS.to_string()]);
+        if run % 4 == 3 {
+            observe(&mut fullest_own, &mut fullest);
+        }
+    }
+    if let Some(wait) = STORM.checked_sub(start.elapsed()) {
+        std::thread::sleep(wait);
+    }
+    let during = parse_samples(&exporter.scrape());
+    drop(storms);
+
+    let samples = parse_samples(&exporter.scrape());
+    let quiet = sum(
+        &samples,
+        "sysscope_syscalls_total",
+        &[("cgroup", quiet_cg.rel.as_str()), ("syscall", "getppid")],
+    );
+    let own = sum(
+        &samples,
+        "sysscope_syscalls_total",
+        &[
+            ("cgroup", quiet_cg.rel.as_str()),
+            ("comm", WORKLOAD_COMM),
+            ("syscall", "getppid"),
+        ],
+    );
+    let dropped = map_metric(
+        &during,
+        "sysscope_map_insert_failures_total",
+        "SYSCALL_STATS",
+    );
+    let folded = sum(
+        &during,
+        "sysscope_syscalls_folded_total",
+        &[("reason", "cgroup_shared_key")],
+    );
+    let storm_calls: f64 = storm_cgs
+        .iter()
+        .map(|cg| {
+            sum(
+                &during,
+                "sysscope_syscalls_total",
+                &[("cgroup", cg.rel.as_str()), ("syscall", "execve")],
+            )
+        })
+        .sum();
+    eprintln!(
+        "table: {fullest} of {capacity} slots held at the fullest, {fullest_own} by processes' \
+         keys (their share {own_share}); \
+         quiet cgroup: {quiet} getppid ({own} under its own comm); storms: {storm_calls} execve; \
+         folded calls {folded}, calls without a slot {dropped}"
+    );
+    assert_eq!(
+        quiet,
+        (RUNS * CALLS) as f64,
+        "the quiet cgroup's getppid calls, beside four fork storms"
+    );
+    assert!(folded > 0.0, "the storms' keys folded");
 }
