@@ -142,6 +142,8 @@ def apply_replacement(docs, repl):
 def _targets(doc, target):
     if target.get("kind") and doc.get("kind") != target["kind"]:
         return False
+    if target.get("group") and not doc.get("apiVersion", "").startswith(target["group"] + "/"):
+        return False
     meta = doc.get("metadata", {})
     if target.get("name") and meta.get("name") != target["name"]:
         return False
