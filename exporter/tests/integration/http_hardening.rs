@@ -392,3 +392,77 @@ fn logs_of_a_real_run_are_logfmt_without_escape_codes() {
         "{messages:?}"
     );
 }
+
+/// `/metrics` as curl gets it from `url`: (HTTP status, body).
+fn curl(url: &str) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-g", "--max-time", "20", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl (installed by scripts/setup.sh --test)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// `--web.listen-address=:PORT` and `[::]:PORT` (the node_exporter forms) listen on every
+/// address of both families: curl over 127.0.0.1 and over [::1] gets the metrics, from one
+/// exporter each time. `0.0.0.0:PORT` stays IPv4.
+#[test]
+fn listens_on_every_family() {
+    if !require_root("listens_on_every_family") {
+        return;
+    }
+    let has_ipv6_loopback = std::fs::read_to_string("/proc/net/if_inet6")
+        .is_ok_and(|t| t.lines().any(|l| l.starts_with(&format!("{:032x}", 1))));
+    // CI machines have ::1: there its absence fails the test.
+    let ipv6 = require(
+        "listens_on_every_family (over IPv6)",
+        "::1 on the loopback interface",
+        has_ipv6_loopback,
+    );
+    for form in [":{port}", "[::]:{port}", "0.0.0.0:{port}"] {
+        let port = free_port();
+        let address = form.replace("{port}", &port.to_string());
+        // The flag is given once: the harness's own 127.0.0.1 address is not used here.
+        let _node = share_node();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("sysscope.toml");
+        std::fs::write(&config, TEST_CONFIG).unwrap();
+        let mut child = std::process::Command::new(sysscope_bin())
+            .arg(format!("--web.listen-address={address}"))
+            .arg(format!("--config.file={}", config.display()))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn sysscope");
+        let ready = eventually(Duration::from_secs(30), || {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "sysscope on {address} exited"
+            );
+            (curl(&format!("http://127.0.0.1:{port}/-/ready")).0 == 200).then_some(())
+        });
+        let v4 = curl(&format!("http://127.0.0.1:{port}/metrics"));
+        let v6 = ipv6.then(|| curl(&format!("http://[::1]:{port}/metrics")));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        assert!(ready.is_some(), "sysscope on {address} not ready over IPv4");
+        assert_eq!(v4.0, 200, "{address} over 127.0.0.1");
+        assert!(
+            v4.1.contains("sysscope_build_info{"),
+            "{address} over 127.0.0.1: {}",
+            v4.1
+        );
+        if let Some((code, body)) = v6 {
+            if form.starts_with("0.0.0.0") {
+                assert_eq!(code, 0, "{address} answered over [::1]: it must stay IPv4");
+            } else {
+                assert_eq!(code, 200, "{address} over [::1]");
+                assert!(
+                    body.contains("sysscope_build_info{"),
+                    "{address} over [::1]: {body}"
+                );
+            }
+        }
+    }
+}
