@@ -7,7 +7,8 @@
 # `kubectl kustomize` when kubectl is installed, else
 # with the posture script's own renderer (the subset of kustomize these use);
 # checks what each variant must carry (k8s_variants.py: the PodMonitor's protobuf-first
-# scrape protocols, the kube-prometheus-stack `release` label on the PodMonitor and the rules);
+# scrape protocols, the kube-prometheus-stack `release` label on the PodMonitor and the rules,
+# no password in any DaemonSet's probes, env or args, web-auth's Secret-backed PodMonitor);
 # checks that the PrometheusRule is the rules file (prometheusrule.py) and that the PodMonitor
 # and the Grafana data source assume one scrape interval; validates every object
 # with kubernetes-validate (strict) against Kubernetes $K8S_VERSION (PodMonitor and
@@ -62,10 +63,11 @@ variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gp
 # What each variant must carry besides the posture (k8s_variants.py; the first of each kind
 # also proves with a self-test that its checks can fail).
 declare -A expect=(
-  [base]=scrape,no-release [with-priority]=scrape,no-release [gpu-operator]=scrape,no-release
-  [gpu-host-driver]=scrape,no-release [gpu-components-after]=scrape [gpu-components-before]=scrape
-  [gpu-components-in-base]=scrape [rules-no-network-policy]=scrape,no-release
-  [kube-prometheus-stack]=scrape,release [gpu-kube-prometheus-stack]=scrape,release
+  [base]=scrape,no-release,no-credential [with-priority]=scrape,no-release,no-credential
+  [gpu-operator]=scrape,no-release,no-credential [gpu-host-driver]=scrape,no-release,no-credential
+  [gpu-components-after]=scrape,no-credential,web-auth [gpu-components-before]=scrape,no-credential,web-auth
+  [gpu-components-in-base]=scrape,no-credential,web-auth [rules-no-network-policy]=scrape,no-release,no-credential
+  [kube-prometheus-stack]=scrape,release,no-credential [gpu-kube-prometheus-stack]=scrape,release,no-credential
 )
 kubectl=${KUBECTL-$(command -v kubectl || true)}
 if [ -n "$kubectl" ] && "$kubectl" kustomize --help >/dev/null 2>&1; then
@@ -109,7 +111,7 @@ grep -q '^kind: NetworkPolicy' "$work/base.yaml" || fail "the base has no Networ
 variant_checks=0
 for v in "${variants[@]}"; do
   name=${v%%:*}
-  case $name in base | kube-prometheus-stack) self_test=--self-test ;; *) self_test= ;; esac
+  case $name in base | kube-prometheus-stack | gpu-components-after) self_test=--self-test ;; *) self_test= ;; esac
   python3 "$top/scripts/checks/k8s_variants.py" "$work/$name.yaml" --expect "${expect[$name]}" \
     $self_test >>"$log" 2>&1 || fail "the $name variant: $(tail -n 1 "$log")"
   variant_checks=$((variant_checks + $(echo "${expect[$name]}" | tr ',' '\n' | wc -l)))
