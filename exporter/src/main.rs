@@ -26,7 +26,8 @@ use tracing_subscriber::EnvFilter;
 #[derive(Debug, Parser)]
 #[command(name = "sysscope", version, long_version = sysscope::build_info::LONG_VERSION, about, long_about = None)]
 struct Cli {
-    /// Address to serve metrics on (host:port). Loopback by default: expose it deliberately.
+    /// Address to serve metrics on: host:port, or :port for every IPv4 and IPv6 address.
+    /// Loopback by default: expose it deliberately.
     // The web flags only concern the exporter: not global, so the tools' help stays short.
     #[arg(long = "web.listen-address", default_value = "127.0.0.1:9812")]
     listen_address: String,

@@ -9,7 +9,7 @@ privileged container, privilege escalation, a writable root filesystem,
 capabilities not dropped (ALL) or added beyond the allowed set (and every added capability
 must be justified in docs/kubernetes.md), a seccomp profile other than RuntimeDefault/Localhost,
 host mounts that are writable or not on the allowlist, host network/IPC, missing or malformed
-resources, missing probes, a missing NODE_NAME, a loopback listen address, a mounted
+resources, missing probes, a missing NODE_NAME, a loopback or single-family listen address, a mounted
 config.toml that is not TOML or turns slow-call file paths off (the kernel names files with
 BPF and PERFMON alone: an added DAC_READ_SEARCH or SYS_PTRACE only serves the /proc fallback,
 which is opt-in), RBAC beyond get/list/watch pods, a non-headless Service, a PodMonitor that does not select the pods, a
@@ -141,6 +141,8 @@ def apply_replacement(docs, repl):
 
 def _targets(doc, target):
     if target.get("kind") and doc.get("kind") != target["kind"]:
+        return False
+    if target.get("group") and not doc.get("apiVersion", "").startswith(target["group"] + "/"):
         return False
     meta = doc.get("metadata", {})
     if target.get("name") and meta.get("name") != target["name"]:
@@ -388,6 +390,9 @@ def check_daemonset(ds, docs, documented_caps, p):
             listen = [a for a in args if a.startswith("--web.listen-address=")]
             if not listen or listen[-1].split("=", 1)[1].startswith(("127.", "localhost", "[::1]")):
                 p(f"container {cname}: --web.listen-address must be set explicitly to a non-loopback address")
+            elif not re.fullmatch(r"(\[::\])?:[0-9]+", listen[-1].split("=", 1)[1]):
+                p(f"container {cname}: --web.listen-address must be :PORT (every address of both families: "
+                  f"IPv6-only and dual-stack clusters scrape over IPv6), got {listen[-1]}")
             ports |= {pt.get("name") for pt in c.get("ports", [])}
     return pod_labels, ports
 
@@ -494,6 +499,7 @@ def self_test(docs, documented_caps):
             "seccompProfile", {"type": "Unconfined"}),
         "no liveness probe": lambda d: ds_container(d).pop("livenessProbe"),
         "loopback listen": lambda d: ds_container(d).__setitem__("args", ["--web.listen-address=127.0.0.1:9812"]),
+        "IPv4-only listen": lambda d: ds_container(d).__setitem__("args", ["--web.listen-address=0.0.0.0:9812"]),
         "secrets readable": lambda d: by_kind(d, "ClusterRole")[0]["rules"].append(
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}),
         "hostNetwork": lambda d: ds(d)["spec"]["template"]["spec"].__setitem__(

@@ -3,8 +3,12 @@
 # optional priority-class component, the two GPU overlays of deploy/kubernetes-gpu/, a GPU
 # overlay with the optional components listed after it, before it, and enabled in
 # deploy/kubernetes itself, each of which must reach both DaemonSets, and the prometheus-rule
-# and no-network-policy components) with `kubectl kustomize` when kubectl is installed, else
+# and no-network-policy components, and kube-prometheus-stack on the base and a GPU overlay) with
+# `kubectl kustomize` when kubectl is installed, else
 # with the posture script's own renderer (the subset of kustomize these use);
+# checks what each variant must carry (k8s_variants.py: the PodMonitor's protobuf-first
+# scrape protocols, the kube-prometheus-stack `release` label on the PodMonitor and the rules,
+# no password in any DaemonSet's probes, env or args, web-auth's Secret-backed PodMonitor);
 # checks that the PrometheusRule is the rules file (prometheusrule.py) and that the PodMonitor
 # and the Grafana data source assume one scrape interval; validates every object
 # with kubernetes-validate (strict) against Kubernetes $K8S_VERSION (PodMonitor and
@@ -35,7 +39,12 @@ done
 # needed: kustomize refuses absolute paths and parents of the kustomization, so the overlay
 # sits next to copies of deploy/kubernetes and deploy/kubernetes-gpu).
 cp -r "$dir" "$work/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$work/kubernetes-gpu"
-mkdir "$work/with-priority" "$work/gpu-after" "$work/gpu-before" "$work/in-base" "$work/rules-no-netpol"
+mkdir "$work/with-priority" "$work/gpu-after" "$work/gpu-before" "$work/in-base" "$work/rules-no-netpol" \
+  "$work/kps" "$work/gpu-kps"
+printf 'resources: [../kubernetes]\ncomponents: [../kubernetes/components/kube-prometheus-stack]\n' \
+  >"$work/kps/kustomization.yaml"
+printf 'resources: [../kubernetes-gpu/operator]\ncomponents: [../kubernetes/components/kube-prometheus-stack]\n' \
+  >"$work/gpu-kps/kustomization.yaml"
 printf 'resources: [../kubernetes]\ncomponents: [../kubernetes/components/priority-class]\n' \
   >"$work/with-priority/kustomization.yaml"
 printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/prometheus-rule\n  - ../kubernetes/components/no-network-policy\n' \
@@ -50,7 +59,16 @@ printf 'components:\n  - components/priority-class\n  - components/web-auth\n' >
 variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gpu/operator
   gpu-host-driver:kubernetes-gpu/host-driver gpu-components-after:gpu-after
   gpu-components-before:gpu-before gpu-components-in-base:in-base/kubernetes-gpu/operator
-  rules-no-network-policy:rules-no-netpol)
+  rules-no-network-policy:rules-no-netpol kube-prometheus-stack:kps gpu-kube-prometheus-stack:gpu-kps)
+# What each variant must carry besides the posture (k8s_variants.py; the first of each kind
+# also proves with a self-test that its checks can fail).
+declare -A expect=(
+  [base]=scrape,no-release,no-credential [with-priority]=scrape,no-release,no-credential
+  [gpu-operator]=scrape,no-release,no-credential [gpu-host-driver]=scrape,no-release,no-credential
+  [gpu-components-after]=scrape,no-credential,web-auth [gpu-components-before]=scrape,no-credential,web-auth
+  [gpu-components-in-base]=scrape,no-credential,web-auth [rules-no-network-policy]=scrape,no-release,no-credential
+  [kube-prometheus-stack]=scrape,release,no-credential [gpu-kube-prometheus-stack]=scrape,release,no-credential
+)
 kubectl=${KUBECTL-$(command -v kubectl || true)}
 if [ -n "$kubectl" ] && "$kubectl" kustomize --help >/dev/null 2>&1; then
   how="kubectl kustomize"
@@ -90,6 +108,14 @@ grep -q '^kind: PrometheusRule' "$work/rules-no-network-policy.yaml" \
 grep -q '^kind: NetworkPolicy' "$work/rules-no-network-policy.yaml" \
   && fail "components/no-network-policy leaves the NetworkPolicy"
 grep -q '^kind: NetworkPolicy' "$work/base.yaml" || fail "the base has no NetworkPolicy"
+variant_checks=0
+for v in "${variants[@]}"; do
+  name=${v%%:*}
+  case $name in base | kube-prometheus-stack | gpu-components-after) self_test=--self-test ;; *) self_test= ;; esac
+  python3 "$top/scripts/checks/k8s_variants.py" "$work/$name.yaml" --expect "${expect[$name]}" \
+    $self_test >>"$log" 2>&1 || fail "the $name variant: $(tail -n 1 "$log")"
+  variant_checks=$((variant_checks + $(echo "${expect[$name]}" | tr ',' '\n' | wc -l)))
+done
 # The PrometheusRule is the rules file, as scripts/checks/prometheusrule.py --write makes it.
 python3 "$top/scripts/checks/prometheusrule.py" >>"$log" 2>&1 \
   || fail "$(tail -n 1 "$log")"
@@ -129,4 +155,4 @@ for f in "${posture[@]}"; do
 done
 
 [ "${VERBOSE:-0}" = 1 ] && cat "$log"
-echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $rule_check; one scrape interval ($scrape); $(grep 'mutations all caught' "$log" | tail -n 1 | sed 's/^OK: //'))"
+echo "kubernetes: PASS (${#variants[@]} variants rendered with $how; $objects objects valid against Kubernetes $K8S_VERSION; yamllint clean; $variant_checks variant checks (k8s_variants.py); $rule_check; one scrape interval ($scrape); $(grep 'mutations all caught' "$log" | tail -n 1 | sed 's/^OK: //'))"

@@ -80,7 +80,7 @@ fn with_alice(cost: u32) -> (tempfile::TempDir, Exporter) {
         TEST_CONFIG,
         &[&format!("--web.config.file={}", web.display())],
     );
-    exporter.wait_for(|| matches!(http_get(port, "/-/ready", None), Ok((401, _, _))));
+    exporter.wait_for(|| matches!(http_get(port, "/metrics", None), Ok((401, _, _))));
     (dir, exporter)
 }
 
@@ -390,5 +390,240 @@ fn logs_of_a_real_run_are_logfmt_without_escape_codes() {
     assert!(
         messages.iter().any(|m| m == "stopped; all probes detached"),
         "{messages:?}"
+    );
+}
+
+/// `/metrics` as curl gets it from `url`: (HTTP status, body).
+fn curl(url: &str) -> (u16, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-g", "--max-time", "20", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl (installed by scripts/setup.sh --test)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// `--web.listen-address=:PORT` and `[::]:PORT` (the node_exporter forms) listen on every
+/// address of both families: curl over 127.0.0.1 and over [::1] gets the metrics, from one
+/// exporter each time. `0.0.0.0:PORT` stays IPv4.
+#[test]
+fn listens_on_every_family() {
+    if !require_root("listens_on_every_family") {
+        return;
+    }
+    let has_ipv6_loopback = std::fs::read_to_string("/proc/net/if_inet6")
+        .is_ok_and(|t| t.lines().any(|l| l.starts_with(&format!("{:032x}", 1))));
+    // CI machines have ::1: there its absence fails the test.
+    let ipv6 = require(
+        "listens_on_every_family (over IPv6)",
+        "::1 on the loopback interface",
+        has_ipv6_loopback,
+    );
+    for form in [":{port}", "[::]:{port}", "0.0.0.0:{port}"] {
+        let port = free_port();
+        let address = form.replace("{port}", &port.to_string());
+        // The flag is given once: the harness's own 127.0.0.1 address is not used here.
+        let _node = share_node();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("sysscope.toml");
+        std::fs::write(&config, TEST_CONFIG).unwrap();
+        let mut child = std::process::Command::new(sysscope_bin())
+            .arg(format!("--web.listen-address={address}"))
+            .arg(format!("--config.file={}", config.display()))
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn sysscope");
+        let ready = eventually(Duration::from_secs(30), || {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "sysscope on {address} exited"
+            );
+            (curl(&format!("http://127.0.0.1:{port}/-/ready")).0 == 200).then_some(())
+        });
+        let v4 = curl(&format!("http://127.0.0.1:{port}/metrics"));
+        let v6 = ipv6.then(|| curl(&format!("http://[::1]:{port}/metrics")));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        assert!(ready.is_some(), "sysscope on {address} not ready over IPv4");
+        assert_eq!(v4.0, 200, "{address} over 127.0.0.1");
+        assert!(
+            v4.1.contains("sysscope_build_info{"),
+            "{address} over 127.0.0.1: {}",
+            v4.1
+        );
+        if let Some((code, body)) = v6 {
+            if form.starts_with("0.0.0.0") {
+                assert_eq!(code, 0, "{address} answered over [::1]: it must stay IPv4");
+            } else {
+                assert_eq!(code, 200, "{address} over [::1]");
+                assert!(
+                    body.contains("sysscope_build_info{"),
+                    "{address} over [::1]: {body}"
+                );
+            }
+        }
+    }
+}
+
+/// The values of the JSON-patch `add` operations of `components/web-auth` whose path ends in
+/// `suffix`, for the target of `kind`.
+fn web_auth_patch(kind: &str, suffix: &str) -> serde_yaml_ng::Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/kubernetes/components/web-auth/kustomization.yaml"
+    );
+    let component: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let patches = component["patches"].as_sequence().unwrap();
+    let patch = patches
+        .iter()
+        .find(|p| p["target"]["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("components/web-auth patches no {kind}"));
+    let ops: Vec<serde_yaml_ng::Value> =
+        serde_yaml_ng::from_str(patch["patch"].as_str().unwrap()).unwrap();
+    ops.into_iter()
+        .find(|op| op["path"].as_str().is_some_and(|p| p.ends_with(suffix)))
+        .unwrap_or_else(|| panic!("components/web-auth: no {kind} patch of *{suffix}"))["value"]
+        .clone()
+}
+
+/// `components/web-auth` as a cluster runs it: the Secrets made as docs/kubernetes.md says
+/// (the exporter's web.yml, certificate and key; Prometheus' user, password and CA, under the
+/// keys the component's PodMonitor names), the exporter started with them; then the kubelet's
+/// probes (HTTPS, no credentials, no verification) pass, Prometheus' scrape (the PodMonitor's
+/// basicAuth and tlsConfig: the CA and serverName) gets the metrics, and without or with a
+/// wrong password the metrics and `POST /-/reload` are refused.
+#[test]
+fn web_auth_component_scrapes_with_its_secret_and_probes_without() {
+    if !require_root("web_auth_component_scrapes_with_its_secret_and_probes_without") {
+        return;
+    }
+    // What the component says.
+    let config_arg = web_auth_patch("DaemonSet", "/args/-");
+    let web_file = config_arg
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string();
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let scheme = web_auth_patch("DaemonSet", &format!("/{probe}/httpGet/scheme"));
+        assert_eq!(scheme.as_str(), Some("HTTPS"), "{probe}");
+    }
+    let basic = web_auth_patch("PodMonitor", "/basicAuth");
+    let tls = web_auth_patch("PodMonitor", "/tlsConfig");
+    let scrape_secret = basic["username"]["name"].as_str().unwrap().to_string();
+    assert_eq!(
+        basic["password"]["name"].as_str(),
+        Some(scrape_secret.as_str())
+    );
+    assert_eq!(
+        tls["ca"]["secret"]["name"].as_str(),
+        Some(scrape_secret.as_str())
+    );
+    let key = |v: &serde_yaml_ng::Value| v["key"].as_str().unwrap().to_string();
+    let (user_key, password_key) = (key(&basic["username"]), key(&basic["password"]));
+    let ca_key = key(&tls["ca"]["secret"]);
+    let server_name = tls["serverName"].as_str().unwrap().to_string();
+
+    // The two Secrets, as directories of their keys.
+    let web_secret = tempfile::tempdir().unwrap();
+    let scrape = tempfile::tempdir().unwrap();
+    let ca = crate::security::ca("cluster CA");
+    let server_key = rcgen::KeyPair::generate().unwrap();
+    let server_cert = rcgen::CertificateParams::new(vec![server_name.clone()])
+        .unwrap()
+        .signed_by(&server_key, &ca)
+        .unwrap();
+    let password = format!("pw-{}", rand_suffix());
+    let hash = bcrypt::hash(&password, 4).unwrap();
+    std::fs::write(web_secret.path().join("tls.crt"), server_cert.pem()).unwrap();
+    std::fs::write(
+        web_secret.path().join("tls.key"),
+        server_key.serialize_pem(),
+    )
+    .unwrap();
+    std::fs::write(
+        web_secret.path().join(&web_file),
+        format!(
+            "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n\
+             basic_auth_users:\n  prometheus: '{hash}'\n"
+        ),
+    )
+    .unwrap();
+    std::fs::write(scrape.path().join(&user_key), "prometheus").unwrap();
+    std::fs::write(scrape.path().join(&password_key), &password).unwrap();
+    std::fs::write(scrape.path().join(&ca_key), ca.pem()).unwrap();
+
+    let port = free_port();
+    let mut exporter = Exporter::spawn_on(
+        port,
+        TEST_CONFIG,
+        &[&format!(
+            "--web.config.file={}",
+            web_secret.path().join(&web_file).display()
+        )],
+    );
+    // The kubelet: HTTPS without verifying the certificate, and no credentials.
+    let probe = |path: &str| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "-k",
+                "--max-time",
+                "20",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .arg(format!("https://127.0.0.1:{port}{path}"))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout)
+            .parse::<u16>()
+            .unwrap_or(0)
+    };
+    exporter.wait_for(|| probe("/-/ready") == 200);
+    assert_eq!(probe("/-/healthy"), 200, "liveness probe");
+    // Prometheus with the PodMonitor's settings, read from the Secret's files.
+    let scrape_as = |user: &str, password: &str, method: &str, path: &str| {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "20",
+                "-X",
+                method,
+                "-w",
+                "\n%{http_code}",
+            ])
+            .arg("--cacert")
+            .arg(scrape.path().join(&ca_key))
+            .arg("--resolve")
+            .arg(format!("{server_name}:{port}:127.0.0.1"))
+            .args(["-u", &format!("{user}:{password}")])
+            .arg(format!("https://{server_name}:{port}{path}"))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.parse::<u16>().unwrap_or(0), body.to_string())
+    };
+    let user = std::fs::read_to_string(scrape.path().join(&user_key)).unwrap();
+    let secret_password = std::fs::read_to_string(scrape.path().join(&password_key)).unwrap();
+    let (code, body) = scrape_as(&user, &secret_password, "GET", "/metrics");
+    assert_eq!(code, 200, "scrape with the Secret's credentials: {body}");
+    assert!(body.contains("sysscope_build_info{"), "{body}");
+    assert_eq!(scrape_as(&user, "wrong", "GET", "/metrics").0, 401);
+    assert_eq!(scrape_as("", "", "GET", "/metrics").0, 401);
+    assert_eq!(scrape_as(&user, "wrong", "POST", "/-/reload").0, 401);
+    assert_eq!(
+        scrape_as("", "", "POST", "/-/ready").0,
+        401,
+        "only reads of the probes skip auth"
     );
 }

@@ -211,7 +211,7 @@ fn post_reload_is_behind_basic_auth() {
         &config(""),
         &[&format!("--web.config.file={}", web.display())],
     );
-    exporter.wait_for(|| matches!(http_get(port, "/-/ready", None), Ok((401, _, _))));
+    exporter.wait_for(|| matches!(http_get(port, "/metrics", None), Ok((401, _, _))));
     std::fs::write(
         &exporter.config,
         "[collection]\nmin_interval = \"0s\"\n[limits]\nmax_series = 20000\n\
@@ -252,8 +252,8 @@ fn web_config_changes_apply_without_restart() {
         &config(""),
         &[&format!("--web.config.file={}", web.display())],
     );
-    exporter.wait_for(|| get_as(port, "/-/ready", Some(("ops", "old"))).0 == 200);
-    assert_eq!(get_as(port, "/-/ready", None).0, 401);
+    exporter.wait_for(|| get_as(port, "/metrics", Some(("ops", "old"))).0 == 200);
+    assert_eq!(get_as(port, "/metrics", None).0, 401);
 
     // A rotated password (and a new header) apply within a couple of seconds, and the old
     // password stops working: no restart.
@@ -265,10 +265,10 @@ fn web_config_changes_apply_without_restart() {
         ),
     );
     let rotated = eventually(Duration::from_secs(10), || {
-        (get_as(port, "/-/ready", Some(("ops", "new"))).0 == 200).then_some(())
+        (get_as(port, "/metrics", Some(("ops", "new"))).0 == 200).then_some(())
     });
     assert!(rotated.is_some(), "the new password was not accepted");
-    assert_eq!(get_as(port, "/-/ready", Some(("ops", "old"))).0, 401);
+    assert_eq!(get_as(port, "/metrics", Some(("ops", "old"))).0, 401);
     let (status, head) = get_as(port, "/metrics", Some(("ops", "new")));
     assert_eq!(status, 200);
     assert!(
@@ -279,16 +279,16 @@ fn web_config_changes_apply_without_restart() {
     // A broken file fails closed, with neither password, until it is fixed.
     replace(&web, "basic_auth_users: [\n");
     let refused = eventually(Duration::from_secs(10), || {
-        (get_as(port, "/-/ready", Some(("ops", "new"))).0 == 500).then_some(())
+        (get_as(port, "/metrics", Some(("ops", "new"))).0 == 500).then_some(())
     });
     assert!(refused.is_some(), "an invalid web config was not refused");
-    assert_eq!(get_as(port, "/-/ready", Some(("ops", "old"))).0, 500);
+    assert_eq!(get_as(port, "/metrics", Some(("ops", "old"))).0, 500);
     replace(&web, users("fixed", ""));
     let fixed = eventually(Duration::from_secs(10), || {
-        (get_as(port, "/-/ready", Some(("ops", "fixed"))).0 == 200).then_some(())
+        (get_as(port, "/metrics", Some(("ops", "fixed"))).0 == 200).then_some(())
     });
     assert!(fixed.is_some(), "the fixed web config was not applied");
-    assert_eq!(get_as(port, "/-/ready", Some(("ops", "new"))).0, 401);
+    assert_eq!(get_as(port, "/metrics", Some(("ops", "new"))).0, 401);
 }
 
 /// `--collector.<name>` / `--no-collector.<name>` win over the file's keys, at start and at

@@ -1,5 +1,11 @@
 //! Basic auth of every request (with `--web.config.file`), and the headers it configures; and
 //! since bcrypt costs tens of milliseconds of CPU by design, who runs it, and when ([`Security`]).
+//!
+//! The health and readiness checks (`GET`/`HEAD` of `/-/healthy` and `/-/ready`) answer
+//! without credentials, over TLS when it is configured: they say only whether the process is
+//! alive and ready, and probes (the kubelet's, a load balancer's) then need no password in
+//! their own configuration, where anyone who can read it would find it. An invalid file fails
+//! them closed like every other request.
 
 use std::{
     collections::HashMap,
@@ -165,6 +171,21 @@ async fn waiting<T>(activity: &Activity, ready: Option<T>, wait: impl Future<Out
     }
 }
 
+/// The answer while the web config file is invalid (logged when it changed; refused until it
+/// is fixed).
+fn invalid_file() -> Response<Full<Bytes>> {
+    text(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "The web config file is invalid; see the exporter's log.\n",
+    )
+}
+
+/// Whether `req` is a health or readiness check, which needs no credentials.
+fn is_health_check<B>(req: &Request<B>) -> bool {
+    matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD)
+        && matches!(req.uri().path(), "/-/healthy" | "/-/ready")
+}
+
 /// Serves one request after basic auth, adding the configured headers.
 pub(super) async fn handle_secured(
     state: Arc<AppState>,
@@ -176,16 +197,24 @@ pub(super) async fn handle_secured(
     let Some(file) = &security.web else {
         return handle(state, req).await;
     };
+    if is_health_check(&req) {
+        // Without credentials, but not past an invalid file: that fails closed here too, so
+        // a liveness probe restarts the process, which then says what is wrong with it.
+        let Ok(web) = file.current() else {
+            return invalid_file();
+        };
+        let mut resp = handle(state, req).await;
+        for (name, value) in &web.headers {
+            resp.headers_mut().insert(name.clone(), value.clone());
+        }
+        return resp;
+    }
     let header = req
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     let Some((web, allowed)) = security.authorize(file, peer, header, activity).await else {
-        // Logged when the file changed; refused until it is fixed.
-        return text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "The web config file is invalid; see the exporter's log.\n",
-        );
+        return invalid_file();
     };
     let mut resp = if allowed {
         handle(state, req).await
@@ -208,6 +237,31 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn only_health_and_readiness_reads_skip_auth() {
+        let req =
+            |method: &str, uri: &str| Request::builder().method(method).uri(uri).body(()).unwrap();
+        for (method, uri) in [
+            ("GET", "/-/healthy"),
+            ("HEAD", "/-/healthy"),
+            ("GET", "/-/ready"),
+            ("GET", "/-/ready?x=1"),
+        ] {
+            assert!(is_health_check(&req(method, uri)), "{method} {uri}");
+        }
+        for (method, uri) in [
+            ("GET", "/metrics"),
+            ("POST", "/-/reload"),
+            ("POST", "/-/ready"),
+            ("GET", "/-/readyz"),
+            ("GET", "/-/ready/"),
+            ("GET", "/"),
+            ("GET", "/api/v1/slow_calls"),
+        ] {
+            assert!(!is_health_check(&req(method, uri)), "{method} {uri}");
+        }
+    }
 
     fn two_thread_runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
