@@ -303,6 +303,46 @@ fn encode_program_counter<N: EncodeCounterValue>(
     Ok(())
 }
 
+/// The loaded programs: attached or not, and the kernel's run-time statistics of each.
+fn encode_programs(encoder: &mut DescriptorEncoder<'_>, probes: &Probes) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(
+        "sysscope_probe_attached",
+        "1 if the eBPF program is attached to its tracepoint, 0 if attaching failed.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for p in probes.programs() {
+        family
+            .encode_family(&[("program", p.program.as_str()), ("collector", p.collector)])?
+            .encode_gauge(&(p.attached as i64))?;
+    }
+    encoder
+            .encode_descriptor(
+                "sysscope_probe_stats_coverage_ratio",
+                "Fraction of the time the kernel's BPF run-time statistics were on: 1 makes sysscope_probe_run_seconds_total and sysscope_probe_runs_total exact, below 1 they are extrapolated from samples (collection.probe_stats).",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_gauge(&probes.stats_coverage())?;
+    // Read here, not at refresh: background refreshes encode nothing.
+    let program_stats = probes.program_stats();
+    encode_program_counter(
+        encoder,
+        "sysscope_probe_run_seconds",
+        "CPU time spent in the eBPF program (kernel BPF run-time statistics).",
+        &program_stats,
+        |s| s.run_time.as_secs_f64(),
+    )?;
+    encode_program_counter(
+        encoder,
+        "sysscope_probe_runs",
+        "Times the eBPF program ran (kernel BPF run-time statistics).",
+        &program_stats,
+        |s| s.run_count,
+    )?;
+    Ok(())
+}
+
 /// Not a [`Collector`](super::Collector): the agent refreshes and encodes it last, with the probes it owns.
 impl SelfMetrics {
     /// Reads the probes' counters and (with `probes`) the kernel memory of every map.
@@ -328,74 +368,8 @@ impl SelfMetrics {
         Ok(())
     }
 
-    /// Encodes sysscope's own families; those of the programs only with `probes`.
-    pub(crate) fn encode(
-        &self,
-        encoder: &mut DescriptorEncoder<'_>,
-        probes: Option<&Probes>,
-    ) -> std::fmt::Result {
-        encoder
-            .encode_descriptor(
-                "sysscope_build_info",
-                "sysscope's version; the value is always 1.",
-                None,
-                MetricType::Gauge,
-            )?
-            .encode_family(&[("version", VERSION), ("revision", REVISION)])?
-            .encode_gauge(&1i64)?;
-
-        {
-            let mut family = encoder.encode_descriptor(
-                "sysscope_collector_up",
-                "1 if the collector is running and its last refresh succeeded, 0 otherwise.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (name, up) in &self.collectors_up {
-                family
-                    .encode_family(&[("collector", *name)])?
-                    .encode_gauge(&(*up as i64))?;
-            }
-        }
-
-        if let Some(probes) = probes {
-            let mut family = encoder.encode_descriptor(
-                "sysscope_probe_attached",
-                "1 if the eBPF program is attached to its tracepoint, 0 if attaching failed.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for p in probes.programs() {
-                family
-                    .encode_family(&[("program", p.program.as_str()), ("collector", p.collector)])?
-                    .encode_gauge(&(p.attached as i64))?;
-            }
-            encoder
-                .encode_descriptor(
-                    "sysscope_probe_stats_coverage_ratio",
-                    "Fraction of the time the kernel's BPF run-time statistics were on: 1 makes sysscope_probe_run_seconds_total and sysscope_probe_runs_total exact, below 1 they are extrapolated from samples (collection.probe_stats).",
-                    None,
-                    MetricType::Gauge,
-                )?
-                .encode_gauge(&probes.stats_coverage())?;
-            // Read here, not at refresh: background refreshes encode nothing.
-            let program_stats = probes.program_stats();
-            encode_program_counter(
-                encoder,
-                "sysscope_probe_run_seconds",
-                "CPU time spent in the eBPF program (kernel BPF run-time statistics).",
-                &program_stats,
-                |s| s.run_time.as_secs_f64(),
-            )?;
-            encode_program_counter(
-                encoder,
-                "sysscope_probe_runs",
-                "Times the eBPF program ran (kernel BPF run-time statistics).",
-                &program_stats,
-                |s| s.run_count,
-            )?;
-        }
-
+    /// The kernel maps: occupancy, kernel memory, and what the probes could not store.
+    fn encode_maps(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let occupancy: [OccupancyFamily; 2] = [
             (
                 "sysscope_map_entries",
@@ -439,6 +413,43 @@ impl SelfMetrics {
             self.encode_counters(encoder, CounterKind::Missed, "sysscope_probe_missed_events", "Events the probes saw only half of (e.g. a syscall that returned without a recorded entry).", "reason", &missed)?;
             self.encode_counters(encoder, CounterKind::Folded, "sysscope_syscalls_folded", "Syscalls counted under a coarser key: their cgroup's comm=\"other\" (the cgroup held limits.max_syscall_entries_per_cgroup slots, or none was free) or syscall=\"invalid\" (a number outside the syscall table). Nothing is lost.", "reason", &[])?;
         }
+        Ok(())
+    }
+
+    /// Encodes sysscope's own families; those of the programs only with `probes`.
+    pub(crate) fn encode(
+        &self,
+        encoder: &mut DescriptorEncoder<'_>,
+        probes: Option<&Probes>,
+    ) -> std::fmt::Result {
+        encoder
+            .encode_descriptor(
+                "sysscope_build_info",
+                "sysscope's version; the value is always 1.",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_family(&[("version", VERSION), ("revision", REVISION)])?
+            .encode_gauge(&1i64)?;
+
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_collector_up",
+                "1 if the collector is running and its last refresh succeeded, 0 otherwise.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (name, up) in &self.collectors_up {
+                family
+                    .encode_family(&[("collector", *name)])?
+                    .encode_gauge(&(*up as i64))?;
+            }
+        }
+
+        if let Some(probes) = probes {
+            encode_programs(encoder, probes)?;
+        }
+        self.encode_maps(encoder)?;
         self.spans.dropped.encode(encoder.encode_descriptor(
             "sysscope_spans_dropped",
             "Slow-call samples not exported, by reason.",
