@@ -1,6 +1,7 @@
-//! The agent: the running collectors in one table. It refreshes them in order, hands what
-//! they report about themselves to the self-metrics collector
-//! ([`crate::collectors::self_metrics`]), which is refreshed last, and encodes every
+//! The agent: the loaded probes and the running collectors in one table. It owns the probes
+//! (their programs stay attached as long as it holds them, until [`Agent::detach`]), refreshes
+//! the collectors in order, hands what they report about themselves to the self-metrics
+//! collector ([`crate::collectors::self_metrics`]), which is refreshed last, and encodes every
 //! collector's families, sysscope's own last.
 
 use std::time::Duration;
@@ -24,6 +25,8 @@ struct Slot {
 pub struct Agent {
     slots: Vec<Slot>,
     self_metrics: SelfMetrics,
+    /// The loaded object: every program attached while this is held, detached on drop.
+    probes: Option<Probes>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -43,10 +46,11 @@ impl std::fmt::Debug for Agent {
 
 impl Agent {
     /// An agent without collectors yet; `probes` (when they loaded) stay alive as long as it.
-    pub fn new(probes: Option<Probes>) -> Self {
+    pub fn new(mut probes: Option<Probes>) -> Self {
         Self {
             slots: Vec::new(),
-            self_metrics: SelfMetrics::new(probes),
+            self_metrics: SelfMetrics::new(probes.as_mut()),
+            probes,
         }
     }
 
@@ -92,7 +96,23 @@ impl Agent {
     }
 
     pub fn probes(&self) -> Option<&Probes> {
-        self.self_metrics.probes()
+        self.probes.as_ref()
+    }
+
+    /// Stops every collector (closing the maps they read) and drops the probes, which detaches
+    /// every program and closes the object's maps. Returns how many programs the probes held
+    /// (0 if they had not loaded, or were detached before). The agent still encodes afterwards:
+    /// every collector reports itself down.
+    pub fn detach(&mut self) -> usize {
+        for slot in &mut self.slots {
+            slot.collector = None;
+            slot.up = false;
+            slot.failed = true;
+        }
+        self.hand_over();
+        self.probes
+            .take()
+            .map_or(0, |probes| probes.programs().len())
     }
 
     pub fn collectors_up(&self) -> Vec<(&'static str, bool)> {
@@ -121,7 +141,7 @@ impl Agent {
         self.hand_over();
         // Reading its own sources cannot fail in a way that hides the others' metrics: a
         // counter that could not be read keeps its last value.
-        let _ = self.self_metrics.refresh();
+        let _ = self.self_metrics.refresh(self.probes.as_ref());
     }
 
     /// Tells the self-metrics which collectors are up and what they report about themselves.
@@ -165,6 +185,6 @@ impl Agent {
                 c.encode(encoder)?;
             }
         }
-        self.self_metrics.encode(encoder)
+        self.self_metrics.encode(encoder, self.probes.as_ref())
     }
 }

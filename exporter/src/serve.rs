@@ -5,7 +5,9 @@
 //! scrapes and the OTLP metrics push share one [`Scraper`], a background tick refreshes the
 //! collectors when nobody scrapes and gives the heap pages freed since the last tick back to
 //! the kernel (process churn leaves a cycle's tables freed but resident otherwise), and SIGHUP
-//! (like `POST /-/reload`) reloads the configuration. On the way out it sends what is queued (bounded) and detaches every probe.
+//! (like `POST /-/reload`) reloads the configuration. On the way out it sends what is queued
+//! (bounded), has the agent detach every probe, and only then says so. [`run_exporter`] builds
+//! the runtime; `serve` names the stages, each a function below it.
 //! `main.rs` parses the flags, installs the stop signals and calls [`run_exporter`].
 
 use std::{
@@ -17,8 +19,10 @@ use std::{
 };
 
 use opentelemetry_sdk::Resource;
+use tokio::{net::TcpListener, task::JoinHandle};
 
 use crate::{
+    agent::Agent,
     config::{
         otlp::{Settings, SettingsError},
         CollectorFlags, Config,
@@ -29,6 +33,8 @@ use crate::{
         scrape::Scraper,
         web_config::WebConfigFile,
     },
+    kernel::slow_events::SlowEvents,
+    metadata::SharedLabeler,
     privileges::{self, PrivilegeError},
     reload,
     spans::{self, exemplars::ExemplarStore, recent::RecentCalls, SlowCalls, SpanSink},
@@ -101,179 +107,251 @@ where
         .thread_name("sysscope")
         .build()
         .map_err(ServeError::Runtime)?;
-    let outcome = runtime.block_on(async move {
-        // Bind first: a busy port is the cheapest failure to report.
-        let listener = http::bind(&options.listen_address).await?;
-        let otlp_settings =
-            Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
-        let (mut agent, labeler, mut report) = startup::start(&config)?;
-        // Slow-call spans (and their self-metrics), before the agent is shared.
-        let ring = report.slow_events.take();
-        let sampled = config.slow_calls.enabled && ring.is_some();
-        let otlp_stats = Arc::new(otlp::Stats::new(
-            agent.self_metrics(),
-            otlp_settings.traces.is_some() && sampled,
-            otlp_settings.metrics.is_some(),
-        ));
-        let otlp_spans = match (&otlp_settings.traces, sampled) {
-            (Some(traces), true) => Some(Arc::new(SpanExport::start(
-                traces.clone(),
-                resource(&otlp_settings),
-                config.slow_calls.export_queue,
-                otlp_settings.max_batch,
-                otlp_settings.schedule_delay,
-                otlp_stats.clone(),
-            )?)),
-            _ => None,
-        };
-        // The recent calls are always kept, but they are the destination (and counted) only
-        // without an OTLP endpoint, so `exported` never counts one span twice.
-        let mut recent = RecentCalls::new(config.slow_calls.recent_capacity);
-        if otlp_spans.is_none() && config.slow_calls.recent_capacity > 0 {
-            otlp_stats.spans.exported("local");
-            recent = recent.counted_as_local(otlp_stats.spans.clone());
-        }
-        let recent = Arc::new(recent);
-        let exemplars = Arc::new(ExemplarStore::new(spans::EXEMPLAR_SERIES));
-        let mut sinks: Vec<Arc<dyn SpanSink>> = vec![exemplars.clone()];
-        if let Some(otlp) = &otlp_spans {
-            sinks.push(otlp.clone());
-        }
-        sinks.push(recent.clone());
-        let slow_calls = SlowCalls::start(&config, labeler, ring, sinks, otlp_stats.spans.clone());
-        // Everything is attached and the span reader runs: give up what running does not need
-        // (see privileges.rs); threads started later inherit the reduced set.
-        let dropped = privileges::drop_after_start(&config).map_err(ServeError::Privileges)?;
-        tracing::info!(
-            kept = ?privileges::cap_names(dropped.kept),
-            bounding_set_reduced = dropped.bounding_set_reduced,
-            threads = dropped.threads,
-            "dropped capabilities"
-        );
-        if let Some(fallback) = dropped.proc_fallback {
-            tracing::info!(
-                proc_fallback = %fallback.describe(),
-                "slow-call file names come from the kernel"
-            );
-        }
-        let reload_stats = Arc::new(reload::ReloadStats::new());
-        reload_stats.register(agent.self_metrics());
-        let agent = Arc::new(Mutex::new(agent));
-        let reloader = Arc::new(reload::Reloader::new(
-            options.config_file.clone(),
-            options.collector_flags.clone(),
-            config.clone(),
-            agent.clone(),
-            reload_stats,
-        ));
-        let scraper = Arc::new(
-            Scraper::new(agent.clone(), config.collection.min_interval)
-                .with(config.exposition.clone(), exemplars.clone()),
-        );
-        let mut routes = BTreeMap::new();
-        routes.insert(
-            spans::recent::ROUTE.to_string(),
-            http::cached(recent.route(slow_calls.running()), Duration::from_secs(1)),
-        );
-        let state = Arc::new(AppState {
-            scraper: scraper.clone(),
-            telemetry_path: options.telemetry_path.clone(),
-            ready: false.into(),
-            routes,
-            reload: Some({
-                let reloader = reloader.clone();
-                Arc::new(move || {
-                    reloader
-                        .reload()
-                        .map(|changed| {
-                            if changed.is_empty() {
-                                "reloaded; nothing changed".to_string()
-                            } else {
-                                format!("reloaded; changed: {}", changed.join(", "))
-                            }
-                        })
-                        .map_err(|e| Chain(&e).to_string())
-                })
-            }),
-        });
-        let metric_push =
-            otlp::metrics::MetricPush::start(&otlp_settings, scraper.clone(), otlp_stats.clone())?;
-
-        let background = {
-            let scraper = scraper.clone();
-            let every = config.collection.background_interval;
-            // Half a tick of slack: ticks that vary in length still trim on every tick once
-            // the gap has passed, not on every other one.
-            let gap = HEAP_TRIM_GAP.saturating_sub(every / 2);
-            let mut trimmer = HeapTrimmer::new(gap);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    let s = scraper.clone();
-                    let refreshed = tokio::task::spawn_blocking(move || {
-                        s.refresh();
-                        if let Some(took) = trimmer.maybe_trim() {
-                            tracing::debug!(?took, "freed heap pages given back to the kernel");
-                        }
-                        trimmer
-                    });
-                    // A refresh that panicked took the trimmer with it.
-                    trimmer = refreshed.await.unwrap_or_else(|_| HeapTrimmer::new(gap));
-                }
-            })
-        };
-
-        // SIGHUP reloads the configuration, as it does for Prometheus.
-        let hangups = {
-            use tokio::signal::unix::{signal, SignalKind};
-            let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Hangup)?;
-            let reloader = reloader.clone();
-            tokio::spawn(async move {
-                while hup.recv().await.is_some() {
-                    tracing::info!("SIGHUP received, reloading the configuration");
-                    let r = reloader.clone();
-                    let _ = tokio::task::spawn_blocking(move || r.reload()).await;
-                }
-            })
-        };
-        // Handlers first: a SIGTERM right after the first ready answer must not kill the process
-        // with the default action before the server loop polls its shutdown future.
-        let shutdown = shutdown();
-        state.ready.store(true, Ordering::Relaxed);
-        tracing::info!(
-            address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            path = %options.telemetry_path,
-            tls = web.as_ref().is_some_and(|w| w.tls().is_some()),
-            basic_auth = web
-                .as_ref()
-                .is_some_and(|w| w.current().is_ok_and(|c| c.basic_auth.is_some())),
-            "serving metrics"
-        );
-        http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
-        background.abort();
-        hangups.abort();
-        // Send what is queued (bounded). The span exporter's shutdown blocks while its last
-        // exports run on the runtime's workers: it waits here, on the thread that drives the
-        // exporter, not in the blocking pool, where it would queue behind scrapes still waiting
-        // for the agent.
-        if let Some(push) = metric_push {
-            push.shutdown(Duration::from_secs(1)).await;
-        }
-        tokio::task::block_in_place(move || slow_calls.shutdown(Duration::from_secs(2)));
-        // Dropping the agent detaches every program and closes every map.
-        drop(scraper);
-        if let Ok(agent) = Arc::try_unwrap(agent) {
-            drop(agent);
-        }
-        tracing::info!("stopped; all probes detached");
-        Ok(())
-    });
+    let outcome = runtime.block_on(serve(options, config, web, shutdown));
     // Scrapes still queued for the agent when the server stopped are not waited for: their
     // clients are gone, and a stop must not take as long as the queue.
     runtime.shutdown_timeout(Duration::from_secs(1));
     outcome
+}
+
+/// The exporter's stages, in order, inside its runtime.
+async fn serve<F, S>(
+    options: &ServeOptions,
+    config: Config,
+    web: Option<Arc<WebConfigFile>>,
+    shutdown: F,
+) -> Result<(), ServeError>
+where
+    F: FnOnce() -> S,
+    S: Future<Output = ()>,
+{
+    // Bind first: a busy port is the cheapest failure to report.
+    let listener = http::bind(&options.listen_address).await?;
+    let otlp_settings = Settings::from_env(&config.otlp, config.kubernetes.node_name.as_deref())?;
+    let (mut agent, labeler, mut report) = startup::start(&config)?;
+    let ring = report.slow_events.take();
+    let slow = wire_slow_calls(&config, &otlp_settings, &mut agent, labeler, ring)?;
+    // Everything is attached and the span reader runs: give up what running does not need
+    // (see privileges.rs); threads started later inherit the reduced set.
+    drop_privileges(&config)?;
+    let reload_stats = Arc::new(reload::ReloadStats::new());
+    reload_stats.register(agent.self_metrics());
+    let agent = Arc::new(Mutex::new(agent));
+    let reloader = Arc::new(reload::Reloader::new(
+        options.config_file.clone(),
+        options.collector_flags.clone(),
+        config.clone(),
+        agent.clone(),
+        reload_stats,
+    ));
+    let scraper = Arc::new(
+        Scraper::new(agent.clone(), config.collection.min_interval)
+            .with(config.exposition.clone(), slow.exemplars.clone()),
+    );
+    let state = app_state(options, scraper.clone(), &slow, reloader.clone());
+    let push =
+        otlp::metrics::MetricPush::start(&otlp_settings, scraper.clone(), slow.stats.clone())?;
+    let tasks = vec![
+        spawn_background(scraper, config.collection.background_interval),
+        spawn_hangups(reloader)?,
+    ];
+    // Handlers first: a SIGTERM right after the first ready answer must not kill the process
+    // with the default action before the server loop polls its shutdown future.
+    let shutdown = shutdown();
+    state.ready.store(true, Ordering::Relaxed);
+    log_serving(&listener, options, web.as_deref());
+    http::serve_with(listener, state, web, shutdown, Duration::from_secs(3)).await;
+    stop(tasks, push, slow.calls, &agent).await;
+    Ok(())
+}
+
+/// The slow-call pipeline: the reader of the probes' ring buffer and the sinks it feeds.
+struct SlowCallWiring {
+    calls: SlowCalls,
+    exemplars: Arc<ExemplarStore>,
+    recent: Arc<RecentCalls>,
+    /// The OTLP self-metrics (spans and the metrics push share them).
+    stats: Arc<otlp::Stats>,
+}
+
+/// Wires the slow-call source to its sinks: exemplars, the OTLP span exporter (with an
+/// endpoint) and the recent calls; registers their self-metrics while the agent is not shared.
+fn wire_slow_calls(
+    config: &Config,
+    otlp_settings: &Settings,
+    agent: &mut Agent,
+    labeler: SharedLabeler,
+    ring: Option<SlowEvents>,
+) -> Result<SlowCallWiring, ServeError> {
+    let sampled = config.slow_calls.enabled && ring.is_some();
+    let stats = Arc::new(otlp::Stats::new(
+        agent.self_metrics(),
+        otlp_settings.traces.is_some() && sampled,
+        otlp_settings.metrics.is_some(),
+    ));
+    let otlp_spans = match (&otlp_settings.traces, sampled) {
+        (Some(traces), true) => Some(Arc::new(SpanExport::start(
+            traces.clone(),
+            resource(otlp_settings),
+            config.slow_calls.export_queue,
+            otlp_settings.max_batch,
+            otlp_settings.schedule_delay,
+            stats.clone(),
+        )?)),
+        _ => None,
+    };
+    // The recent calls are always kept, but they are the destination (and counted) only
+    // without an OTLP endpoint, so `exported` never counts one span twice.
+    let mut recent = RecentCalls::new(config.slow_calls.recent_capacity);
+    if otlp_spans.is_none() && config.slow_calls.recent_capacity > 0 {
+        stats.spans.exported("local");
+        recent = recent.counted_as_local(stats.spans.clone());
+    }
+    let recent = Arc::new(recent);
+    let exemplars = Arc::new(ExemplarStore::new(spans::EXEMPLAR_SERIES));
+    let mut sinks: Vec<Arc<dyn SpanSink>> = vec![exemplars.clone()];
+    if let Some(otlp) = &otlp_spans {
+        sinks.push(otlp.clone());
+    }
+    sinks.push(recent.clone());
+    let calls = SlowCalls::start(config, labeler, ring, sinks, stats.spans.clone());
+    Ok(SlowCallWiring {
+        calls,
+        exemplars,
+        recent,
+        stats,
+    })
+}
+
+/// Drops the capabilities running does not need, and says what it kept.
+fn drop_privileges(config: &Config) -> Result<(), ServeError> {
+    let dropped = privileges::drop_after_start(config).map_err(ServeError::Privileges)?;
+    tracing::info!(
+        kept = ?privileges::cap_names(dropped.kept),
+        bounding_set_reduced = dropped.bounding_set_reduced,
+        threads = dropped.threads,
+        "dropped capabilities"
+    );
+    if let Some(fallback) = dropped.proc_fallback {
+        tracing::info!(
+            proc_fallback = %fallback.describe(),
+            "slow-call file names come from the kernel"
+        );
+    }
+    Ok(())
+}
+
+/// What the HTTP server serves: the metrics, the recent slow calls and `POST /-/reload`.
+fn app_state(
+    options: &ServeOptions,
+    scraper: Arc<Scraper>,
+    slow: &SlowCallWiring,
+    reloader: Arc<reload::Reloader>,
+) -> Arc<AppState> {
+    let mut routes = BTreeMap::new();
+    routes.insert(
+        spans::recent::ROUTE.to_string(),
+        http::cached(
+            slow.recent.route(slow.calls.running()),
+            Duration::from_secs(1),
+        ),
+    );
+    let reload: http::ReloadHandler = Arc::new(move || {
+        reloader
+            .reload()
+            .map(|changed| {
+                if changed.is_empty() {
+                    "reloaded; nothing changed".to_string()
+                } else {
+                    format!("reloaded; changed: {}", changed.join(", "))
+                }
+            })
+            .map_err(|e| Chain(&e).to_string())
+    });
+    Arc::new(AppState {
+        scraper,
+        telemetry_path: options.telemetry_path.clone(),
+        ready: false.into(),
+        routes,
+        reload: Some(reload),
+    })
+}
+
+/// Refreshes the collectors every `every` when nobody scrapes, and gives the heap pages freed
+/// since the last tick back to the kernel.
+fn spawn_background(scraper: Arc<Scraper>, every: Duration) -> JoinHandle<()> {
+    // Half a tick of slack: ticks that vary in length still trim on every tick once the gap
+    // has passed, not on every other one.
+    let gap = HEAP_TRIM_GAP.saturating_sub(every / 2);
+    let mut trimmer = HeapTrimmer::new(gap);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let s = scraper.clone();
+            let refreshed = tokio::task::spawn_blocking(move || {
+                s.refresh();
+                if let Some(took) = trimmer.maybe_trim() {
+                    tracing::debug!(?took, "freed heap pages given back to the kernel");
+                }
+                trimmer
+            });
+            // A refresh that panicked took the trimmer with it.
+            trimmer = refreshed.await.unwrap_or_else(|_| HeapTrimmer::new(gap));
+        }
+    })
+}
+
+/// SIGHUP reloads the configuration, as it does for Prometheus.
+fn spawn_hangups(reloader: Arc<reload::Reloader>) -> Result<JoinHandle<()>, ServeError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Hangup)?;
+    Ok(tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP received, reloading the configuration");
+            let r = reloader.clone();
+            let _ = tokio::task::spawn_blocking(move || r.reload()).await;
+        }
+    }))
+}
+
+fn log_serving(listener: &TcpListener, options: &ServeOptions, web: Option<&WebConfigFile>) {
+    tracing::info!(
+        address = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        path = %options.telemetry_path,
+        tls = web.is_some_and(|w| w.tls().is_some()),
+        basic_auth = web.is_some_and(|w| w.current().is_ok_and(|c| c.basic_auth.is_some())),
+        "serving metrics"
+    );
+}
+
+/// Stops the background tasks, sends what is queued (bounded), and detaches every probe; says
+/// so only once it has.
+async fn stop(
+    tasks: Vec<JoinHandle<()>>,
+    push: Option<otlp::metrics::MetricPush>,
+    slow_calls: SlowCalls,
+    agent: &Mutex<Agent>,
+) {
+    for task in &tasks {
+        task.abort();
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    // The span exporter's shutdown blocks while its last exports run on the runtime's
+    // workers: it waits here, on the thread that drives the exporter, not in the blocking pool,
+    // where it would queue behind scrapes still waiting for the agent.
+    if let Some(push) = push {
+        push.shutdown(Duration::from_secs(1)).await;
+    }
+    tokio::task::block_in_place(move || slow_calls.shutdown(Duration::from_secs(2)));
+    // Detached here, not when the last holder of the agent lets go: a scrape still queued
+    // when the server stopped may hold it until the runtime goes.
+    let programs =
+        tokio::task::block_in_place(|| agent.lock().unwrap_or_else(|e| e.into_inner()).detach());
+    tracing::info!(programs, "stopped; all probes detached");
 }
 
 /// The OTLP resource of spans: the same attributes as the metrics push.

@@ -23,7 +23,7 @@ use prometheus_client::{
 };
 use sysscope_abi::{counters, maps};
 
-use super::{Collector, CollectorError, Health, MapUsage};
+use super::{CollectorError, Health, MapUsage};
 use crate::{
     build_info::{REVISION, VERSION},
     kernel::{counters::ProbeCounters, Probes, ProgramStats},
@@ -162,7 +162,6 @@ struct Registered {
 
 /// The collector of sysscope's own metrics.
 pub struct SelfMetrics {
-    probes: Option<Probes>,
     probe_counters: Option<ProbeCounters>,
     /// Last value of each `PROBE_COUNTERS` index (a failed read keeps it: counters never go
     /// back).
@@ -181,7 +180,7 @@ pub struct SelfMetrics {
 impl std::fmt::Debug for SelfMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SelfMetrics")
-            .field("probes", &self.probes.is_some())
+            .field("probe_counters", &self.probe_counters.is_some())
             .field("collectors_up", &self.collectors_up)
             .field(
                 "registered",
@@ -192,10 +191,10 @@ impl std::fmt::Debug for SelfMetrics {
 }
 
 impl SelfMetrics {
-    /// Takes the loaded probes (kept alive here: their programs stay attached as long as the
-    /// agent runs) and their `PROBE_COUNTERS`.
-    pub(crate) fn new(mut probes: Option<Probes>) -> Self {
-        let probe_counters = probes.as_mut().and_then(|p| ProbeCounters::take(p).ok());
+    /// Takes the loaded probes' `PROBE_COUNTERS` (the probes themselves stay with the agent,
+    /// which hands them to [`SelfMetrics::refresh`] and [`SelfMetrics::encode`]).
+    pub(crate) fn new(probes: Option<&mut Probes>) -> Self {
+        let probe_counters = probes.and_then(|p| ProbeCounters::take(p).ok());
         let spans = SpanCounters::default();
         if probe_counters.is_some() {
             for (_, kind, reason) in COUNTER_METRICS {
@@ -205,7 +204,6 @@ impl SelfMetrics {
             }
         }
         Self {
-            probes,
             probe_counters,
             counter_values: vec![0; counters::COUNT as usize],
             span_drops_added: vec![0; counters::COUNT as usize],
@@ -216,10 +214,6 @@ impl SelfMetrics {
             last_scrape: Duration::ZERO,
             registered: Vec::new(),
         }
-    }
-
-    pub(crate) fn probes(&self) -> Option<&Probes> {
-        self.probes.as_ref()
     }
 
     /// The span pipeline's counters (a shared handle).
@@ -309,13 +303,51 @@ fn encode_program_counter<N: EncodeCounterValue>(
     Ok(())
 }
 
-impl Collector for SelfMetrics {
-    fn name(&self) -> &'static str {
-        "self"
+/// The loaded programs: attached or not, and the kernel's run-time statistics of each.
+fn encode_programs(encoder: &mut DescriptorEncoder<'_>, probes: &Probes) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(
+        "sysscope_probe_attached",
+        "1 if the eBPF program is attached to its tracepoint, 0 if attaching failed.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for p in probes.programs() {
+        family
+            .encode_family(&[("program", p.program.as_str()), ("collector", p.collector)])?
+            .encode_gauge(&(p.attached as i64))?;
     }
+    encoder
+            .encode_descriptor(
+                "sysscope_probe_stats_coverage_ratio",
+                "Fraction of the time the kernel's BPF run-time statistics were on: 1 makes sysscope_probe_run_seconds_total and sysscope_probe_runs_total exact, below 1 they are extrapolated from samples (collection.probe_stats).",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_gauge(&probes.stats_coverage())?;
+    // Read here, not at refresh: background refreshes encode nothing.
+    let program_stats = probes.program_stats();
+    encode_program_counter(
+        encoder,
+        "sysscope_probe_run_seconds",
+        "CPU time spent in the eBPF program (kernel BPF run-time statistics).",
+        &program_stats,
+        |s| s.run_time.as_secs_f64(),
+    )?;
+    encode_program_counter(
+        encoder,
+        "sysscope_probe_runs",
+        "Times the eBPF program ran (kernel BPF run-time statistics).",
+        &program_stats,
+        |s| s.run_count,
+    )?;
+    Ok(())
+}
 
-    fn refresh(&mut self) -> Result<(), CollectorError> {
-        if self.probes.is_some() {
+/// Not a [`Collector`](super::Collector): the agent refreshes and encodes it last, with the probes it owns.
+impl SelfMetrics {
+    /// Reads the probes' counters and (with `probes`) the kernel memory of every map.
+    pub(crate) fn refresh(&mut self, probes: Option<&Probes>) -> Result<(), CollectorError> {
+        if probes.is_some() {
             self.map_memory = crate::kernel::map_memory();
         }
         if let Some(counters) = &self.probe_counters {
@@ -336,69 +368,8 @@ impl Collector for SelfMetrics {
         Ok(())
     }
 
-    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
-        encoder
-            .encode_descriptor(
-                "sysscope_build_info",
-                "sysscope's version; the value is always 1.",
-                None,
-                MetricType::Gauge,
-            )?
-            .encode_family(&[("version", VERSION), ("revision", REVISION)])?
-            .encode_gauge(&1i64)?;
-
-        {
-            let mut family = encoder.encode_descriptor(
-                "sysscope_collector_up",
-                "1 if the collector is running and its last refresh succeeded, 0 otherwise.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (name, up) in &self.collectors_up {
-                family
-                    .encode_family(&[("collector", *name)])?
-                    .encode_gauge(&(*up as i64))?;
-            }
-        }
-
-        if let Some(probes) = &self.probes {
-            let mut family = encoder.encode_descriptor(
-                "sysscope_probe_attached",
-                "1 if the eBPF program is attached to its tracepoint, 0 if attaching failed.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for p in probes.programs() {
-                family
-                    .encode_family(&[("program", p.program.as_str()), ("collector", p.collector)])?
-                    .encode_gauge(&(p.attached as i64))?;
-            }
-            encoder
-                .encode_descriptor(
-                    "sysscope_probe_stats_coverage_ratio",
-                    "Fraction of the time the kernel's BPF run-time statistics were on: 1 makes sysscope_probe_run_seconds_total and sysscope_probe_runs_total exact, below 1 they are extrapolated from samples (collection.probe_stats).",
-                    None,
-                    MetricType::Gauge,
-                )?
-                .encode_gauge(&probes.stats_coverage())?;
-            // Read here, not at refresh: background refreshes encode nothing.
-            let program_stats = probes.program_stats();
-            encode_program_counter(
-                encoder,
-                "sysscope_probe_run_seconds",
-                "CPU time spent in the eBPF program (kernel BPF run-time statistics).",
-                &program_stats,
-                |s| s.run_time.as_secs_f64(),
-            )?;
-            encode_program_counter(
-                encoder,
-                "sysscope_probe_runs",
-                "Times the eBPF program ran (kernel BPF run-time statistics).",
-                &program_stats,
-                |s| s.run_count,
-            )?;
-        }
-
+    /// The kernel maps: occupancy, kernel memory, and what the probes could not store.
+    fn encode_maps(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let occupancy: [OccupancyFamily; 2] = [
             (
                 "sysscope_map_entries",
@@ -442,6 +413,43 @@ impl Collector for SelfMetrics {
             self.encode_counters(encoder, CounterKind::Missed, "sysscope_probe_missed_events", "Events the probes saw only half of (e.g. a syscall that returned without a recorded entry).", "reason", &missed)?;
             self.encode_counters(encoder, CounterKind::Folded, "sysscope_syscalls_folded", "Syscalls counted under a coarser key: their cgroup's comm=\"other\" (the cgroup held limits.max_syscall_entries_per_cgroup slots, or none was free) or syscall=\"invalid\" (a number outside the syscall table). Nothing is lost.", "reason", &[])?;
         }
+        Ok(())
+    }
+
+    /// Encodes sysscope's own families; those of the programs only with `probes`.
+    pub(crate) fn encode(
+        &self,
+        encoder: &mut DescriptorEncoder<'_>,
+        probes: Option<&Probes>,
+    ) -> std::fmt::Result {
+        encoder
+            .encode_descriptor(
+                "sysscope_build_info",
+                "sysscope's version; the value is always 1.",
+                None,
+                MetricType::Gauge,
+            )?
+            .encode_family(&[("version", VERSION), ("revision", REVISION)])?
+            .encode_gauge(&1i64)?;
+
+        {
+            let mut family = encoder.encode_descriptor(
+                "sysscope_collector_up",
+                "1 if the collector is running and its last refresh succeeded, 0 otherwise.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (name, up) in &self.collectors_up {
+                family
+                    .encode_family(&[("collector", *name)])?
+                    .encode_gauge(&(*up as i64))?;
+            }
+        }
+
+        if let Some(probes) = probes {
+            encode_programs(encoder, probes)?;
+        }
+        self.encode_maps(encoder)?;
         self.spans.dropped.encode(encoder.encode_descriptor(
             "sysscope_spans_dropped",
             "Slow-call samples not exported, by reason.",
@@ -496,7 +504,7 @@ mod tests {
         struct View(Arc<Mutex<SelfMetrics>>);
         impl prometheus_client::collector::Collector for View {
             fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-                Collector::encode(&*self.0.lock().unwrap(), &mut e)
+                self.0.lock().unwrap().encode(&mut e, None)
             }
         }
         let mut registry = prometheus_client::registry::Registry::default();
@@ -522,7 +530,7 @@ mod tests {
         other_writer.dropped("malformed").inc_by(2);
         other_writer.exported("local").inc_by(5);
         m.observe(vec![("syscalls", true), ("gpu", false)], Vec::new());
-        m.refresh().unwrap();
+        m.refresh(None).unwrap();
         let text = encode(m);
         assert!(
             text.contains("sysscope_spans_dropped_total{reason=\"malformed\"} 3\n"),

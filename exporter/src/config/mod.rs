@@ -73,6 +73,29 @@ pub use self::{
     syscalls::HistogramResolution,
 };
 
+/// Where a configuration came from, to name it in the errors of [`Config::validate`].
+struct Rules<'a> {
+    origin: &'a str,
+}
+
+impl Rules<'_> {
+    fn invalid(&self, key: &str, problem: String) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.origin.to_string(),
+            key: key.to_string(),
+            problem,
+        }
+    }
+
+    fn ranged(&self, key: &str, v: u64, lo: u64, hi: u64) -> Result<(), ConfigError> {
+        if v < lo || v > hi {
+            Err(self.invalid(key, format!("{v} is out of range {lo}..={hi}")))
+        } else {
+            Ok(())
+        }
+    }
+}
+
 impl Config {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -94,95 +117,97 @@ impl Config {
         Ok(config)
     }
 
+    /// Checks every rule the types do not: bounds, names, and rules between keys. The first
+    /// broken rule is the error, naming its key.
     fn validate(&self, origin: &str) -> Result<(), ConfigError> {
-        let invalid = |key: &str, problem: String| ConfigError::Invalid {
-            path: origin.to_string(),
-            key: key.to_string(),
-            problem,
-        };
+        let r = Rules { origin };
+        self.validate_collection(&r)?;
+        self.validate_sizes(&r)?;
+        self.validate_slow_calls(&r)?;
+        self.validate_labels(&r)?;
+        Ok(())
+    }
+
+    /// The collection intervals.
+    fn validate_collection(&self, r: &Rules<'_>) -> Result<(), ConfigError> {
         let c = &self.collection;
         if c.min_interval > Duration::from_secs(60) {
-            return Err(invalid(
-                "collection.min_interval",
-                "must be at most 60s".into(),
-            ));
+            return Err(r.invalid("collection.min_interval", "must be at most 60s".into()));
         }
         if c.background_interval < Duration::from_millis(100)
             || c.background_interval > Duration::from_secs(3600)
         {
-            return Err(invalid(
+            return Err(r.invalid(
                 "collection.background_interval",
                 "must be between 100ms and 1h".into(),
             ));
         }
         if c.series_retention < c.background_interval {
-            return Err(invalid(
+            return Err(r.invalid(
                 "collection.series_retention",
                 "must be at least collection.background_interval".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// Map and table sizes, and what the collectors need named.
+    fn validate_sizes(&self, r: &Rules<'_>) -> Result<(), ConfigError> {
         let l = &self.limits;
-        let ranged = |key: &str, v: u64, lo: u64, hi: u64| {
-            if v < lo || v > hi {
-                Err(invalid(key, format!("{v} is out of range {lo}..={hi}")))
-            } else {
-                Ok(())
-            }
-        };
-        ranged("limits.max_series", l.max_series as u64, 100, 10_000_000)?;
-        ranged("limits.max_threads", l.max_threads as u64, 64, 4_194_304)?;
-        ranged(
+        r.ranged("limits.max_series", l.max_series as u64, 100, 10_000_000)?;
+        r.ranged("limits.max_threads", l.max_threads as u64, 64, 4_194_304)?;
+        r.ranged(
             "limits.max_syscall_entries",
             l.max_syscall_entries as u64,
             64,
             1_048_576,
         )?;
-        ranged(
+        r.ranged(
             "limits.max_syscall_entries_per_cgroup",
             l.max_syscall_entries_per_cgroup as u64,
             0,
             1_048_576,
         )?;
-        ranged(
+        r.ranged(
             "limits.max_error_entries",
             l.max_error_entries as u64,
             16,
             1_048_576,
         )?;
-        ranged(
+        r.ranged(
             "limits.max_error_entries_per_cgroup",
             l.max_error_entries_per_cgroup as u64,
             0,
             1_048_576,
         )?;
-        ranged(
+        r.ranged(
             "limits.max_exited_processes",
             l.max_exited_processes as u64,
             16,
             1_048_576,
         )?;
-        ranged(
+        r.ranged(
             "block_io.max_inflight",
             self.block_io.max_inflight as u64,
             64,
             1_048_576,
         )?;
-        ranged(
+        r.ranged(
             "block_io.max_entries",
             self.block_io.max_entries as u64,
             16,
             1_048_576,
         )?;
-        ranged("cpu.max_cgroups", self.cpu.max_cgroups as u64, 1, 1_000_000)?;
+        r.ranged("cpu.max_cgroups", self.cpu.max_cgroups as u64, 1, 1_000_000)?;
         if self.gpu.nvml_library.trim().is_empty() {
-            return Err(invalid(
+            return Err(r.invalid(
                 "gpu.nvml_library",
                 "must name a library (set gpu.enabled = false to turn the GPU collector off)"
                     .into(),
             ));
         }
         if self.block_io.tracepoints.len() != 2 {
-            return Err(invalid(
+            return Err(r.invalid(
                 "block_io.tracepoints",
                 format!(
                     "must name two tracepoints, the issue and the completion one (got {})",
@@ -190,27 +215,32 @@ impl Config {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Slow-call sampling: rates, sizes, thresholds and syscall names.
+    fn validate_slow_calls(&self, r: &Rules<'_>) -> Result<(), ConfigError> {
         let s = &self.slow_calls;
-        ranged(
+        r.ranged(
             "slow_calls.max_events_per_second",
             s.max_events_per_second as u64,
             0,
             1_000_000,
         )?;
-        ranged(
+        r.ranged(
             "slow_calls.recent_capacity",
             s.recent_capacity as u64,
             0,
             100_000,
         )?;
-        ranged(
+        r.ranged(
             "slow_calls.export_queue",
             s.export_queue as u64,
             1,
             1_000_000,
         )?;
         if !s.ring_buffer_bytes.is_power_of_two() || s.ring_buffer_bytes < 4096 {
-            return Err(invalid(
+            return Err(r.invalid(
                 "slow_calls.ring_buffer_bytes",
                 format!(
                     "{} must be a power of two and at least 4096",
@@ -219,7 +249,7 @@ impl Config {
             ));
         }
         if s.threshold.is_zero() {
-            return Err(invalid(
+            return Err(r.invalid(
                 "slow_calls.threshold",
                 "must be greater than 0 (set slow_calls.enabled = false to turn sampling off)"
                     .into(),
@@ -227,29 +257,31 @@ impl Config {
         }
         for name in &s.exclude {
             if !syscall_table::is_known_anywhere(name) {
-                return Err(invalid(
-                    "slow_calls.exclude",
-                    format!("unknown syscall `{name}`"),
-                ));
+                return Err(r.invalid("slow_calls.exclude", format!("unknown syscall `{name}`")));
             }
         }
         for (name, value) in &s.thresholds {
             let key = format!("slow_calls.thresholds.{name}");
             if !syscall_table::is_known_anywhere(name) {
-                return Err(invalid(&key, format!("unknown syscall `{name}`")));
+                return Err(r.invalid(&key, format!("unknown syscall `{name}`")));
             }
-            parse_threshold(value).map_err(|problem| invalid(&key, problem))?;
+            parse_threshold(value).map_err(|problem| r.invalid(&key, problem))?;
         }
+        Ok(())
+    }
+
+    /// Pod watch, histogram forms, label syscall names and the OTLP section.
+    fn validate_labels(&self, r: &Rules<'_>) -> Result<(), ConfigError> {
         match self.kubernetes.pod_watch.as_str() {
             "auto" | "on" | "off" => {}
             other => {
-                return Err(invalid(
+                return Err(r.invalid(
                     "kubernetes.pod_watch",
                     format!("`{other}` is not one of auto, on, off"),
                 ))
             }
         }
-        ranged(
+        r.ranged(
             "kubernetes.max_pods",
             self.kubernetes.max_pods as u64,
             1,
@@ -257,22 +289,19 @@ impl Config {
         )?;
         let e = &self.exposition;
         if !e.native_histograms && !e.classic_histograms {
-            return Err(invalid(
+            return Err(r.invalid(
                 "exposition.native_histograms",
                 "with exposition.classic_histograms also false, the protobuf exposition would carry no histogram; set one of them".into(),
             ));
         }
         for name in &self.labels.syscalls {
             if !syscall_table::is_known_anywhere(name) {
-                return Err(invalid(
-                    "labels.syscalls",
-                    format!("unknown syscall `{name}`"),
-                ));
+                return Err(r.invalid("labels.syscalls", format!("unknown syscall `{name}`")));
             }
         }
         for name in &self.labels.syscall_families {
             if syscall_table::family(name).is_none() {
-                return Err(invalid(
+                return Err(r.invalid(
                     "labels.syscall_families",
                     format!(
                         "unknown family `{name}` (one of {})",
@@ -287,7 +316,7 @@ impl Config {
         }
         self.otlp
             .validate()
-            .map_err(|(key, problem)| invalid(&key, problem))?;
+            .map_err(|(key, problem)| r.invalid(&key, problem))?;
         Ok(())
     }
 

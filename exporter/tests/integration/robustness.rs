@@ -170,6 +170,94 @@ fn sigint_and_sigterm_detach_every_program_and_map() {
     }
 }
 
+/// The stop is told truthfully: "stopped; all probes detached" comes only once the exporter
+/// holds no program and no program has a link left (read the moment the line arrives, while the
+/// process may still be exiting); it counts the programs the agent held (the
+/// `sysscope_probe_attached` series it served), and the kernel then frees them (bpftool).
+#[test]
+fn sigterm_says_the_probes_are_detached_only_after_they_are() {
+    if !require_root("sigterm_says_the_probes_are_detached_only_after_they_are") {
+        return;
+    }
+    let _node = share_node();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sysscope.toml");
+    std::fs::write(&config, TEST_CONFIG).unwrap();
+    let port = free_port();
+    let mut child = Command::new(sysscope_bin())
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!("--config.file={}", config.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn sysscope");
+    let pid = child.id();
+    // Each log line, with what of the exporter's programs was left when the line was read:
+    // those it still held open, and those still linked to a tracepoint.
+    let (lines, received) = std::sync::mpsc::channel::<(String, Vec<u64>)>();
+    let stderr = child.stderr.take().unwrap();
+    let programs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let ours = programs.clone();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let ours = ours.lock().unwrap().clone();
+            let mut left = bpf_program_ids_of(pid);
+            left.extend(links_of(&ours));
+            let _ = lines.send((line, left));
+        }
+    });
+    let ready = eventually(Duration::from_secs(30), || {
+        matches!(http_get(port, "/-/ready", None), Ok((200, _, _))).then_some(())
+    });
+    assert!(ready.is_some(), "sysscope not ready");
+    let (status, _, body) = http_get(port, "/metrics", None).expect("scrape");
+    assert_eq!(status, 200);
+    let attached = select(&parse_samples(&body), "sysscope_probe_attached", &[]).len();
+    *programs.lock().unwrap() = bpf_program_ids_of(pid);
+    assert!(
+        programs.lock().unwrap().len() >= 3 && attached >= 3,
+        "positive control: programs {:?}, {attached} attached series",
+        programs.lock().unwrap()
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait sysscope");
+    reader.join().unwrap();
+    assert!(status.success(), "exit status {status}");
+    let log: Vec<(String, Vec<u64>)> = received.try_iter().collect();
+    let text: Vec<&str> = log.iter().map(|(l, _)| l.as_str()).collect();
+    let stopped = log
+        .iter()
+        .position(|(l, _)| l.contains("stopped; all probes detached"))
+        .unwrap_or_else(|| panic!("no stop line in {text:#?}"));
+    let term = log
+        .iter()
+        .position(|(l, _)| l.contains("SIGTERM received"))
+        .unwrap_or_else(|| panic!("no SIGTERM line in {text:#?}"));
+    assert!(term < stopped, "{text:#?}");
+    assert_eq!(
+        log[stopped].1,
+        Vec::<u64>::new(),
+        "programs held or linked when the exporter said they were detached: {}",
+        log[stopped].0
+    );
+    assert!(
+        log[stopped].0.contains(&format!("programs={attached}")),
+        "the stop line counts the {attached} programs: {}",
+        log[stopped].0
+    );
+    let ours = programs.lock().unwrap().clone();
+    let freed = eventually(Duration::from_secs(5), || {
+        let loaded = loaded_program_ids();
+        ours.iter().all(|id| !loaded.contains(id)).then_some(())
+    });
+    assert!(freed.is_some(), "programs {ours:?} left behind after exit");
+}
+
 #[test]
 fn restart_on_the_same_port_resumes_cleanly() {
     if !require_root("restart_on_the_same_port_resumes_cleanly") {
