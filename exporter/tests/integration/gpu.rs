@@ -209,6 +209,8 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
     let gone = 4_194_304 + 17;
 
     let standin = StandIn::new(&node_state(pid, gone));
+    // gpu.nvml_library names the stand-in by path: the file loaded, as sysscope_gpu_info says.
+    let nvml_library = crate::nvml_standin::library().to_str().unwrap();
     let config = format!(
         "{TEST_CONFIG}[kubernetes]\npod_watch = \"on\"\nnode_name = \"node-test\"\n{}",
         standin.config()
@@ -274,6 +276,7 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
                     ("model", "NVIDIA A100-SXM4-80GB"),
                     ("driver_version", "550.54.15"),
                     ("cuda_version", "12.4"),
+                    ("nvml_library", nvml_library),
                     ("pci_bus_id", "00000000:3B:00.0"),
                     ("serial", "1320221234567"),
                 ]
@@ -339,6 +342,7 @@ fn series_equal_what_nvml_reports_per_device_mig_instance_and_process() {
                     ("model", "NVIDIA T400"),
                     ("driver_version", "550.54.15"),
                     ("cuda_version", "12.4"),
+                    ("nvml_library", nvml_library),
                 ]
             )
         ),
@@ -1109,4 +1113,75 @@ fn from_a_cgroup_namespace_gpu_series_carry_the_cgroup_of_the_syscall_series() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// The driver's multiarch directory on this architecture (Debian, Ubuntu).
+const MULTIARCH_LIB: &str = if cfg!(target_arch = "aarch64") {
+    "/usr/lib/aarch64-linux-gnu"
+} else {
+    "/usr/lib/x86_64-linux-gnu"
+};
+
+/// A FROM-scratch image has no loader cache: with `gpu.nvml_library` left at its bare
+/// default, NVML is found in the well-known directories a driver installs it in. The stand-in
+/// is placed in two of them in turn, under a root given by `SYSSCOPE_NVML_ROOT` (the same
+/// directories, prefixed: the test cannot write to the machine's own), and the exporter runs
+/// without `LD_LIBRARY_PATH`; each time it loads that file, says so in its log and in
+/// `sysscope_gpu_info{nvml_library}`, and reads the stand-in's GPUs.
+#[test]
+fn nvml_is_found_in_well_known_directories_without_a_loader_cache() {
+    if !require_root("nvml_is_found_in_well_known_directories_without_a_loader_cache") {
+        return;
+    }
+    let cached = Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("libnvidia-ml.so.1"))
+        .unwrap_or(false);
+    assert!(
+        !cached,
+        "this machine's loader finds a real libnvidia-ml.so.1: the search could not be told apart"
+    );
+    let standin = StandIn::new(&two_full_gpus());
+    for dir in ["/usr/lib64", MULTIARCH_LIB] {
+        let root = tempfile::tempdir().unwrap();
+        let installed = format!("{}{dir}/libnvidia-ml.so.1", root.path().display());
+        std::fs::create_dir_all(std::path::Path::new(&installed).parent().unwrap()).unwrap();
+        std::fs::copy(crate::nvml_standin::library(), &installed).unwrap();
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("stderr.log");
+        let script = format!("exec \"$0\" \"$@\" 2>>{}", log.display());
+        let root_env = root.path().to_str().unwrap();
+        let mut exporter = Exporter::spawn_wrapped(
+            free_port(),
+            // gpu.nvml_library at its default, the bare soname.
+            TEST_CONFIG,
+            &[],
+            &[standin.env(), ("SYSSCOPE_NVML_ROOT", root_env)],
+            &["env", "-u", "LD_LIBRARY_PATH", "sh", "-c", script.as_str()],
+        );
+        exporter.wait_ready(Duration::from_secs(30));
+        let samples = parse_samples(&exporter.scrape());
+        assert_eq!(up(&samples, "gpu"), 1.0, "{dir}");
+        for uuid in ["GPU-aaaa", "GPU-bbbb"] {
+            let info = select(
+                &samples,
+                "sysscope_gpu_info",
+                &[("uuid", uuid), ("nvml_library", installed.as_str())],
+            );
+            assert_eq!(
+                info.len(),
+                1,
+                "{dir}: {uuid}: {:#?}",
+                select(&samples, "sysscope_gpu_info", &[])
+            );
+        }
+        exporter.stop();
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            text.lines()
+                .any(|l| l.contains("NVML loaded") && l.contains(installed.as_str())),
+            "{dir}: no log line naming {installed}:\n{text}"
+        );
+    }
 }

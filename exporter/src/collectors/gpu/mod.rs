@@ -602,7 +602,7 @@ impl Collector for GpuCollector {
         {
             let mut family = encoder.encode_descriptor(
                 "sysscope_gpu_info",
-                "Identity of each GPU sysscope has seen (always 1): model, driver and CUDA version, PCI bus id and serial number where NVML reports them.",
+                "Identity of each GPU sysscope has seen (always 1): model, driver and CUDA version, the NVML library file loaded, PCI bus id and serial number where NVML reports them.",
                 None,
                 MetricType::Gauge,
             )?;
@@ -613,6 +613,7 @@ impl Collector for GpuCollector {
                     ("model", &d.info.model),
                     ("driver_version", &self.driver.driver_version),
                     ("cuda_version", &self.driver.cuda_version),
+                    ("nvml_library", &self.driver.nvml_library),
                     ("pci_bus_id", &d.info.pci_bus_id),
                     ("serial", &d.info.serial),
                 ] {
@@ -1348,6 +1349,7 @@ mod tests {
             s.driver = DriverInfo {
                 driver_version: Some("550.54.15".into()),
                 cuda_version: Some("12.4".into()),
+                nvml_library: None,
             };
             let mut r = reading("GPU-a");
             r.info = DeviceInfo {

@@ -28,11 +28,44 @@ use super::{
 };
 use crate::util::error::Chain;
 
+/// Directories the NVIDIA driver's `libnvidia-ml.so.1` is installed in, tried in this order
+/// when `gpu.nvml_library` is a bare name the dynamic loader does not find: an image built
+/// `FROM scratch` has no `/etc/ld.so.cache`, and its loader's default path lacks `/usr/lib64`,
+/// so whether a library a container runtime injects is found would otherwise depend on the
+/// runtime writing a cache. The host's multiarch directory (Debian, Ubuntu), `/usr/lib64`
+/// (RHEL, Amazon Linux 2023, SUSE), `/usr/lib`, `/usr/local/nvidia/lib64` (GKE, and where the
+/// host-driver overlay mounts it), and the GPU Operator's driver container root.
+#[cfg(target_arch = "aarch64")]
+pub(crate) const WELL_KNOWN_DIRS: &[&str] = &[
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/run/nvidia/driver/usr/lib/aarch64-linux-gnu",
+    "/run/nvidia/driver/usr/lib64",
+];
+/// See the aarch64 list; this is the same for x86_64.
+#[cfg(not(target_arch = "aarch64"))]
+pub(crate) const WELL_KNOWN_DIRS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/nvidia/lib64",
+    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+    "/run/nvidia/driver/usr/lib64",
+];
+
+/// A directory put in front of each of [`WELL_KNOWN_DIRS`] (e.g. `/host`, where the host's
+/// root is mounted read-only), read when NVML is loaded. Unset: the directories as they are.
+pub(crate) const ROOT_ENV: &str = "SYSSCOPE_NVML_ROOT";
+
 /// An initialised NVML (shut down when the last user drops it), and the thread that counts
 /// its XID events, once started.
 pub(crate) struct NvmlLibrary {
     nvml: Arc<nvml_wrapper::Nvml>,
     xids: Option<XidWatch>,
+    /// The file it was loaded from.
+    path: String,
 }
 
 impl std::fmt::Debug for NvmlLibrary {
@@ -44,16 +77,63 @@ impl std::fmt::Debug for NvmlLibrary {
 }
 
 impl NvmlLibrary {
-    /// Loads `library` (a path, or a name the dynamic loader searches) and initialises NVML.
+    /// Loads `library` and initialises NVML. A path is loaded as it is; a bare name is searched
+    /// by the dynamic loader (`LD_LIBRARY_PATH`, the loader's cache and default directories),
+    /// then in [`WELL_KNOWN_DIRS`] (under `$SYSSCOPE_NVML_ROOT`), in order. The file loaded is
+    /// logged and reported in [`DriverInfo::nvml_library`].
     pub(crate) fn connect(library: &str) -> Result<Self, GpuError> {
+        if library.contains('/') {
+            return Self::load(library);
+        }
+        let root = std::env::var(ROOT_ENV).unwrap_or_default();
+        let root = root.trim_end_matches('/');
+        let candidates: Vec<String> = WELL_KNOWN_DIRS
+            .iter()
+            .map(|dir| format!("{root}{dir}/{library}"))
+            .collect();
+        let by_name = match Self::load(library) {
+            Err(GpuError::LibraryMissing { source, .. }) => source,
+            found => return found,
+        };
+        for path in &candidates {
+            if !std::path::Path::new(path).is_file() {
+                continue;
+            }
+            match Self::load(path) {
+                Err(GpuError::LibraryMissing { source, .. }) => {
+                    tracing::debug!(library = %path, error = %source, "not NVML");
+                }
+                found => return found,
+            }
+        }
+        Err(GpuError::LibraryMissing {
+            library: format!(
+                "{library}, searched by the dynamic loader and in {}",
+                candidates.join(", ")
+            ),
+            source: by_name,
+        })
+    }
+
+    /// Loads `library` (a path, or a name the dynamic loader searches) and initialises NVML.
+    fn load(library: &str) -> Result<Self, GpuError> {
         match nvml_wrapper::Nvml::builder()
             .lib_path(OsStr::new(library))
             .init()
         {
-            Ok(nvml) => Ok(Self {
-                nvml: Arc::new(nvml),
-                xids: None,
-            }),
+            Ok(nvml) => {
+                let path = if library.contains('/') {
+                    library.to_string()
+                } else {
+                    mapped_file(library).unwrap_or_else(|| library.to_string())
+                };
+                tracing::info!(library = %path, "NVML loaded");
+                Ok(Self {
+                    nvml: Arc::new(nvml),
+                    xids: None,
+                    path,
+                })
+            }
             // Not there, or not an NVML library.
             Err(
                 source @ (NvmlError::LibloadingError(_)
@@ -281,6 +361,18 @@ enum InstanceId {
     Compute,
 }
 
+/// The file the dynamic loader mapped for the bare library `name` (e.g. `libnvidia-ml.so.1`),
+/// from `/proc/self/maps`: the first mapped file whose name starts with `name`'s stem up to
+/// `.so` (the soname is usually a link to `libnvidia-ml.so.<driver version>`).
+fn mapped_file(name: &str) -> Option<String> {
+    let stem = &name[..name.find(".so").map_or(name.len(), |i| i + 3)];
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.starts_with('/') && p.rsplit('/').next().is_some_and(|f| f.starts_with(stem)))
+        .map(str::to_string)
+}
+
 fn call(name: &'static str) -> impl Fn(NvmlError) -> GpuError {
     move |source| GpuError::Call { call: name, source }
 }
@@ -290,6 +382,7 @@ impl Nvml for NvmlLibrary {
         DriverInfo {
             driver_version: self.nvml.sys_driver_version().ok(),
             cuda_version: self.nvml.sys_cuda_driver_version().ok().map(cuda_version),
+            nvml_library: Some(self.path.clone()),
         }
     }
 
@@ -437,6 +530,28 @@ mod tests {
             text.contains("/nonexistent/libnvidia-ml.so.1") && text.contains("gpu.nvml_library"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_name_found_nowhere_names_every_directory_searched() {
+        let e = NvmlLibrary::connect("libsysscope-no-such-nvml.so.1").unwrap_err();
+        assert!(matches!(e, GpuError::LibraryMissing { .. }), "{e:?}");
+        let text = e.to_string();
+        for dir in WELL_KNOWN_DIRS {
+            assert!(
+                text.contains(&format!("{dir}/libsysscope-no-such-nvml.so.1")),
+                "{dir} not in: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_file_a_bare_name_was_loaded_from_is_found_in_the_mappings() {
+        // libc is mapped in every process, from the path its soname resolves to.
+        let path = mapped_file("libc.so.6").expect("libc mapped");
+        assert!(path.starts_with('/') && path.contains("/libc.so"), "{path}");
+        assert!(std::path::Path::new(&path).is_file(), "{path}");
+        assert_eq!(mapped_file("libsysscope-not-loaded.so.1"), None);
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! identity ([`DeviceReading`]), the processes on a device ([`ProcessReading`]), MIG instances,
 //! and the XID errors NVML reports as events. [`library::NvmlLibrary`] implements it over the
 //! `nvml-wrapper` crate, opening `libnvidia-ml.so.1` (or whatever `gpu.nvml_library` names)
-//! with `dlopen` at run time, so sysscope has no link-time dependency on the driver;
+//! with `dlopen` at run time, so sysscope has no link-time dependency on the driver; a bare
+//! name is searched by the dynamic loader, then in the directories drivers install it in
+//! ([`library::WELL_KNOWN_DIRS`]), since a FROM-scratch image has no loader cache;
 //! [`events`] owns the thread that waits for XID events. The test suite runs all of it against
 //! a stand-in library built from C (`exporter/tests/support/nvml/`); unit tests of the
 //! collector's own logic use `fake.rs` (test builds only).
@@ -46,6 +48,8 @@ pub(crate) struct DriverInfo {
     pub(crate) driver_version: Option<String>,
     /// The CUDA version the driver supports (`nvmlSystemGetCudaDriverVersion_v2`), e.g. `12.4`.
     pub(crate) cuda_version: Option<String>,
+    /// The file NVML was loaded from ([`library::NvmlLibrary::connect`]).
+    pub(crate) nvml_library: Option<String>,
 }
 
 /// A device's identity: what `nvidia-smi -L` and `--query-gpu=name,serial,pci.bus_id` print.
