@@ -99,6 +99,9 @@ pub mod block_op {
     pub const COUNT: usize = 4;
     /// Any other operation (write-zeroes, zone management, driver-private): not recorded.
     pub const OTHER: u8 = u8::MAX;
+    /// Set in the `op` of a `BLOCK_STATS` key whose requests failed (a non-zero status at
+    /// completion): they are counted apart, and their bytes were not moved.
+    pub const FAILED: u8 = 0x80;
 
     /// The `op` label value of each class.
     pub const NAMES: [&str; COUNT] = ["read", "write", "flush", "discard"];
@@ -122,6 +125,9 @@ pub mod block_op {
         pub flush: u32,
         pub discard: u32,
         pub secure_erase: u32,
+        /// `REQ_OP_ZONE_APPEND` (5.8 and later): a data write to a zoned device, counted as
+        /// a write.
+        pub zone_append: u32,
     }
 
     impl ReqOps {
@@ -131,6 +137,7 @@ pub mod block_op {
             flush: 2,
             discard: 3,
             secure_erase: 5,
+            zone_append: 13,
         };
     }
 
@@ -144,13 +151,14 @@ pub mod block_op {
     ///
     /// A write carrying `REQ_PREFLUSH` or `REQ_FUA` is a write: the block layer issues the
     /// cache flush it implies as a separate `REQ_OP_FLUSH` request, which is a flush. Secure
-    /// erase is a discard. Write-zeroes moves no data from memory, so it is not a write.
+    /// erase is a discard, zone append a write. Write-zeroes moves no data from memory, so it
+    /// is not a write.
     #[inline(always)]
     pub fn decode(cmd_flags: u32, ops: &ReqOps) -> u8 {
         let op = cmd_flags & REQ_OP_MASK;
         if op == ops.read {
             READ
-        } else if op == ops.write {
+        } else if op == ops.write || op == ops.zone_append {
             WRITE
         } else if op == ops.flush {
             FLUSH
@@ -381,7 +389,7 @@ pod!(
 // misreading a map on the other side.
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<BlockProbeConfig>() == 96);
+    assert!(size_of::<BlockProbeConfig>() == 100);
     assert!(size_of::<BlockInflight>() == 72);
     assert!(size_of::<BlockKey>() == 40);
     assert!(size_of::<BlockStats>() == 16);
@@ -406,7 +414,8 @@ mod block_tests {
         assert_eq!(decode(2 | SYNC_FUA_PREFLUSH, &ops), FLUSH);
         assert_eq!(decode(3, &ops), DISCARD);
         assert_eq!(decode(5, &ops), DISCARD, "secure erase is a discard");
-        for other in [7u32, 9, 11, 13, 15, 17, 19, 34, 35, 0xff] {
+        assert_eq!(decode(13, &ops), WRITE, "zone append is a write");
+        for other in [7u32, 9, 11, 15, 17, 19, 34, 35, 0xff] {
             assert_eq!(decode(other | (1 << 11), &ops), OTHER, "op {other}");
         }
         // Values come from the kernel's BTF when they differ.
@@ -416,6 +425,7 @@ mod block_tests {
             flush: 12,
             discard: 13,
             secure_erase: 14,
+            zone_append: 15,
         };
         assert_eq!(decode(0, &shifted), OTHER);
         assert_eq!(decode(12 | (1 << 20), &shifted), FLUSH);

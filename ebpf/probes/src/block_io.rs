@@ -16,7 +16,11 @@
 //!
 //! Attribution is made when the request is submitted (`block_io_start`), or at issue when that
 //! tracepoint is missing: the task's tgid and name, and its cgroup unless the task is outside
-//! the cgroup the bio is charged to (writeback, loop/dm workers): then the bio's.
+//! the cgroup the bio is charged to (writeback, loop/dm workers): then the bio's. At issue, a
+//! task outside the bio's cgroup is the dispatcher, not the submitter: the request is then
+//! the bio's cgroup's with no process (its shared key). A request that failed (non-zero status
+//! at completion) is counted under its op with `block_op::FAILED` set, and not in the latency
+//! histogram.
 //! Stats are recorded once per request, at its final completion, so bytes, requests and the
 //! histogram count always agree. The stats and latency maps are shared by all CPUs and updated
 //! with atomic adds: block I/O rates are far below syscall rates, and shared maps keep the
@@ -243,14 +247,26 @@ fn submitter(rq: u64, cfg: &BlockProbeConfig, now: u64, issue_ns: u64) -> BlockI
     let pid_tgid = bpf_get_current_pid_tgid();
     let cgroup_id = request_cgroup(rq, cfg, current);
     let traced = tracing_target() && is_traced(pid_tgid, current, cgroup_id);
+    // Attributed at issue (no `block_io_start`: 6.1-6.4), by a task outside the cgroup the
+    // bio is charged to: with an I/O scheduler that is whoever dispatched the request (another
+    // tenant's task, kblockd), not who submitted it. The request is the bio's cgroup's, and
+    // its process unknown: its cgroup's shared key (tgid 0, no name, `comm="other"`).
+    let (tgid, comm) = if issue_ns != 0 && cgroup_id != current {
+        (0, [0; 16])
+    } else {
+        (
+            (pid_tgid >> 32) as u32,
+            bpf_get_current_comm().unwrap_or([0; 16]),
+        )
+    };
     BlockInflight {
         submit_ns: now,
         issue_ns,
         cgroup_id,
         done_bytes: 0,
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         dev: 0,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        comm,
         op: 0,
         traced: traced as u8,
         counted: 0,
@@ -357,9 +373,9 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let bytes = e.done_bytes + nr_bytes;
+    // TP_PROTO(..., blk_status_t error, ...): a u8.
+    let error = ctx.arg::<u64>(1) as u8;
     if tracing {
-        // TP_PROTO(..., blk_status_t error, ...): a u8.
-        let error = ctx.arg::<u64>(1) as u8;
         stream(&e, bytes, now, error);
     }
     let key = BlockKey {
@@ -367,10 +383,19 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
         tgid: e.tgid,
         dev: e.dev,
         comm: e.comm,
-        op: e.op,
+        op: if error != 0 {
+            e.op | block_op::FAILED
+        } else {
+            e.op
+        },
         _pad: [0; 7],
     };
     record_stats(&key, bytes);
+    if error != 0 {
+        // A failed request moved no data the caller can count on: counted apart, and kept
+        // out of the latency histogram, whose count is that of the requests that completed.
+        return 0;
+    }
     let lkey = BlockLatencyKey {
         cgroup_id: if cfg.latency_by_cgroup != 0 {
             e.cgroup_id

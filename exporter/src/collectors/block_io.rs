@@ -363,22 +363,39 @@ impl Collector for BlockIoCollector {
 
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let mut labels: Vec<(&'static str, Cow<'_, str>)> = Vec::with_capacity(8);
-        let op_name = |op: u8| block_op::name(op).unwrap_or(OTHER);
-        let counters: [IoCounterFamily; 2] = [
+        let op_name = |op: u8| block_op::name(op & !block_op::FAILED).unwrap_or(OTHER);
+        let counters: [(IoCounterFamily, bool); 3] = [
             (
-                "sysscope_block_io_bytes",
-                "Bytes of completed block requests, per cgroup, process name, device and operation (discard: bytes discarded; flush: 0).",
-                |t| t.bytes,
+                (
+                    "sysscope_block_io_bytes",
+                    "Bytes of block requests that completed successfully, per cgroup, process name, device and operation (discard: bytes discarded; flush: 0).",
+                    |t| t.bytes,
+                ),
+                false,
             ),
             (
-                "sysscope_block_io_requests",
-                "Completed block requests, per cgroup, process name, device and operation.",
-                |t| t.requests,
+                (
+                    "sysscope_block_io_requests",
+                    "Block requests that completed successfully, per cgroup, process name, device and operation.",
+                    |t| t.requests,
+                ),
+                false,
+            ),
+            (
+                (
+                    "sysscope_block_io_failed_requests",
+                    "Block requests that completed with an error (their bytes are not in sysscope_block_io_bytes_total), per cgroup, process name, device and operation.",
+                    |t| t.requests,
+                ),
+                true,
             ),
         ];
-        for (name, help, value) in counters {
+        for ((name, help, value), failed) in counters {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for ((workload, device, op), series) in self.io.series() {
+                if (op & block_op::FAILED != 0) != failed {
+                    continue;
+                }
                 labels.clear();
                 workload.push_labels(&mut labels);
                 labels.push(("device", Cow::Borrowed(device)));

@@ -458,6 +458,7 @@ pub fn resolve_offsets(
         flush: op("REQ_OP_FLUSH", linux.flush),
         discard: op("REQ_OP_DISCARD", linux.discard),
         secure_erase: op("REQ_OP_SECURE_ERASE", linux.secure_erase),
+        zone_append: op("REQ_OP_ZONE_APPEND", linux.zone_append),
     };
     if want_bio_cgroup {
         let chain = (|| -> Result<[u32; 7], BtfError> {

@@ -654,3 +654,93 @@ fn four_tenants_filling_block_stats_leave_a_fifth_counted() {
         "the quiet cgroup found the processes' share full and counted under its shared key"
     );
 }
+
+/// A loop device whose backing file lies on a tmpfs too small for it: once the tmpfs is full,
+/// the loop driver fails every write. 4 KiB direct writes, each one request: those that
+/// succeeded are the bytes moved, those that failed are failed requests, and not bytes.
+#[test]
+fn failed_writes_are_failed_requests_not_bytes() {
+    if !require_root("failed_writes_are_failed_requests_not_bytes") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let mnt = tempfile::tempdir().unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(mnt.path())
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mount a tmpfs");
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.path());
+    let backing = mnt.path().join("backing.img");
+    std::fs::File::create(&backing)
+        .and_then(|f| f.set_len(4 * MIB))
+        .expect("sparse backing file");
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&backing)
+        .output()
+        .expect("losetup");
+    assert!(out.status.success(), "losetup");
+    let path = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _detach = Detach(path.clone());
+    let name = path.trim_start_matches("/dev/").to_string();
+
+    let cg = TestCgroup::new("sysscope-test-bfail");
+    const WRITES: u64 = 256;
+    const BLOCK: u64 = 4096;
+    let (mut ok, mut failed) = (0u64, 0u64);
+    for i in 0..WRITES {
+        let status = cg
+            .command("dd")
+            .args([
+                "if=/dev/urandom",
+                &format!("of={path}"),
+                &format!("bs={BLOCK}"),
+                "count=1",
+                &format!("seek={i}"),
+                "oflag=direct",
+                "conv=notrunc",
+                "status=none",
+            ])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("dd");
+        if status.success() {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    assert!(
+        ok > 0 && failed > 0,
+        "the tmpfs should fill part way: {ok} writes succeeded, {failed} failed"
+    );
+    let samples = parse_samples(&exporter.scrape());
+    let (bytes, requests) = io(&samples, Some(&cg.rel), &name, "write");
+    let failed_requests = sum(
+        &samples,
+        "sysscope_block_io_failed_requests_total",
+        &[("cgroup", &cg.rel), ("device", &name), ("op", "write")],
+    ) as u64;
+    eprintln!(
+        "{ok} writes of {BLOCK} bytes succeeded, {failed} failed; sysscope: {bytes} bytes in \
+         {requests} requests, {failed_requests} failed requests ({} bytes not counted)",
+        failed * BLOCK
+    );
+    assert_eq!(bytes, ok * BLOCK, "bytes moved: the successful writes only");
+    assert_eq!(requests, ok, "requests that completed successfully");
+    assert_eq!(failed_requests, failed, "failed requests");
+}
