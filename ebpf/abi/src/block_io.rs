@@ -13,6 +13,11 @@ maps! {
     BLOCK_LATENCY: HashMap(BlockLatencyKey => BlockLatency),
     /// Ring buffer of [`crate::BlockTraceEvent`] records, streamed only when `BLOCK_TRACE` is set.
     TRACE_BLOCK_EVENTS: RingBuf(() => BlockTraceEvent),
+    /// What the per-tenant bounds of the block maps count (keys: [`block_held`]): the
+    /// `BLOCK_STATS` entries of each cgroup's processes and of all (counted up by the probes,
+    /// set to the exact figure by user space after each read), and the requests each cgroup
+    /// and all have in `BLOCK_INFLIGHT` (kept by the probes alone, as `i64`).
+    BLOCK_HELD: HashMap(u64 => u64),
 }
 
 programs! {
@@ -29,6 +34,60 @@ globals! {
     /// `TRACE_BLOCK_EVENTS`: set by `sysscope trace`; 0 (every request, no stream) for the
     /// exporter.
     BLOCK_TRACE: u32,
+    /// `u32`: `BLOCK_STATS` entries of processes one cgroup may hold before its new
+    /// (process, device, op) keys fold into its shared key (tgid 0, no name); 0: no bound.
+    BLOCK_TENANT_ENTRIES: u32,
+    /// `u32`: `BLOCK_STATS` entries of processes all cgroups may hold (0: no bound); the rest
+    /// is the reserve of the shared keys.
+    BLOCK_OWN_ENTRIES: u32,
+    /// `u32`: requests one cgroup may have tracked in `BLOCK_INFLIGHT`; past it its new
+    /// requests are not tracked (counted lost); 0: no bound.
+    BLOCK_TENANT_INFLIGHT: u32,
+    /// `u32`: requests all cgroups may have tracked in `BLOCK_INFLIGHT` (0: no bound), except
+    /// that a light cgroup (`BLOCK_LIGHT_INFLIGHT`) may always add one: the rest of the map
+    /// is the light tenants' reserve.
+    BLOCK_OWN_INFLIGHT: u32,
+    /// `u32`: requests in flight below which a cgroup is light
+    /// ([`block_held::light_inflight`] of the map).
+    BLOCK_LIGHT_INFLIGHT: u32,
+}
+
+/// The keys of `BLOCK_HELD`, and the bounds the loader derives from the maps' sizes. Cgroup
+/// ids are kernfs inode numbers, far below 2^62, so no key is ever another's.
+pub mod block_held {
+    /// `BLOCK_STATS` entries of all processes.
+    pub const ALL_ENTRIES: u64 = u64::MAX;
+    /// `BLOCK_INFLIGHT` requests of all cgroups.
+    pub const ALL_INFLIGHT: u64 = u64::MAX - 1;
+    /// The bit that makes a cgroup id the key of its requests in flight.
+    pub const INFLIGHT: u64 = 1 << 62;
+
+    /// The key counting `cgroup_id`'s requests in `BLOCK_INFLIGHT`.
+    #[inline(always)]
+    pub const fn inflight_of(cgroup_id: u64) -> u64 {
+        cgroup_id | INFLIGHT
+    }
+
+    /// The part of a map of `entries` one tenant may fill: a quarter.
+    pub const fn tenant_share(entries: u32) -> u32 {
+        entries / 4
+    }
+
+    /// The part of a map of `entries` all tenants' own keys may fill: seven eighths.
+    pub const fn own_share(entries: u32) -> u32 {
+        entries - entries / 8
+    }
+
+    /// Requests in flight below which a cgroup may take the reserve of `BLOCK_INFLIGHT` (of
+    /// `entries`): a sixty-fourth of the map (at least 16).
+    pub const fn light_inflight(entries: u32) -> u32 {
+        let light = entries / 64;
+        if light < 16 {
+            16
+        } else {
+            light
+        }
+    }
 }
 
 /// Block I/O operation classes, decoded from the request's `cmd_flags`.
@@ -40,6 +99,9 @@ pub mod block_op {
     pub const COUNT: usize = 4;
     /// Any other operation (write-zeroes, zone management, driver-private): not recorded.
     pub const OTHER: u8 = u8::MAX;
+    /// Set in the `op` of a `BLOCK_STATS` key whose requests failed (a non-zero status at
+    /// completion): they are counted apart, and their bytes were not moved.
+    pub const FAILED: u8 = 0x80;
 
     /// The `op` label value of each class.
     pub const NAMES: [&str; COUNT] = ["read", "write", "flush", "discard"];
@@ -63,6 +125,9 @@ pub mod block_op {
         pub flush: u32,
         pub discard: u32,
         pub secure_erase: u32,
+        /// `REQ_OP_ZONE_APPEND` (5.8 and later): a data write to a zoned device, counted as
+        /// a write.
+        pub zone_append: u32,
     }
 
     impl ReqOps {
@@ -72,6 +137,7 @@ pub mod block_op {
             flush: 2,
             discard: 3,
             secure_erase: 5,
+            zone_append: 13,
         };
     }
 
@@ -85,13 +151,14 @@ pub mod block_op {
     ///
     /// A write carrying `REQ_PREFLUSH` or `REQ_FUA` is a write: the block layer issues the
     /// cache flush it implies as a separate `REQ_OP_FLUSH` request, which is a flush. Secure
-    /// erase is a discard. Write-zeroes moves no data from memory, so it is not a write.
+    /// erase is a discard, zone append a write. Write-zeroes moves no data from memory, so it
+    /// is not a write.
     #[inline(always)]
     pub fn decode(cmd_flags: u32, ops: &ReqOps) -> u8 {
         let op = cmd_flags & REQ_OP_MASK;
         if op == ops.read {
             READ
-        } else if op == ops.write {
+        } else if op == ops.write || op == ops.zone_append {
             WRITE
         } else if op == ops.flush {
             FLUSH
@@ -235,7 +302,10 @@ pub struct BlockInflight {
     /// Non-zero: the request is the trace target's (decided at submission, or issue, when
     /// `BLOCK_TRACE` is set; always 0 otherwise).
     pub traced: u8,
-    pub _pad: [u8; 6],
+    /// Non-zero: the request counts in its cgroup's `BLOCK_HELD` in-flight figure (and
+    /// all's), which its removal takes back.
+    pub counted: u8,
+    pub _pad: [u8; 5],
     /// First sector at issue (when `BLOCK_TRACE` is set).
     pub sector: u64,
 }
@@ -319,7 +389,7 @@ pod!(
 // misreading a map on the other side.
 const _: () = {
     use core::mem::size_of;
-    assert!(size_of::<BlockProbeConfig>() == 96);
+    assert!(size_of::<BlockProbeConfig>() == 100);
     assert!(size_of::<BlockInflight>() == 72);
     assert!(size_of::<BlockKey>() == 40);
     assert!(size_of::<BlockStats>() == 16);
@@ -344,7 +414,8 @@ mod block_tests {
         assert_eq!(decode(2 | SYNC_FUA_PREFLUSH, &ops), FLUSH);
         assert_eq!(decode(3, &ops), DISCARD);
         assert_eq!(decode(5, &ops), DISCARD, "secure erase is a discard");
-        for other in [7u32, 9, 11, 13, 15, 17, 19, 34, 35, 0xff] {
+        assert_eq!(decode(13, &ops), WRITE, "zone append is a write");
+        for other in [7u32, 9, 11, 15, 17, 19, 34, 35, 0xff] {
             assert_eq!(decode(other | (1 << 11), &ops), OTHER, "op {other}");
         }
         // Values come from the kernel's BTF when they differ.
@@ -354,6 +425,7 @@ mod block_tests {
             flush: 12,
             discard: 13,
             secure_erase: 14,
+            zone_append: 15,
         };
         assert_eq!(decode(0, &shifted), OTHER);
         assert_eq!(decode(12 | (1 << 20), &shifted), FLUSH);

@@ -29,8 +29,8 @@ pub mod trace;
 pub use contract::{Family, GlobalSpec, MapKind, MapSpec};
 
 pub use block_io::{
-    block_op, charged_cgroup, dev, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
-    BlockProbeConfig, BlockStats, BlockTraceEvent,
+    block_held, block_op, charged_cgroup, dev, BlockInflight, BlockKey, BlockLatency,
+    BlockLatencyKey, BlockProbeConfig, BlockStats, BlockTraceEvent,
 };
 pub use fd_class::{FdCache, FdClass, FdProbeConfig, FileIdentity, FileProbeConfig};
 pub use hist::LatencyHistogram;

@@ -16,7 +16,11 @@
 //!
 //! Attribution is made when the request is submitted (`block_io_start`), or at issue when that
 //! tracepoint is missing: the task's tgid and name, and its cgroup unless the task is outside
-//! the cgroup the bio is charged to (writeback, loop/dm workers): then the bio's.
+//! the cgroup the bio is charged to (writeback, loop/dm workers): then the bio's. At issue, a
+//! task outside the bio's cgroup is the dispatcher, not the submitter: the request is then
+//! the bio's cgroup's with no process (its shared key). A request that failed (non-zero status
+//! at completion) is counted under its op with `block_op::FAILED` set, and not in the latency
+//! histogram.
 //! Stats are recorded once per request, at its final completion, so bytes, requests and the
 //! histogram count always agree. The stats and latency maps are shared by all CPUs and updated
 //! with atomic adds: block I/O rates are far below syscall rates, and shared maps keep the
@@ -41,8 +45,8 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    block_op, charged_cgroup, counters, dev, hist, BlockInflight, BlockKey, BlockLatency,
-    BlockLatencyKey, BlockProbeConfig, BlockStats, BlockTraceEvent, NO_FIELD,
+    block_held, block_op, charged_cgroup, counters, dev, hist, BlockInflight, BlockKey,
+    BlockLatency, BlockLatencyKey, BlockProbeConfig, BlockStats, BlockTraceEvent, NO_FIELD,
 };
 
 use crate::common::{count_drop, read, EEXIST};
@@ -56,6 +60,32 @@ static BLOCK_STATS: HashMap<BlockKey, BlockStats> = HashMap::with_max_entries(81
 
 #[map(name = "BLOCK_LATENCY")]
 static BLOCK_LATENCY: HashMap<BlockLatencyKey, BlockLatency> = HashMap::with_max_entries(1024, 0);
+
+/// The counts the per-tenant bounds read (see `sysscope_abi::block_held`).
+#[map(name = "BLOCK_HELD")]
+static BLOCK_HELD: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
+
+/// `BLOCK_STATS` entries of one cgroup's processes (0: no bound); set by the loader.
+#[unsafe(no_mangle)]
+static BLOCK_TENANT_ENTRIES: u32 = 0;
+
+/// `BLOCK_STATS` entries of all processes (0: no bound); set by the loader.
+#[unsafe(no_mangle)]
+static BLOCK_OWN_ENTRIES: u32 = 0;
+
+/// Requests one cgroup may have tracked at once (0: no bound); set by the loader.
+#[unsafe(no_mangle)]
+static BLOCK_TENANT_INFLIGHT: u32 = 0;
+
+/// Requests all cgroups may have tracked at once, light tenants aside (0: no bound); set by
+/// the loader.
+#[unsafe(no_mangle)]
+static BLOCK_OWN_INFLIGHT: u32 = 0;
+
+/// Requests in flight below which a cgroup is light: it may take the rest of the map; set by
+/// the loader.
+#[unsafe(no_mangle)]
+static BLOCK_LIGHT_INFLIGHT: u32 = 0;
 
 /// Completed requests of the trace target, when `BLOCK_TRACE` is set. One page by default:
 /// the exporter never streams; `sysscope trace` sizes it.
@@ -137,11 +167,76 @@ pub fn block_io_start(ctx: RawTracePointContext) -> i32 {
     let rq = ctx.arg::<u64>(0);
     // SAFETY: the helper has no preconditions.
     let entry = submitter(rq, &cfg, unsafe { bpf_ktime_get_ns() }, 0);
-    // BPF_ANY: a request structure is reused; an entry of its previous life is stale.
+    track(rq, entry);
+    0
+}
+
+/// Starts tracking request `rq` for `entry`'s cgroup, within the cgroup's bound of requests
+/// in flight; counts it lost when the bound or the map refuses it. A request structure is
+/// reused: an entry of its previous life is stale, and replaced (its count given back).
+#[inline(never)]
+fn track(rq: u64, mut entry: BlockInflight) {
+    forget(rq);
+    let tenant = block_held::inflight_of(entry.cgroup_id);
+    // SAFETY: loader-set globals.
+    let (bound, own, light) = unsafe {
+        (
+            core::ptr::read_volatile(&BLOCK_TENANT_INFLIGHT) as i64,
+            core::ptr::read_volatile(&BLOCK_OWN_INFLIGHT) as i64,
+            core::ptr::read_volatile(&BLOCK_LIGHT_INFLIGHT) as i64,
+        )
+    };
+    if bound != 0 {
+        let mine = held(tenant);
+        // Past its own bound, or (unless it is light) past all tenants' share: not tracked.
+        if mine >= bound || (mine >= light && held(block_held::ALL_INFLIGHT) >= own) {
+            count_drop(counters::BLOCK_INFLIGHT_FULL);
+            return;
+        }
+        entry.counted = 1;
+    }
     if BLOCK_INFLIGHT.insert(&rq, &entry, 0).is_err() {
         count_drop(counters::BLOCK_INFLIGHT_FULL);
+        return;
     }
-    0
+    if entry.counted != 0 {
+        count_held(tenant, 1);
+        count_held(block_held::ALL_INFLIGHT, 1);
+    }
+}
+
+/// Stops tracking request `rq`, giving its count back.
+#[inline(always)]
+fn forget(rq: u64) {
+    let Some(old) = BLOCK_INFLIGHT.get_ptr(&rq) else {
+        return;
+    };
+    // SAFETY: a value of `BLOCK_INFLIGHT`, read while the program runs.
+    let (counted, cgroup_id) = unsafe { ((*old).counted, (*old).cgroup_id) };
+    // Only the program that deletes the entry gives its count back.
+    if BLOCK_INFLIGHT.remove(&rq).is_ok() && counted != 0 {
+        count_held(block_held::inflight_of(cgroup_id), u64::MAX);
+        count_held(block_held::ALL_INFLIGHT, u64::MAX);
+    }
+}
+
+/// The count under `key` of `BLOCK_HELD`, as a signed figure (the in-flight counts are
+/// adjusted by additions of -1), 0 when absent.
+#[inline(always)]
+fn held(key: u64) -> i64 {
+    // SAFETY: a read of a hash map value, copied out at once (an aligned u64).
+    unsafe { BLOCK_HELD.get(&key) }.map_or(0, |v| *v as i64)
+}
+
+/// Adds `delta` (wrapping: `u64::MAX` takes one away) to the count under `key`, created at 0.
+#[inline(always)]
+fn count_held(key: u64, delta: u64) {
+    if BLOCK_HELD.get_ptr_mut(&key).is_none() {
+        let _ = BLOCK_HELD.insert(&key, &0, BPF_NOEXIST as u64);
+    }
+    if let Some(count) = BLOCK_HELD.get_ptr_mut(&key) {
+        add(count, delta);
+    }
 }
 
 /// The current task as the one a request is for; `issue_ns` 0 means "not issued yet".
@@ -152,17 +247,30 @@ fn submitter(rq: u64, cfg: &BlockProbeConfig, now: u64, issue_ns: u64) -> BlockI
     let pid_tgid = bpf_get_current_pid_tgid();
     let cgroup_id = request_cgroup(rq, cfg, current);
     let traced = tracing_target() && is_traced(pid_tgid, current, cgroup_id);
+    // Attributed at issue (no `block_io_start`: 6.1-6.4), by a task outside the cgroup the
+    // bio is charged to: with an I/O scheduler that is whoever dispatched the request (another
+    // tenant's task, kblockd), not who submitted it. The request is the bio's cgroup's, and
+    // its process unknown: its cgroup's shared key (tgid 0, no name, `comm="other"`).
+    let (tgid, comm) = if issue_ns != 0 && cgroup_id != current {
+        (0, [0; 16])
+    } else {
+        (
+            (pid_tgid >> 32) as u32,
+            bpf_get_current_comm().unwrap_or([0; 16]),
+        )
+    };
     BlockInflight {
         submit_ns: now,
         issue_ns,
         cgroup_id,
         done_bytes: 0,
-        tgid: (pid_tgid >> 32) as u32,
+        tgid,
         dev: 0,
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        comm,
         op: 0,
         traced: traced as u8,
-        _pad: [0; 6],
+        counted: 0,
+        _pad: [0; 5],
         sector: 0,
     }
 }
@@ -197,7 +305,7 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
     };
     let op = block_op::decode(cmd_flags, &cfg.ops);
     if op == block_op::OTHER {
-        let _ = BLOCK_INFLIGHT.remove(&rq);
+        forget(rq);
         return 0;
     }
     // SAFETY: the helper has no preconditions.
@@ -222,9 +330,7 @@ pub fn block_rq_issue(ctx: RawTracePointContext) -> i32 {
     if entry.traced != 0 {
         entry.sector = read::<u64>(rq, cfg.rq_sector).unwrap_or(0);
     }
-    if BLOCK_INFLIGHT.insert(&rq, &entry, 0).is_err() {
-        count_drop(counters::BLOCK_INFLIGHT_FULL);
-    }
+    track(rq, entry);
     0
 }
 
@@ -255,7 +361,7 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
     }
     // SAFETY: a value of `BLOCK_INFLIGHT`, valid while the program runs; one request completes on one CPU at a time.
     let e = unsafe { *entry };
-    let _ = BLOCK_INFLIGHT.remove(&rq);
+    forget(rq);
     if e.issue_ns == 0 {
         // Submitted, never sent to the driver: the empty request that asked for a cache flush
         // (the flush is a request of its own), or one ended early. Not device I/O.
@@ -267,9 +373,9 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let bytes = e.done_bytes + nr_bytes;
+    // TP_PROTO(..., blk_status_t error, ...): a u8.
+    let error = ctx.arg::<u64>(1) as u8;
     if tracing {
-        // TP_PROTO(..., blk_status_t error, ...): a u8.
-        let error = ctx.arg::<u64>(1) as u8;
         stream(&e, bytes, now, error);
     }
     let key = BlockKey {
@@ -277,10 +383,19 @@ pub fn block_rq_complete(ctx: RawTracePointContext) -> i32 {
         tgid: e.tgid,
         dev: e.dev,
         comm: e.comm,
-        op: e.op,
+        op: if error != 0 {
+            e.op | block_op::FAILED
+        } else {
+            e.op
+        },
         _pad: [0; 7],
     };
     record_stats(&key, bytes);
+    if error != 0 {
+        // A failed request moved no data the caller can count on: counted apart, and kept
+        // out of the latency histogram, whose count is that of the requests that completed.
+        return 0;
+    }
     let lkey = BlockLatencyKey {
         cgroup_id: if cfg.latency_by_cgroup != 0 {
             e.cgroup_id
@@ -326,31 +441,83 @@ fn add(slot: *mut u64, v: u64) {
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(slot, v) };
 }
 
-#[inline(always)]
+/// Adds a completed request to its key's bytes and requests. A new key of a process is
+/// created only while its cgroup's processes hold fewer than `BLOCK_TENANT_ENTRIES` keys and
+/// all processes fewer than `BLOCK_OWN_ENTRIES`; past either, or with the map full, the request
+/// counts under its cgroup's shared key for the device and op (tgid 0, no name), which alone
+/// may take the rest of the map. A BPF subprogram: off the completion's common path (an
+/// existing key).
+#[inline(never)]
 fn record_stats(key: &BlockKey, bytes: u64) {
-    if let Some(stats) = BLOCK_STATS.get_ptr_mut(key) {
-        // SAFETY: a value of `BLOCK_STATS`, valid while the program runs; only its fields'
-        // addresses are taken, and `add` updates them atomically.
-        unsafe {
-            add(&raw mut (*stats).bytes, bytes);
-            add(&raw mut (*stats).requests, 1);
-        }
+    if add_stats(key, bytes) {
         return;
     }
+    // SAFETY: loader-set globals.
+    let (bound, own) = unsafe {
+        (
+            core::ptr::read_volatile(&BLOCK_TENANT_ENTRIES) as i64,
+            core::ptr::read_volatile(&BLOCK_OWN_ENTRIES) as i64,
+        )
+    };
+    let fits = bound == 0 || (held(key.cgroup_id) < bound && held(block_held::ALL_ENTRIES) < own);
+    if fits {
+        match insert_stats(key, bytes) {
+            Inserted::Created => {
+                if bound != 0 {
+                    count_held(key.cgroup_id, 1);
+                    count_held(block_held::ALL_ENTRIES, 1);
+                }
+                return;
+            }
+            Inserted::Added => return,
+            Inserted::Full => {}
+        }
+    }
+    let folded = BlockKey {
+        tgid: 0,
+        comm: [0; 16],
+        ..*key
+    };
+    if !add_stats(&folded, bytes) && matches!(insert_stats(&folded, bytes), Inserted::Full) {
+        count_drop(counters::BLOCK_STATS_FULL);
+    }
+}
+
+/// Adds one request of `bytes` to an existing key; false when the key has none.
+#[inline(always)]
+fn add_stats(key: &BlockKey, bytes: u64) -> bool {
+    match BLOCK_STATS.get_ptr_mut(key) {
+        Some(stats) => {
+            // SAFETY: a value of `BLOCK_STATS`, valid while the program runs; only its fields'
+            // addresses are taken, and `add` updates them atomically.
+            unsafe {
+                add(&raw mut (*stats).bytes, bytes);
+                add(&raw mut (*stats).requests, 1);
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+/// What [`insert_stats`] did.
+enum Inserted {
+    /// Created the key with this request.
+    Created,
+    /// Another CPU created it first; added to it.
+    Added,
+    /// The map is full: nothing counted.
+    Full,
+}
+
+#[inline(always)]
+fn insert_stats(key: &BlockKey, bytes: u64) -> Inserted {
     let fresh = BlockStats { bytes, requests: 1 };
     match BLOCK_STATS.insert(key, &fresh, BPF_NOEXIST as u64) {
-        Ok(()) => {}
+        Ok(()) => Inserted::Created,
         // Another CPU created the entry between our lookup and insert: add to theirs.
-        Err(EEXIST) => {
-            if let Some(stats) = BLOCK_STATS.get_ptr_mut(key) {
-                // SAFETY: as above.
-                unsafe {
-                    add(&raw mut (*stats).bytes, bytes);
-                    add(&raw mut (*stats).requests, 1);
-                }
-            }
-        }
-        Err(_) => count_drop(counters::BLOCK_STATS_FULL),
+        Err(EEXIST) if add_stats(key, bytes) => Inserted::Added,
+        Err(_) => Inserted::Full,
     }
 }
 

@@ -36,7 +36,9 @@ use super::{Collector, CollectorError, Health, MapUsage};
 use crate::{
     config::Config,
     hist::HistogramLayout,
-    kernel::block_io::{latency_capacity, BlockIoError, BlockIoPlan, BlockMaps, Inflight},
+    kernel::block_io::{
+        latency_capacity, BlockIoError, BlockIoPlan, BlockMaps, Held, HeldKind, Inflight,
+    },
     kernel::cumulative::HashReader,
     kernel::Probes,
     metadata::{cgroups::UNRESOLVED, devices::DeviceResolver, SharedLabeler},
@@ -67,6 +69,12 @@ type IoCounterFamily = (&'static str, &'static str, fn(&BlockStats) -> u64);
 /// The `comm` label of a kernel-recorded name. Kernel worker threads are named after their
 /// pool and CPU (`kworker/u8:3`, `swapper/1`): they fold into one name each so they do not
 /// multiply series.
+/// Whether a `BLOCK_STATS` key is its cgroup's shared key (tgid 0, no name), which the probes
+/// count a request under when the cgroup's processes hold their bound of entries.
+fn shared_key(key: &BlockKey) -> bool {
+    key.tgid == 0 && key.comm == [0; 16]
+}
+
 pub(crate) fn comm_label(comm: &[u8; 16]) -> Arc<str> {
     let name = crate::metadata::processes::comm_from_bytes(comm);
     for family in ["kworker", "swapper"] {
@@ -88,6 +96,9 @@ pub(crate) struct BlockIoCollector {
     stats: HashReader<BlockKey, BlockStats>,
     latency: HashReader<BlockLatencyKey, BlockLatency>,
     inflight: Inflight,
+    /// `BLOCK_HELD`: the per-tenant counts of `BLOCK_STATS` and `BLOCK_INFLIGHT`, set to the
+    /// exact figures after each read.
+    held: Held,
     /// Occupancy of `BLOCK_STATS`, `BLOCK_LATENCY` and `BLOCK_INFLIGHT`.
     stats_usage: MapUsage,
     latency_usage: MapUsage,
@@ -134,12 +145,14 @@ impl BlockIoCollector {
             stats,
             latency,
             inflight,
+            held,
         } = BlockMaps::attach(probes, NAME, config, plan)?;
         let max_series = config.limits.max_series;
         Ok(Self {
             stats,
             latency,
             inflight,
+            held,
             stats_usage: MapUsage::new(maps::BLOCK_STATS, block.max_entries),
             latency_usage: MapUsage::new(maps::BLOCK_LATENCY, latency_capacity(config)),
             inflight_usage: MapUsage::new(maps::BLOCK_INFLIGHT, block.max_inflight),
@@ -225,19 +238,33 @@ impl BlockIoCollector {
         now: Instant,
         dead: &HashSet<u32>,
         gone: &HashSet<u64>,
-    ) -> Folded<BlockKey> {
+    ) -> (Folded<BlockKey>, Option<HashMap<u64, u64>>) {
         let snapshot = self.stats.read();
+        // The entries of each cgroup's processes (its shared keys aside), when read in full.
+        let held = snapshot.complete.then(|| {
+            let mut held: HashMap<u64, u64> = HashMap::new();
+            for (key, _) in snapshot.entries.iter().filter(|(k, _)| !shared_key(k)) {
+                *held.entry(key.cgroup_id).or_default() += 1;
+            }
+            held
+        });
         let seen_at = snapshot.read_at;
         let mut labeler = self.labeler.lock().expect("labeler lock");
         self.stats_usage.seen(snapshot.entries.len() as u64);
         let (budget, devices, control) = (&mut self.budget, &mut self.devices, &self.control);
-        self.io.fold(
+        let folded = self.io.fold(
             snapshot,
             now,
             |key, _| {
                 labeler.cgroup_seen(key.cgroup_id, seen_at);
-                let workload =
-                    labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm));
+                let workload = if shared_key(key) {
+                    // The cgroup's shared key (its processes past their bound): comm="other".
+                    labeler
+                        .workload_named(key.cgroup_id, 0, Arc::from(OTHER))
+                        .fold_comm()
+                } else {
+                    labeler.workload_named(key.cgroup_id, key.tgid, comm_label(&key.comm))
+                };
                 let labels = (workload, devices.resolve(key.dev), key.op);
                 // Named with its cgroup's path (reclaim looks it up), routed with what label
                 // control keeps.
@@ -250,7 +277,8 @@ impl BlockIoCollector {
                 Named::As(labels, series)
             },
             |key, _| dead.contains(&key.tgid) || gone.contains(&key.cgroup_id),
-        )
+        );
+        (folded, held)
     }
 
     /// Adds what changed in every `BLOCK_LATENCY` entry to its series; as [`Self::read_stats`].
@@ -284,6 +312,7 @@ impl BlockIoCollector {
     /// Counts the requests in flight and removes those that will never complete.
     fn sweep_inflight(&mut self) {
         let sweep = self.inflight.sweep(INFLIGHT_STALE_AFTER);
+        self.held.set(HeldKind::Inflight, &sweep.by_cgroup);
         self.expired_inflight += sweep.expired;
         self.inflight_usage.seen(sweep.in_flight);
     }
@@ -310,11 +339,20 @@ impl Collector for BlockIoCollector {
         let now = Instant::now();
         self.labeler.lock().expect("labeler lock").new_cycle();
         let (dead, gone) = self.reclaimable();
-        let stats = self.read_stats(now, &dead, &gone);
+        let (stats, held) = self.read_stats(now, &dead, &gone);
         let latency = self.read_latency(now, &gone);
         // Reclaim: the values of these entries were just added to their series; each is
         // forgotten only once its kernel entry is gone.
         let removed = self.stats.remove(&stats.reclaim);
+        if let Some(mut held) = held {
+            for key in removed.iter().filter(|k| !shared_key(k)) {
+                if let Some(n) = held.get_mut(&key.cgroup_id) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            held.retain(|_, n| *n != 0);
+            self.held.set(HeldKind::Entries, &held);
+        }
         self.io.reclaimed(removed, stats.complete);
         let removed = self.latency.remove(&latency.reclaim);
         self.latency_series.reclaimed(removed, latency.complete);
@@ -325,22 +363,39 @@ impl Collector for BlockIoCollector {
 
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         let mut labels: Vec<(&'static str, Cow<'_, str>)> = Vec::with_capacity(8);
-        let op_name = |op: u8| block_op::name(op).unwrap_or(OTHER);
-        let counters: [IoCounterFamily; 2] = [
+        let op_name = |op: u8| block_op::name(op & !block_op::FAILED).unwrap_or(OTHER);
+        let counters: [(IoCounterFamily, bool); 3] = [
             (
-                "sysscope_block_io_bytes",
-                "Bytes of completed block requests, per cgroup, process name, device and operation (discard: bytes discarded; flush: 0).",
-                |t| t.bytes,
+                (
+                    "sysscope_block_io_bytes",
+                    "Bytes of block requests that completed successfully, per cgroup, process name, device and operation (discard: bytes discarded; flush: 0).",
+                    |t| t.bytes,
+                ),
+                false,
             ),
             (
-                "sysscope_block_io_requests",
-                "Completed block requests, per cgroup, process name, device and operation.",
-                |t| t.requests,
+                (
+                    "sysscope_block_io_requests",
+                    "Block requests that completed successfully, per cgroup, process name, device and operation.",
+                    |t| t.requests,
+                ),
+                false,
+            ),
+            (
+                (
+                    "sysscope_block_io_failed_requests",
+                    "Block requests that completed with an error (their bytes are not in sysscope_block_io_bytes_total), per cgroup, process name, device and operation.",
+                    |t| t.requests,
+                ),
+                true,
             ),
         ];
-        for (name, help, value) in counters {
+        for ((name, help, value), failed) in counters {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for ((workload, device, op), series) in self.io.series() {
+                if (op & block_op::FAILED != 0) != failed {
+                    continue;
+                }
                 labels.clear();
                 workload.push_labels(&mut labels);
                 labels.push(("device", Cow::Borrowed(device)));

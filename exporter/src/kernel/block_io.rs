@@ -7,11 +7,11 @@
 //! ([`BlockMaps`]); `BLOCK_STATS` and the `TRACE_BLOCK_EVENTS` ring buffer of the trace
 //! target's requests for `sysscope trace`'s block tracks ([`BlockTrace`]).
 
-use std::{os::fd::AsRawFd, path::Path, time::Duration};
+use std::{collections::HashMap, os::fd::AsRawFd, path::Path, time::Duration};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, MapError, RingBuf};
 use sysscope_abi::{
-    block_op, maps, programs, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
+    block_held, block_op, maps, programs, BlockInflight, BlockKey, BlockLatency, BlockLatencyKey,
     BlockProbeConfig, BlockStats, BlockTraceEvent,
 };
 
@@ -38,13 +38,96 @@ pub(crate) fn latency_capacity(config: &Config) -> u32 {
 }
 
 /// This family's map sizes for `config`, which the loader applies.
-pub(crate) fn map_sizes(config: &Config) -> [(&'static str, u32); 3] {
+pub(crate) fn map_sizes(config: &Config) -> [(&'static str, u32); 4] {
     let block = &config.block_io;
     [
         (maps::BLOCK_INFLIGHT, block.max_inflight),
         (maps::BLOCK_STATS, block.max_entries),
         (maps::BLOCK_LATENCY, latency_capacity(config)),
+        // A count per cgroup holding entries of either map, and the two counts of all.
+        (
+            maps::BLOCK_HELD,
+            (block.max_entries.min(block.max_inflight) / 2).max(64) + 2,
+        ),
     ]
+}
+
+/// The per-tenant bounds of the block maps for `config`, as the globals the loader sets:
+/// (`BLOCK_TENANT_ENTRIES`, `BLOCK_OWN_ENTRIES`, `BLOCK_TENANT_INFLIGHT`,
+/// `BLOCK_OWN_INFLIGHT`, `BLOCK_LIGHT_INFLIGHT`).
+pub(crate) fn bounds(config: &Config) -> [(&'static str, u32); 5] {
+    let block = &config.block_io;
+    [
+        (
+            sysscope_abi::globals::BLOCK_TENANT_ENTRIES,
+            block_held::tenant_share(block.max_entries),
+        ),
+        (
+            sysscope_abi::globals::BLOCK_OWN_ENTRIES,
+            block_held::own_share(block.max_entries),
+        ),
+        (
+            sysscope_abi::globals::BLOCK_TENANT_INFLIGHT,
+            block_held::tenant_share(block.max_inflight),
+        ),
+        (
+            sysscope_abi::globals::BLOCK_OWN_INFLIGHT,
+            block_held::own_share(block.max_inflight),
+        ),
+        (
+            sysscope_abi::globals::BLOCK_LIGHT_INFLIGHT,
+            block_held::light_inflight(block.max_inflight),
+        ),
+    ]
+}
+
+/// `BLOCK_HELD`: what the per-tenant bounds of `BLOCK_STATS` and `BLOCK_INFLIGHT` count.
+/// The probes count up (and, for requests, down) as they go; user space sets each count to
+/// the exact figure after every read, so what a race between the two loses is made good at
+/// the next read.
+pub(crate) struct Held(BpfHashMap<MapData, u64, u64>);
+
+/// Which counts of `BLOCK_HELD` a [`Held::set`] replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeldKind {
+    /// `BLOCK_STATS` entries of each cgroup's processes (keyed by cgroup id).
+    Entries,
+    /// `BLOCK_INFLIGHT` requests of each cgroup.
+    Inflight,
+}
+
+impl Held {
+    /// Replaces the counts of `kind` with `counts` (by cgroup id), and their total.
+    pub(crate) fn set(&mut self, kind: HeldKind, counts: &HashMap<u64, u64>) {
+        let (key_of, all): (fn(u64) -> u64, u64) = match kind {
+            HeldKind::Entries => (|id| id, block_held::ALL_ENTRIES),
+            HeldKind::Inflight => (block_held::inflight_of, block_held::ALL_INFLIGHT),
+        };
+        let of_kind = |key: u64| {
+            key != block_held::ALL_ENTRIES
+                && key != block_held::ALL_INFLIGHT
+                && (key & block_held::INFLIGHT != 0) == (kind == HeldKind::Inflight)
+        };
+        let keep: std::collections::HashSet<u64> = counts.keys().map(|id| key_of(*id)).collect();
+        let stale: Vec<u64> = self
+            .0
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| of_kind(*k) && !keep.contains(k))
+            .collect();
+        for key in stale {
+            let _ = self.0.remove(&key);
+        }
+        for (id, n) in counts {
+            if let Err(e) = self.0.insert(key_of(*id), *n, 0) {
+                tracing::debug!(error = %Chain(&e), "could not set a block map's tenant count");
+            }
+        }
+        let total = counts.values().sum::<u64>();
+        if let Err(e) = self.0.insert(all, total, 0) {
+            tracing::debug!(error = %Chain(&e), "could not set a block map's total count");
+        }
+    }
 }
 
 /// The block probes attached, with their maps.
@@ -52,6 +135,7 @@ pub(crate) struct BlockMaps {
     pub(crate) stats: HashReader<BlockKey, BlockStats>,
     pub(crate) latency: HashReader<BlockLatencyKey, BlockLatency>,
     pub(crate) inflight: Inflight,
+    pub(crate) held: Held,
 }
 
 /// `BLOCK_INFLIGHT`: the requests issued (or submitted) and not completed yet, by `struct
@@ -59,12 +143,14 @@ pub(crate) struct BlockMaps {
 pub(crate) struct Inflight(BpfHashMap<MapData, u64, BlockInflight>);
 
 /// What a sweep of `BLOCK_INFLIGHT` found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sweep {
     /// Requests in flight after the sweep.
     pub(crate) in_flight: u64,
     /// Requests issued to the device that never completed, removed by the sweep.
     pub(crate) expired: u64,
+    /// Requests in flight after the sweep that count in their cgroup's bound, by cgroup.
+    pub(crate) by_cgroup: HashMap<u64, u64>,
 }
 
 impl Inflight {
@@ -75,26 +161,37 @@ impl Inflight {
         let stale_ns = stale_after.as_nanos() as u64;
         let mut stale = Vec::new();
         let mut seen = 0u64;
+        let mut by_cgroup: HashMap<u64, u64> = HashMap::new();
         for item in self.0.iter() {
             let Ok((rq, entry)) = item else { continue };
             seen += 1;
+            if entry.counted != 0 {
+                *by_cgroup.entry(entry.cgroup_id).or_default() += 1;
+            }
             let since = entry.issue_ns.max(entry.submit_ns);
             if now.saturating_sub(since) > stale_ns {
                 // Submitted but never issued: merged into another request and freed without
                 // a tracepoint. Normal, not counted; issued and never completed is.
-                stale.push((rq, entry.issue_ns != 0));
+                stale.push((rq, entry.issue_ns != 0, entry.counted != 0, entry.cgroup_id));
             }
         }
         let mut expired = 0;
-        for (rq, issued) in &stale {
+        for (rq, issued, counted, cgroup_id) in &stale {
             if self.0.remove(rq).is_ok() {
                 expired += *issued as u64;
                 seen -= 1;
+                if *counted {
+                    if let Some(n) = by_cgroup.get_mut(cgroup_id) {
+                        *n -= 1;
+                    }
+                }
             }
         }
+        by_cgroup.retain(|_, n| *n != 0);
         Sweep {
             in_flight: seen,
             expired,
+            by_cgroup,
         }
     }
 }
@@ -131,11 +228,15 @@ impl BlockMaps {
         let inflight = BpfHashMap::try_from(probes.take_map(maps::BLOCK_INFLIGHT)?)
             .map(Inflight)
             .map_err(map_err(maps::BLOCK_INFLIGHT))?;
+        let held = BpfHashMap::try_from(probes.take_map(maps::BLOCK_HELD)?)
+            .map(Held)
+            .map_err(map_err(maps::BLOCK_HELD))?;
         attach_programs(probes, collector, issue_tp, complete_tp, plan)?;
         Ok(Self {
             stats,
             latency,
             inflight,
+            held,
         })
     }
 }
@@ -357,6 +458,7 @@ pub fn resolve_offsets(
         flush: op("REQ_OP_FLUSH", linux.flush),
         discard: op("REQ_OP_DISCARD", linux.discard),
         secure_erase: op("REQ_OP_SECURE_ERASE", linux.secure_erase),
+        zone_append: op("REQ_OP_ZONE_APPEND", linux.zone_append),
     };
     if want_bio_cgroup {
         let chain = (|| -> Result<[u32; 7], BtfError> {

@@ -331,6 +331,7 @@ impl Probes {
         let own_slots = sysscope_abi::own_share(limits.max_syscall_entries);
         let error_quota = limits.max_error_entries_per_cgroup;
         let own_errors = sysscope_abi::own_share(limits.max_error_entries);
+        let block_bounds = block_io::bounds(config);
         // A kernel BTF file given with --btf.path serves the loader's relocations too.
         let given_btf = btf::given_kernel_btf_file()
             .map(|path| aya::Btf::parse_file(path, aya::Endianness::default()))
@@ -379,6 +380,9 @@ impl Probes {
             .chain(block_io::map_sizes(config))
         {
             loader.map_max_entries(map, entries);
+        }
+        for (global, bound) in &block_bounds {
+            loader.override_global(global, bound, false);
         }
         if let Some(block_config) = &options.block_io {
             loader.override_global(globals::BLOCK_CONFIG, block_config, true);

@@ -553,3 +553,194 @@ fn bio_cgroup_chain_names_the_charged_cgroup() {
         v1.display()
     );
 }
+
+/// Four cgroups whose short processes each read the loop device (a `BLOCK_STATS` key each)
+/// fill every entry the processes may take; a fifth cgroup's writes are still counted, in
+/// full, under its shared key, and so is every flooding read.
+#[test]
+fn four_tenants_filling_block_stats_leave_a_fifth_counted() {
+    if !require_root("four_tenants_filling_block_stats_leave_a_fifth_counted") {
+        return;
+    }
+    // The map is small and shared with every block request of the node: nothing beside it.
+    let _alone = alone();
+    const ENTRIES: u32 = 64;
+    let exporter = Exporter::start(
+        &format!(
+            "[collection]\nmin_interval = \"0s\"\n[limits]\nmax_series = 10000000\n\
+             [block_io]\nmax_entries = {ENTRIES}\n"
+        ),
+        &[],
+    );
+    let dev = LoopDevice::new(16 * MIB);
+    const READERS: u64 = 30;
+    const BLOCK: u64 = 4096;
+    // 30 processes a cgroup, each its own key: past the cgroup's bound (a quarter of the map),
+    // and four cgroups past the processes' share (seven eighths).
+    let script = format!(
+        "for i in $(seq {READERS}); do dd if={} of=/dev/null bs={BLOCK} count=1 skip=$i \
+         iflag=direct status=none || exit 1; done",
+        dev.path
+    );
+    let floods: Vec<TestCgroup> = (0..4)
+        .map(|i| TestCgroup::new(&format!("sysscope-test-bflood{i}")))
+        .collect();
+    let children: Vec<_> = floods
+        .iter()
+        .map(|cg| cg.command("sh").args(["-c", &script]).spawn().expect("sh"))
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a flooding reader failed");
+    }
+    let quiet = TestCgroup::new("sysscope-test-bquiet");
+    let of = format!("of={}", dev.path);
+    run_in(
+        &quiet,
+        "dd",
+        &[
+            "if=/dev/zero",
+            &of,
+            "bs=64k",
+            "count=16",
+            "oflag=direct",
+            "status=none",
+        ],
+    );
+
+    let samples = parse_samples(&exporter.scrape());
+    let (quiet_bytes, quiet_requests) = io(&samples, Some(&quiet.rel), &dev.name, "write");
+    let quiet_other = sum(
+        &samples,
+        "sysscope_block_io_bytes_total",
+        &[
+            ("cgroup", &quiet.rel),
+            ("device", &dev.name),
+            ("comm", "other"),
+        ],
+    );
+    let flooded: Vec<u64> = floods
+        .iter()
+        .map(|cg| io(&samples, Some(&cg.rel), &dev.name, "read").0)
+        .collect();
+    let lost = sum(
+        &samples,
+        "sysscope_map_insert_failures_total",
+        &[("map", "BLOCK_STATS")],
+    );
+    eprintln!(
+        "quiet cgroup: {quiet_bytes} bytes written in {quiet_requests} requests \
+         ({quiet_other} under comm=\"other\"); flooding cgroups read {flooded:?}; \
+         BLOCK_STATS insert failures {lost}"
+    );
+    assert_eq!(
+        quiet_bytes, MIB,
+        "the quiet cgroup's bytes, beside the flood"
+    );
+    for (cg, bytes) in floods.iter().zip(&flooded) {
+        assert_eq!(*bytes, READERS * BLOCK, "every read of {} counted", cg.rel);
+        let other = sum(
+            &samples,
+            "sysscope_block_io_bytes_total",
+            &[
+                ("cgroup", &cg.rel),
+                ("device", &dev.name),
+                ("comm", "other"),
+            ],
+        );
+        assert!(other > 0.0, "{} folded past its bound", cg.rel);
+    }
+    assert!(
+        quiet_other > 0.0,
+        "the quiet cgroup found the processes' share full and counted under its shared key"
+    );
+}
+
+/// A loop device whose backing file lies on a tmpfs too small for it: once the tmpfs is full,
+/// the loop driver fails every write. 4 KiB direct writes, each one request: those that
+/// succeeded are the bytes moved, those that failed are failed requests, and not bytes.
+#[test]
+fn failed_writes_are_failed_requests_not_bytes() {
+    if !require_root("failed_writes_are_failed_requests_not_bytes") {
+        return;
+    }
+    let exporter = Exporter::start(TEST_CONFIG, &[]);
+    let mnt = tempfile::tempdir().unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(mnt.path())
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mount a tmpfs");
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(mnt.path());
+    let backing = mnt.path().join("backing.img");
+    std::fs::File::create(&backing)
+        .and_then(|f| f.set_len(4 * MIB))
+        .expect("sparse backing file");
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&backing)
+        .output()
+        .expect("losetup");
+    assert!(out.status.success(), "losetup");
+    let path = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _detach = Detach(path.clone());
+    let name = path.trim_start_matches("/dev/").to_string();
+
+    let cg = TestCgroup::new("sysscope-test-bfail");
+    const WRITES: u64 = 256;
+    const BLOCK: u64 = 4096;
+    let (mut ok, mut failed) = (0u64, 0u64);
+    for i in 0..WRITES {
+        let status = cg
+            .command("dd")
+            .args([
+                "if=/dev/urandom",
+                &format!("of={path}"),
+                &format!("bs={BLOCK}"),
+                "count=1",
+                &format!("seek={i}"),
+                "oflag=direct",
+                "conv=notrunc",
+                "status=none",
+            ])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("dd");
+        if status.success() {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    assert!(
+        ok > 0 && failed > 0,
+        "the tmpfs should fill part way: {ok} writes succeeded, {failed} failed"
+    );
+    let samples = parse_samples(&exporter.scrape());
+    let (bytes, requests) = io(&samples, Some(&cg.rel), &name, "write");
+    let failed_requests = sum(
+        &samples,
+        "sysscope_block_io_failed_requests_total",
+        &[("cgroup", &cg.rel), ("device", &name), ("op", "write")],
+    ) as u64;
+    eprintln!(
+        "{ok} writes of {BLOCK} bytes succeeded, {failed} failed; sysscope: {bytes} bytes in \
+         {requests} requests, {failed_requests} failed requests ({} bytes not counted)",
+        failed * BLOCK
+    );
+    assert_eq!(bytes, ok * BLOCK, "bytes moved: the successful writes only");
+    assert_eq!(requests, ok, "requests that completed successfully");
+    assert_eq!(failed_requests, failed, "failed requests");
+}
