@@ -15,10 +15,13 @@ pub const SYSCALL_STATS_FULL: u32 = 0;
 pub const SYSCALL_ERRORS_FULL: u32 = 1;
 /// A call in flight of a task switched out mid-call could not be kept: the kernel could not
 /// give the thread its `SYSCALL_THREADS` task storage (out of memory, or the storage busy on
-/// this CPU). The call is then counted as a `SYSCALL_EXIT_WITHOUT_ENTER` at its exit.
+/// this CPU). The call is then counted at its exit with no duration, as one without entry.
 pub const SYSCALL_THREADS_FULL: u32 = 2;
-/// A syscall returned without a recorded entry (attached mid-call, a new task's first return
-/// from `fork`/`clone`, or its entry could not be kept).
+/// A syscall returned without a recorded entry and its registers named no call (-1), or an
+/// entry kept for a task belonged to another call than the one that returned (its own exit was
+/// missed). Calls whose entry was not seen but whose number is known (denied by seccomp before
+/// the entry tracepoint, in flight at attach) are counted with no duration instead, and a new
+/// task's first return from `fork`/`clone` is not counted at all.
 pub const SYSCALL_EXIT_WITHOUT_ENTER: u32 = 3;
 /// A process exit could not be queued for reclaim: `PROCESS_EXITS` is full.
 pub const PROCESS_EXITS_FULL: u32 = 4;

@@ -173,6 +173,62 @@ pub mod noreturn {
     pub const EXIT_GROUP: u32 = u32::MAX;
 }
 
+/// Syscall numbers the probes treat apart at exit, for the architecture they run on.
+pub mod special {
+    #[cfg(any(target_arch = "x86_64", bpf_target_arch = "x86_64"))]
+    mod nr {
+        pub const CLONE: u32 = 56;
+        pub const FORK: u32 = 57;
+        pub const VFORK: u32 = 58;
+        pub const CLONE3: u32 = 435;
+        pub const RT_SIGRETURN: u32 = 15;
+        pub const RESTART_SYSCALL: u32 = 219;
+    }
+    // The generic table has no fork or vfork: the clone numbers stand in for them.
+    #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
+    mod nr {
+        pub const CLONE: u32 = 220;
+        pub const FORK: u32 = 220;
+        pub const VFORK: u32 = 220;
+        pub const CLONE3: u32 = 435;
+        pub const RT_SIGRETURN: u32 = 139;
+        pub const RESTART_SYSCALL: u32 = 128;
+    }
+    #[cfg(not(any(
+        target_arch = "x86_64",
+        bpf_target_arch = "x86_64",
+        target_arch = "aarch64",
+        bpf_target_arch = "aarch64"
+    )))]
+    mod nr {
+        pub const CLONE: u32 = u32::MAX;
+        pub const FORK: u32 = u32::MAX;
+        pub const VFORK: u32 = u32::MAX;
+        pub const CLONE3: u32 = u32::MAX;
+        pub const RT_SIGRETURN: u32 = u32::MAX;
+        pub const RESTART_SYSCALL: u32 = u32::MAX;
+    }
+    pub use nr::*;
+
+    /// Whether `nr` makes a task whose first return to user space (with 0) comes through
+    /// `sys_exit` without an entry of its own: the child of a `fork`, `vfork`, `clone` or
+    /// `clone3`. That return is no call, and no missed event.
+    #[inline(always)]
+    pub fn starts_task(nr: u32) -> bool {
+        nr == CLONE || nr == FORK || nr == VFORK || nr == CLONE3
+    }
+
+    /// Whether the "return value" of `nr` is a register it restored rather than an outcome:
+    /// `rt_sigreturn` hands back whatever the interrupted code had in its return register (an
+    /// interrupted call's -EINTR, or any value a program left there), and `restart_syscall`
+    /// the result of the call it resumes, which was counted, with its restart code, when it was
+    /// interrupted. Neither records an error.
+    #[inline(always)]
+    pub fn returns_restored_register(nr: u32) -> bool {
+        nr == RT_SIGRETURN || nr == RESTART_SYSCALL
+    }
+}
+
 /// What each CPU keeps between `sys_enter` and `sys_exit` (`SYSCALL_CPU`, a one-entry per-CPU
 /// array): the call in flight of the task running on it, and what is the same for every call
 /// of that task, cached so the common path makes no helper call and no hash or task-storage

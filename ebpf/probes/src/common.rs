@@ -40,6 +40,40 @@ const ARG_REG_OFFSETS: [usize; 6] = [34 * 8, 8, 2 * 8, 3 * 8, 4 * 8, 5 * 8];
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
 const ARG_REG_OFFSETS: [usize; 6] = [0; 6];
 
+/// Byte offset in `struct pt_regs` of the syscall number the kernel keeps for the whole call:
+/// x86_64 `orig_ax` (the 16th register slot); arm64 `syscallno`, the `s32` after `regs[31]`, `sp`,
+/// `pc`, `pstate` and `orig_x0`. Both layouts are the kernel's ptrace ABI (x86_64's is
+/// `struct user_regs_struct`; arm64's has been stable since 4.x), so a constant is exact.
+#[cfg(bpf_target_arch = "x86_64")]
+const NR_REG_OFFSET: usize = 15 * 8;
+#[cfg(bpf_target_arch = "aarch64")]
+const NR_REG_OFFSET: usize = 35 * 8;
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+const NR_REG_OFFSET: usize = 0;
+
+/// Reads the number of the call the `pt_regs` of a raw syscall tracepoint belong to, sign-
+/// extended (-1, `u64::MAX`, where the kernel or a tracer cancelled the call, as `rt_sigreturn`
+/// does once it restored the registers). Read only where `sys_exit` saw no entry: the common
+/// path takes the number from `sys_enter`'s argument.
+#[inline(always)]
+pub fn read_syscall_nr(regs: *const u8) -> u64 {
+    if cfg!(not(any(
+        bpf_target_arch = "x86_64",
+        bpf_target_arch = "aarch64"
+    ))) {
+        return u64::MAX;
+    }
+    // SAFETY: an offset within the `struct pt_regs` that `regs` points to, only read through the helper.
+    let p = unsafe { regs.add(NR_REG_OFFSET) };
+    if cfg!(bpf_target_arch = "aarch64") {
+        // SAFETY: the helper checks the address and fails on one it cannot read.
+        unsafe { bpf_probe_read_kernel(p as *const i32) }.map_or(u64::MAX, |nr| nr as i64 as u64)
+    } else {
+        // SAFETY: as above.
+        unsafe { bpf_probe_read_kernel(p as *const u64) }.unwrap_or(u64::MAX)
+    }
+}
+
 /// Reads the first syscall argument (a descriptor, for the calls that take one) from the
 /// `pt_regs` the raw syscall tracepoints receive.
 #[inline(always)]

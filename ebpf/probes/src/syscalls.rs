@@ -71,12 +71,13 @@ use aya_ebpf::{
 use sysscope_abi::{
     bounded_nr, call_state, counters,
     fd_class::{self, file},
-    hist, noreturn, quota_key, slot_cache, CpuState, ErrnoKey, FdClass, FileIdentity, ProcessExit,
+    hist, noreturn, quota_key, slot_cache, special, CpuState, ErrnoKey, FdClass, FileIdentity,
+    ProcessExit,
     RateWindow, SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey, ThreadSpill,
     FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
-use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
+use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, read_syscall_nr, EEXIST};
 
 /// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
 /// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
@@ -388,19 +389,24 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         cpu.start_ns = 0;
         (start, cpu.nr, cpu.fd, now, StateStats::ZERO)
     } else {
-        // Switched out mid-call: `sched_switch` kept the entry in the thread's storage.
-        let Some(spill) = take_spill(now) else {
-            // With a target, every other thread's calls end here: not a miss.
-            if !target_only() {
-                count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+        // Switched out mid-call: `sched_switch` kept the entry in the thread's storage; or no
+        // entry was seen. Only here is the number read from the registers.
+        // TP_PROTO(struct pt_regs *regs, long ret)
+        let exit_nr = bounded_nr(read_syscall_nr(ctx.arg::<*const u8>(0)));
+        match take_spill(now, exit_nr) {
+            Some(spill) => {
+                if cpu.resumed == task {
+                    // The call ends here: the task's next switch-out has nothing to stamp.
+                    cpu.resumed = 0;
+                }
+                spill
             }
-            return 0;
-        };
-        if cpu.resumed == task {
-            // The call ends here: the task's next switch-out has nothing to stamp.
-            cpu.resumed = 0;
+            None => match exit_without_entry(exit_nr, ctx.arg::<i64>(1)) {
+                // Counted with no duration: its entry was never seen.
+                Some(nr) => (now, nr, FdClass::NONE, now, StateStats::ZERO),
+                None => return 0,
+            },
         }
-        spill
     };
     // Also after a migration during the call (a task that wrote its own pid to cgroup.procs).
     identify(cpu, task);
@@ -410,7 +416,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
 
     // TP_PROTO(struct pt_regs *regs, long ret)
     let ret = ctx.arg::<i64>(1);
-    if ret < 0 && ret >= -MAX_ERRNO {
+    if ret < 0 && ret >= -MAX_ERRNO && !special::returns_restored_register(nr) {
         record_error(&key, (-ret) as u16);
     }
 
@@ -462,11 +468,41 @@ pub fn cgroup_attach_task(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// What an exit with no entry (neither on its CPU nor kept by `sched_switch`) counts as: the
+/// syscall `exit_nr` (the number in the registers), or `None` when nothing is counted.
+///
+/// `syscall_trace_enter()` runs seccomp before the `sys_enter` tracepoint, so a call a seccomp
+/// filter denies (the default profile of every container runtime) reaches only `sys_exit`: it
+/// is counted here, with its errno and no duration. A new task's first return from the call
+/// that made it (`fork`, `clone`, ... returning 0 in the child) is no call at all. A call in
+/// flight when the probes attached, or whose entry could not be kept (`SYSCALL_THREADS_FULL`),
+/// is counted the same way as a denied one. Only an exit whose registers name no call is a
+/// missed event.
+#[inline(always)]
+fn exit_without_entry(exit_nr: u32, ret: i64) -> Option<u32> {
+    // With a target, every other thread's calls end here: neither counted nor a miss.
+    if target_only() && !crate::trace::is_target(bpf_get_current_pid_tgid()) {
+        return None;
+    }
+    if ret == 0 && special::starts_task(exit_nr) {
+        return None;
+    }
+    if exit_nr == INVALID_NR {
+        count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+        return None;
+    }
+    Some(exit_nr)
+}
+
 /// The entry `sched_switch` kept for the current thread, taken, as (start, nr, class, end,
 /// parts off CPU); `None` when there is none. `now` is the exit's clock read; the end is never
-/// before the last stamp, so the parts never exceed the duration.
+/// before the last stamp, so the parts never exceed the duration. `exit_nr` is the number in
+/// the exit's registers: an entry of another call is stale (its exit was missed, see
+/// `SYSCALL_THREADS_FULL`) and is dropped as a miss rather than lend this exit its start.
+/// [`INVALID_NR`] there (a call that cleared its number, as `rt_sigreturn` does when it restores
+/// the registers) takes the entry whatever its number.
 #[inline(always)]
-fn take_spill(now: u64) -> Option<(u64, u32, FdClass, u64, StateStats)> {
+fn take_spill(now: u64, exit_nr: u32) -> Option<(u64, u32, FdClass, u64, StateStats)> {
     let spill = SYSCALL_THREADS.current(false);
     if spill.is_null() {
         return None;
@@ -478,6 +514,10 @@ fn take_spill(now: u64) -> Option<(u64, u32, FdClass, u64, StateStats)> {
     }
     let start = spill.start_ns;
     spill.start_ns = 0;
+    if spill.nr != exit_nr && exit_nr != INVALID_NR {
+        count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
+        return None;
+    }
     if !time_by_state() {
         return Some((start, spill.nr, spill.fd, now, StateStats::ZERO));
     }

@@ -358,6 +358,28 @@ const STEPS: &[Step] = &[
         run: |a| invalid_syscalls(a.num(0), a.num(1)),
     },
     Step {
+        name: "seccomp-getppid",
+        args: "N",
+        help: "install a seccomp filter (this process and its children, from then on) that fails \
+               getppid with EPERM, then N getppid calls, each failing so",
+        run: |a| seccomp_getppid(a.num(0)),
+    },
+    Step {
+        name: "pause-interrupted",
+        args: "N",
+        help: "N pause calls, each ended by a SIGALRM (ualarm, 10 ms) whose handler was installed \
+               without SA_RESTART: each pause fails with EINTR",
+        run: |a| pause_interrupted(a.num(0)),
+    },
+    Step {
+        name: "spin-errno-register",
+        args: "MS",
+        help: "spin MS ms in user space with -22 (-EINVAL) held in the syscall return register \
+               while a 1 ms interval timer signals the process (empty handler): every \
+               rt_sigreturn restores that value; prints signals=<handled> on stderr",
+        run: |a| spin_errno_register(a.num(0)),
+    },
+    Step {
         name: "wait-stdin",
         args: "",
         help: "block until stdin is closed or a line is read",
@@ -1528,4 +1550,126 @@ fn read_byte(fd: i32) {
         )
     };
     assert_eq!(r, 1, "read: {}", std::io::Error::last_os_error());
+}
+
+/// Makes getppid fail with EPERM from now on, through a seccomp filter: the kernel answers the
+/// call before its `sys_enter` tracepoint, as a container runtime's profile does.
+fn seccomp_filter_getppid() {
+    let stmt = |code: u32, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let mut filter = [
+        // A = seccomp_data.nr (offset 0)
+        stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0),
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_getppid as u32,
+        },
+        stmt(
+            libc::BPF_RET | libc::BPF_K,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        stmt(libc::BPF_RET | libc::BPF_K, libc::SECCOMP_RET_ALLOW),
+    ];
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_mut_ptr(),
+    };
+    // SAFETY: prctl with its documented arguments; the program outlives the call (the kernel
+    // copies it).
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        let r = libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER as libc::c_ulong,
+            &program as *const libc::sock_fprog,
+        );
+        assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
+    }
+}
+
+fn seccomp_getppid(n: u64) {
+    seccomp_filter_getppid();
+    for _ in 0..n {
+        // SAFETY: getppid takes no arguments.
+        let r = unsafe { libc::syscall(libc::SYS_getppid) };
+        let err = std::io::Error::last_os_error().raw_os_error();
+        assert!(r == -1 && err == Some(libc::EPERM), "getppid: {r} {err:?}");
+    }
+}
+
+static SIGNALS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn count_signal(_: libc::c_int) {
+    SIGNALS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Installs `count_signal` for `signal` without SA_RESTART: an interrupted call fails with EINTR.
+fn handle_without_restart(signal: libc::c_int) {
+    // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe (one atomic add).
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = count_signal as extern "C" fn(libc::c_int) as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        action.sa_flags = 0;
+        assert_eq!(libc::sigaction(signal, &action, std::ptr::null_mut()), 0);
+    }
+}
+
+/// Arms ITIMER_REAL: SIGALRM in `first_us` (below a second), then every `every_us` (0: once);
+/// `first_us` 0 disarms it.
+fn real_timer(first_us: i64, every_us: i64) {
+    let timer = libc::itimerval {
+        it_interval: libc::timeval {
+            tv_sec: 0,
+            tv_usec: every_us as libc::suseconds_t,
+        },
+        it_value: libc::timeval {
+            tv_sec: 0,
+            tv_usec: first_us as libc::suseconds_t,
+        },
+    };
+    // SAFETY: a valid itimerval; the old value is not wanted.
+    let r = unsafe { libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()) };
+    assert_eq!(r, 0, "setitimer: {}", std::io::Error::last_os_error());
+}
+
+fn pause_interrupted(n: u64) {
+    handle_without_restart(libc::SIGALRM);
+    for _ in 0..n {
+        real_timer(10_000, 0);
+        // SAFETY: pause has no arguments; the handler is installed.
+        let r = unsafe { libc::syscall(libc::SYS_pause) };
+        let err = std::io::Error::last_os_error().raw_os_error();
+        assert!(r == -1 && err == Some(libc::EINTR), "pause: {r} {err:?}");
+    }
+}
+
+fn spin_errno_register(ms: u64) {
+    handle_without_restart(libc::SIGALRM);
+    real_timer(1000, 1000);
+    let end = Instant::now() + Duration::from_millis(ms);
+    while Instant::now() < end {
+        // Some 10^7 iterations with the return register holding -22 throughout: a signal
+        // delivered meanwhile saves it, and rt_sigreturn restores it as its "return value".
+        let mut n: u64 = 1 << 24;
+        // SAFETY: the loop touches only the two registers it declares.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("mov rax, -22", "2:", "dec {n}", "jnz 2b", n = inout(reg) n, out("rax") _);
+        }
+        // SAFETY: as above.
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            std::arch::asm!("mov x0, #-22", "2:", "subs {n}, {n}, #1", "b.ne 2b", n = inout(reg) n, out("x0") _);
+        }
+        let _ = n;
+    }
+    real_timer(0, 0);
+    eprintln!("signals={}", SIGNALS.load(Ordering::Relaxed));
 }

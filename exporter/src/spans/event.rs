@@ -392,16 +392,19 @@ impl Enricher {
         };
 
         attrs.push(("process.pid", i64::from(ev.call.tgid).into()));
-        // The executable's name; once the process is gone, its name as last known, or the
-        // calling thread's as the kernel saw it.
         let thread_name = comm_from_bytes(&ev.comm);
+        let leader = ev.call.tid == ev.call.tgid;
         attrs.push((
             "process.executable.name",
-            match &ctx.exe {
-                Some(exe) => AttrValue::from(exe.as_str()),
-                None if &*workload.comm != UNKNOWN_COMM => AttrValue::from(workload.comm.clone()),
-                None => AttrValue::from(thread_name.clone()),
-            },
+            AttrValue::from(
+                executable_name(
+                    ctx.exe.as_deref(),
+                    leader.then_some(&*thread_name),
+                    &workload.comm,
+                    &thread_name,
+                )
+                .as_str(),
+            ),
         ));
         attrs.push(("thread.id", i64::from(ev.call.tid).into()));
         attrs.push(("thread.name", AttrValue::from(thread_name)));
@@ -540,6 +543,45 @@ fn nonzero<const N: usize>(mut gen: impl FnMut() -> [u8; N]) -> [u8; N] {
     }
 }
 
+/// A slow call's `process.executable.name`, true at the moment of the call.
+///
+/// `call_comm` is the process's name as the kernel had it at the call (the record's comm,
+/// when the calling thread is the process's main thread, whose name is the process's), `exe`
+/// the base name of `/proc/<pid>/exe` read once the record arrived, `cached` the name last
+/// read for the pid. The executable is named by `exe` where it is the program of the call
+/// (the kernel names a process after its executable, cut to 15 bytes: `exe` gives the whole
+/// name); by `call_comm` where it is not (the process exec'd another program since, or gave
+/// itself another name) or `exe` could not be read (the process is gone, or another user's
+/// without the capabilities of the `/proc` fallback): a shell that forked and exec'd a program
+/// has that program's name on its first call, not the shell's the pid had before. Calls of
+/// other threads (whose name is the thread's) fall back to `exe`, then `cached`, then `thread`
+/// (the calling thread's name at the call).
+fn executable_name(
+    exe: Option<&str>,
+    call_comm: Option<&str>,
+    cached: &str,
+    thread: &str,
+) -> String {
+    let call_comm = call_comm.filter(|c| *c != UNKNOWN_COMM);
+    match (exe, call_comm) {
+        (Some(exe), Some(comm)) => {
+            let cut = &exe.as_bytes()[..exe.len().min(TASK_COMM_BYTES)];
+            if cut == comm.as_bytes() {
+                exe.to_string()
+            } else {
+                comm.to_string()
+            }
+        }
+        (None, Some(comm)) => comm.to_string(),
+        (Some(exe), None) => exe.to_string(),
+        (None, None) if cached != UNKNOWN_COMM => cached.to_string(),
+        (None, None) => thread.to_string(),
+    }
+}
+
+/// The bytes of a task's name the kernel keeps (`TASK_COMM_LEN` less the NUL).
+const TASK_COMM_BYTES: usize = 15;
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
@@ -583,6 +625,38 @@ mod tests {
             blocked_ns: 0,
             unknown_ns: 0,
         }
+    }
+
+    #[test]
+    fn the_executable_is_the_program_that_made_the_call() {
+        // The main thread's call: its comm is the process's name at the call.
+        let long = "sysscope-workload";
+        assert_eq!(
+            executable_name(Some(long), Some("sysscope-worklo"), "bash", "t"),
+            long
+        );
+        // exe unreadable (gone, another user's): not the name the pid had before its exec.
+        assert_eq!(
+            executable_name(None, Some("python3"), "bash", "t"),
+            "python3"
+        );
+        // The process exec'd again before the record was read.
+        assert_eq!(
+            executable_name(Some("sleep"), Some("python3"), "sh", "t"),
+            "python3"
+        );
+        // Another thread's call (its comm is the thread's): as before.
+        assert_eq!(
+            executable_name(Some("python3.11"), None, "bash", "t"),
+            "python3.11"
+        );
+        assert_eq!(executable_name(None, None, "bash", "t"), "bash");
+        assert_eq!(executable_name(None, None, UNKNOWN_COMM, "t"), "t");
+        assert_eq!(
+            executable_name(None, Some(UNKNOWN_COMM), "bash", "t"),
+            "bash",
+            "a record without a comm"
+        );
     }
 
     /// The exemplar's series is the one label control counts the call in: no `comm` when it

@@ -15,6 +15,7 @@ mod gpu_alert;
 mod gpu_node_check;
 mod hostile_names;
 mod http_hardening;
+mod kernel_truth;
 mod kernels;
 mod kubernetes;
 mod label_control;

@@ -2481,3 +2481,75 @@ fn without_the_proc_capabilities_the_kernel_names_another_users_files() {
     );
     assert_eq!(attr(&fifo_call, "process.executable.name"), WORKLOAD_COMM);
 }
+
+/// A shell that makes a slow read, then execs a program whose first slow calls follow at once:
+/// every span names the program that made its call, though the pid's name was read (and
+/// kept) while it was the shell's. The processes are another user's and the exporter runs
+/// without the `/proc` fallback, so `/proc/<pid>/exe` cannot be read: the name must come
+/// from the kernel, at the call.
+#[test]
+fn spans_name_the_program_that_made_the_call_across_an_exec() {
+    if !require_root("spans_name_the_program_that_made_the_call_across_an_exec") {
+        return;
+    }
+    use std::io::Write;
+    let _serial = serial();
+    const NOBODY: &str = "65534";
+    let exporter = Exporter::start(&slow_reads_with("proc_fallback = false"), &[]);
+    // The shell's `read` blocks on its stdin (a slow read of the shell), then the shell execs
+    // the workload, which makes two slow reads of its own pipe (filled 50 ms after each read
+    // has blocked) on its main thread.
+    let mut child = Command::new("setpriv")
+        .args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups", "--"])
+        .args(["sh", "-c", "read line; exec \"$0\" slow-pipe-read 2 50"])
+        .arg(workload_bin())
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(200));
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(child.wait().unwrap().success());
+
+    let attr = |c: &serde_json::Value, key: &str| c["attributes"][key].as_str().map(String::from);
+    // The reads of pipes: a read of a file can be slow too (the program's first load from a
+    // cold page cache), and names its program as well, but is not what was scripted.
+    let is_pipe =
+        |c: &serde_json::Value| attr(c, "file.path").is_some_and(|p| p.starts_with("pipe:["));
+    let all = eventually(Duration::from_secs(10), || {
+        let (_, _, body) = http_get(exporter.port, "/api/v1/slow-calls", None).ok()?;
+        let doc: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let calls: Vec<serde_json::Value> = doc["slow_calls"]
+            .as_array()?
+            .iter()
+            .filter(|c| c["attributes"]["process.pid"] == pid)
+            .cloned()
+            .collect();
+        (calls.iter().filter(|c| is_pipe(c)).count() >= 3).then_some(calls)
+    })
+    .expect("3 slow pipe reads");
+    for call in &all {
+        assert_eq!(
+            attr(call, "process.executable.name"),
+            attr(call, "thread.name"),
+            "{call:#}"
+        );
+    }
+    let calls: Vec<&serde_json::Value> = all.iter().filter(|c| is_pipe(c)).collect();
+    let mut names: Vec<String> = Vec::new();
+    for call in &calls {
+        assert_eq!(call["name"], "read", "{call:#}");
+        // The main thread made each call: its name at the call is the process's.
+        let at_call = attr(call, "thread.name").expect("thread.name");
+        assert_eq!(
+            attr(call, "process.executable.name").as_deref(),
+            Some(at_call.as_str()),
+            "{call:#}"
+        );
+        names.push(at_call);
+    }
+    assert_eq!(calls.len(), 3, "{calls:#?}");
+    names.sort();
+    eprintln!("spans across the exec: {names:?}");
+    assert_eq!(names, ["sh", WORKLOAD_COMM, WORKLOAD_COMM]);
+}

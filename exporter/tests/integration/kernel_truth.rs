@@ -1,0 +1,247 @@
+//! What the kernel really did, where the raw syscall tracepoints alone mislead: calls a seccomp
+//! filter denies (they reach `sys_exit` without a `sys_enter`), a new task's first return from
+//! `fork`, interrupted calls and `rt_sigreturn`'s restored "return value". Real probes on the
+//! real kernel; the ground truth is what the workload knows it did, and `strace -c -f` on the
+//! same program.
+
+use std::{collections::BTreeMap, process::Command};
+
+use crate::common::*;
+
+/// As the exact-count tests of `syscalls`: the budget must not fold this test's series.
+const ISOLATED: &str = "[collection]\nmin_interval = \"0s\"\n[limits]\nmax_series = 10000000\n";
+
+/// (calls, errors) per syscall of a `strace -c` table.
+fn strace_table(text: &str) -> BTreeMap<String, (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // "% time seconds usecs/call calls [errors] syscall"
+        if f.len() < 5 || f[0].starts_with('-') || f[0] == "%" {
+            continue;
+        }
+        let Ok(calls) = f[3].parse::<u64>() else {
+            continue;
+        };
+        let (errors, name) = if f.len() >= 6 {
+            (f[4].parse().unwrap_or(0), f[5])
+        } else {
+            (0, f[4])
+        };
+        if name != "total" {
+            out.insert(name.to_string(), (calls, errors));
+        }
+    }
+    out
+}
+
+/// `strace -c -f` of the workload with `args`: (calls, errors) per syscall.
+fn strace_of_workload(args: &[&str]) -> BTreeMap<String, (u64, u64)> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("strace.txt");
+    let status = Command::new("strace")
+        .args(["-c", "-f", "-o"])
+        .arg(&out)
+        .arg(workload_bin())
+        .args(args)
+        .status()
+        .expect("strace is installed (scripts/setup.sh --test)");
+    assert!(status.success(), "strace {args:?}: {status}");
+    strace_table(&std::fs::read_to_string(&out).unwrap())
+}
+
+fn missed_exits(samples: &[Sample]) -> f64 {
+    sum(
+        samples,
+        "sysscope_probe_missed_events_total",
+        &[("reason", "syscall_exit_without_enter")],
+    )
+}
+
+/// The cgroup's series of `metric` for `syscall` (and `errno`, when given), summed.
+fn of(samples: &[Sample], cg: &TestCgroup, metric: &str, syscall: &str, errno: &str) -> f64 {
+    let mut want = vec![("cgroup", cg.rel.as_str()), ("syscall", syscall)];
+    if !errno.is_empty() {
+        want.push(("errno", errno));
+    }
+    sum(samples, metric, &want)
+}
+
+fn context(text: &str, cg: &TestCgroup) -> String {
+    text.lines()
+        .filter(|l| l.contains(cg.rel.as_str()) && !l.contains("_bucket"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A call a seccomp filter denies never reaches `sys_enter` (seccomp runs first); it is still
+/// a call the process made, with the errno the filter chose: counted exactly, as strace counts
+/// it.
+#[test]
+fn calls_a_seccomp_filter_denies_are_counted_with_their_errno() {
+    if !require_root("calls_a_seccomp_filter_denies_are_counted_with_their_errno") {
+        return;
+    }
+    const N: u64 = 1000;
+    let n = N.to_string();
+    let truth = strace_of_workload(&["seccomp-getppid", &n]);
+    assert_eq!(truth.get("getppid"), Some(&(N, N)), "strace: {truth:?}");
+
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-seccomp");
+    run_workload_joined(&cg, &["seccomp-getppid", &n]);
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    let calls = of(&samples, &cg, "sysscope_syscalls_total", "getppid", "");
+    let eperm = of(
+        &samples,
+        &cg,
+        "sysscope_syscall_errors_total",
+        "getppid",
+        "EPERM",
+    );
+    eprintln!("seccomp-denied getppid: strace {truth:?}; sysscope calls {calls}, EPERM {eperm}");
+    let series = context(&text, &cg);
+    assert_eq!(
+        (calls, eperm),
+        (N as f64, N as f64),
+        "getppid calls and EPERM errors; the cgroup's series:\n{series}"
+    );
+    // No duration was seen: every denied call lies in the first bucket.
+    assert_eq!(
+        of(
+            &samples,
+            &cg,
+            "sysscope_syscall_duration_seconds_count",
+            "getppid",
+            ""
+        ),
+        N as f64
+    );
+    // Every other call the workload made after joining (the filter's prctl calls, its exit)
+    // is counted too; no error but the filter's.
+    assert_eq!(
+        of(&samples, &cg, "sysscope_syscalls_total", "prctl", ""),
+        truth["prctl"].0 as f64,
+        "prctl; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "sysscope_syscall_errors_total",
+            &[("cgroup", cg.rel.as_str())]
+        ),
+        N as f64,
+        "errors; the cgroup's series:\n{series}"
+    );
+}
+
+/// A forked child returns from `fork` without having entered it: no call, and no missed
+/// event. (Before, every child counted one missed event, so the counter tracked the fork rate
+/// and hid real losses.)
+#[test]
+fn a_new_tasks_first_return_is_not_a_missed_event() {
+    if !require_root("a_new_tasks_first_return_is_not_a_missed_event") {
+        return;
+    }
+    const N: u64 = 500;
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-forks");
+    let before = missed_exits(&parse_samples(&exporter.scrape()));
+    run_workload(&cg, &["fork-children", &N.to_string(), "3", "forked"]);
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    let after = missed_exits(&samples);
+    let forks = of(&samples, &cg, "sysscope_syscalls_total", "clone", "")
+        + of(&samples, &cg, "sysscope_syscalls_total", "fork", "")
+        + of(&samples, &cg, "sysscope_syscalls_total", "clone3", "");
+    eprintln!(
+        "{N} children: missed exits {before} -> {after}; fork calls counted {forks}; getppid {}",
+        getppid_calls(&samples, &cg)
+    );
+    assert_eq!(getppid_calls(&samples, &cg), 3.0 * N as f64);
+    // The parent's calls are counted once each, the children's first returns not at all.
+    assert_eq!(forks, N as f64, "{}", context(&text, &cg));
+    assert_eq!(
+        after - before,
+        0.0,
+        "exits without entry counted while {N} children started (node-wide)"
+    );
+}
+
+/// `pause()` ended by a handled signal without SA_RESTART: the process sees EINTR; the kernel's
+/// exit says ERESTARTNOHAND (its restart code, turned into EINTR at signal delivery), which is
+/// the name sysscope keeps. The `rt_sigreturn` of each handler returns the interrupted call's
+/// restored -EINTR: no error of its own.
+#[test]
+fn interrupted_calls_keep_their_restart_code_and_sigreturn_no_error() {
+    if !require_root("interrupted_calls_keep_their_restart_code_and_sigreturn_no_error") {
+        return;
+    }
+    const N: u64 = 100;
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-pause");
+    run_workload_joined(&cg, &["pause-interrupted", &N.to_string()]);
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    let series = context(&text, &cg);
+    let pause = of(&samples, &cg, "sysscope_syscalls_total", "pause", "");
+    let restart = of(
+        &samples,
+        &cg,
+        "sysscope_syscall_errors_total",
+        "pause",
+        "ERESTARTNOHAND",
+    );
+    let sigreturn = of(&samples, &cg, "sysscope_syscalls_total", "rt_sigreturn", "");
+    let sigreturn_errors = of(
+        &samples,
+        &cg,
+        "sysscope_syscall_errors_total",
+        "rt_sigreturn",
+        "",
+    );
+    eprintln!(
+        "{N} interrupted pauses: pause {pause}, ERESTARTNOHAND {restart}, rt_sigreturn \
+         {sigreturn}, its errors {sigreturn_errors}"
+    );
+    assert_eq!(pause, N as f64, "{series}");
+    assert_eq!(restart, N as f64, "{series}");
+    assert_eq!(sigreturn, N as f64, "{series}");
+    assert_eq!(sigreturn_errors, 0.0, "{series}");
+}
+
+/// A signal that interrupts user code: `rt_sigreturn` restores whatever the return register
+/// held, here -22 (-EINVAL) kept there by a spin loop, 1,000 times a second. No error.
+#[test]
+fn sigreturn_of_a_register_holding_an_errno_records_no_error() {
+    if !require_root("sigreturn_of_a_register_holding_an_errno_records_no_error") {
+        return;
+    }
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-sigreturn");
+    let out = Command::new(workload_bin())
+        .arg("join-cgroup")
+        .arg(&cg.dir)
+        .args(["spin-errno-register", "1000"])
+        .output()
+        .expect("spawn workload");
+    assert!(out.status.success(), "workload: {out:?}");
+    let signals: f64 = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("signals="))
+        .and_then(|v| v.parse().ok())
+        .expect("workload prints signals=");
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    let sigreturn = of(&samples, &cg, "sysscope_syscalls_total", "rt_sigreturn", "");
+    let errors = sum(
+        &samples,
+        "sysscope_syscall_errors_total",
+        &[("cgroup", cg.rel.as_str())],
+    );
+    eprintln!("spin with -22 in the register: {signals} signals, rt_sigreturn {sigreturn}, errors {errors}");
+    assert!(signals >= 10.0, "only {signals} signals in a second");
+    assert_eq!(sigreturn, signals, "{}", context(&text, &cg));
+    assert_eq!(errors, 0.0, "{}", context(&text, &cg));
+}
