@@ -1,37 +1,46 @@
 #!/usr/bin/env bash
-# Boots a Debian kernel package under qemu (software emulation: no KVM needed) with a small
-# initramfs holding sysscope's binaries, runs one scenario inside, and reports. Used by
-# scripts/checks/vm-*.sh; runnable by hand (root, Debian):
+# Boots a kernel under qemu (software emulation: no KVM needed) with a small initramfs holding
+# sysscope's binaries, runs one scenario inside, and reports. Used by scripts/checks/vm-*.sh;
+# runnable by hand (root, Debian):
 #
 #   scripts/vm/run.sh --scenario big-node --smp 2,maxcpus=224
+#   scripts/vm/run.sh --scenario basic --kernel 6.12
 #   scripts/vm/run.sh --scenario basic --kernel linux-image-6.1.0-56-cloud-amd64-unsigned
+#   scripts/vm/run.sh --scenario basic --kernel ../shared/kernels/linux-5.15.135/bzImage
 #   scripts/vm/run.sh --scenario basic --arch arm64
 #
 # Options: --arch amd64|arm64 (default amd64; arm64 boots qemu-system-aarch64 with binaries
-# cross-built for aarch64-unknown-linux-gnu), --kernel PACKAGE (default: the newest 6.1 cloud
-# kernel Debian offers for the architecture), --smp SPEC (qemu -smp; default 2), --mem MiB
-# (default 6144), --bin-dir DIR (sysscope and sysscope-workload; default target/debug, or
+# cross-built for aarch64-unknown-linux-gnu), --kernel KERNEL (default 6.1): a Debian series
+# (6.1, 6.12: the newest cloud kernel package of that series Debian offers for the
+# architecture), a Debian package name (linux-image-...), or the path of a kernel image
+# (an x86 bzImage with what the scenario needs built in; a SHA256SUMS file beside it, if
+# there is one, must match), --smp SPEC (qemu -smp; default 2), --mem MiB (default 6144),
+# --bin-dir DIR (sysscope and sysscope-workload; default target/debug, or
 # target/aarch64-unknown-linux-gnu/debug for arm64, built if missing), --timeout SECONDS
-# (default 300 for amd64, 900 for arm64: emulating another architecture is slower).
+# (default 600 for amd64, 1200 for arm64: emulating another architecture is slower),
+# --fetch-only (install the tools and download the kernel and busybox, then stop: runs of
+# several guests at once do their apt work first, one at a time).
 # SYSSCOPE_VM_ACCEL overrides qemu's -accel (see the amd64 case below for the default's reason).
 # SYSSCOPE_VM_LOGLEVEL (default 1) sets the guest kernel's console log level: 7 prints the
 # stack traces of kernel warnings (a soft lockup's trace is not printed at 1).
 # Scenarios are shell scripts in scripts/vm/scenarios/, run as the guest's init payload; each
-# check prints `VMCHECK <name> PASS|FAIL <detail>`. Exit status 0 only if every check passed
-# and the scenario ran to its end. Downloads and the built initramfs are cached under
-# target/vm-cache/.
+# check prints `VMCHECK <name> PASS|FAIL <detail>`. The report ends with one line, `vm: PASS|FAIL (what): ...`,
+# giving the guest's boot time (kernel start to init) and the scenario's. Exit status 0 only
+# if every check passed and the scenario ran to its end. Downloads and the built initramfs
+# are cached under target/vm-cache/.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
-arch=amd64 kernel_pkg="" smp=2 mem=6144 bin_dir="" timeout="" scenario=""
+arch=amd64 kernel=6.1 smp=2 mem=6144 bin_dir="" timeout="" scenario="" fetch_only=false
 while [ $# -gt 0 ]; do
   case "$1" in
     --arch) arch=$2; shift 2 ;;
-    --kernel) kernel_pkg=$2; shift 2 ;;
+    --kernel) kernel=$2; shift 2 ;;
     --smp) smp=$2; shift 2 ;;
     --mem) mem=$2; shift 2 ;;
     --bin-dir) bin_dir=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --scenario) scenario=$2; shift 2 ;;
+    --fetch-only) fetch_only=true; shift ;;
     *) echo "vm: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +50,7 @@ scenario_file="$top/scripts/vm/scenarios/$scenario.sh"
 case "$arch" in
   amd64)
     qemu=qemu-system-x86_64 qemu_pkg=qemu-system-x86 console_dev=ttyS0 strip=strip
-    machine=(-machine q35 -cpu max) rust_target="" default_timeout=300
+    machine=(-machine q35 -cpu max) rust_target="" default_timeout=600
     # One host thread for all vCPUs: with multi-threaded TCG (qemu 7.2), a vCPU can keep
     # executing a stale translation of a kernel jump-label site another vCPU has just patched
     # back from int3 (here the BPF statistics key, switched by collection.probe_stats), so it
@@ -53,7 +62,7 @@ case "$arch" in
     # cortex-a72 rather than max: emulating pointer authentication slows TCG down a lot.
     qemu=qemu-system-aarch64 qemu_pkg=qemu-system-arm console_dev=ttyAMA0
     strip=aarch64-linux-gnu-strip machine=(-machine virt -cpu cortex-a72)
-    rust_target=aarch64-unknown-linux-gnu default_timeout=900
+    rust_target=aarch64-unknown-linux-gnu default_timeout=1200
     # Not seen on arm64 (whose jump labels patch one branch instruction, no int3 protocol):
     # one host thread per vCPU, which halves the wall time of the slow cross-architecture run.
     accel=tcg
@@ -89,26 +98,54 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# The kernel: a Debian package, extracted once.
-if [ -z "$kernel_pkg" ]; then
-  kernel_pkg=$(apt-cache search --names-only "^linux-image-6\\.1\\.0-[0-9]+-cloud-$arch-unsigned\$" 2>/dev/null \
-    | awk '{print $1}' | sort -V | tail -n 1)
-  if [ -z "$kernel_pkg" ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    kernel_pkg=$(apt-cache search --names-only "^linux-image-6\\.1\\.0-[0-9]+-cloud-$arch-unsigned\$" \
-      | awk '{print $1}' | sort -V | tail -n 1)
+# The kernel: an image file as given, or a Debian package, extracted once.
+kdir="" kernel_pkg=""
+if [ -f "$kernel" ]; then
+  vmlinuz=$(cd "$(dirname "$kernel")" && pwd)/$(basename "$kernel")
+  sums="$(dirname "$vmlinuz")/SHA256SUMS"
+  if [ -f "$sums" ]; then
+    line=$(grep " [*]\?$(basename "$vmlinuz")\$" "$sums" || true)
+    [ -n "$line" ] || { echo "vm: $sums does not list $(basename "$vmlinuz")" >&2; exit 1; }
+    (cd "$(dirname "$vmlinuz")" && printf '%s\n' "$line" | sha256sum -c --quiet -) >&2 \
+      || { echo "vm: $vmlinuz does not match $sums" >&2; exit 1; }
   fi
+  # An x86 bzImage names its version in the setup header (Documentation/arch/x86/boot.rst:
+  # "HdrS" at 0x202, the version string's offset less 0x200 at 0x20e).
+  kernel_version=""
+  if [ "$(dd if="$vmlinuz" bs=1 skip=$((0x202)) count=4 2>/dev/null)" = HdrS ]; then
+    off=$(od -An -tu2 -j $((0x20e)) -N2 "$vmlinuz" | tr -d ' ')
+    kernel_version=$(dd if="$vmlinuz" bs=1 skip=$((off + 0x200)) count=64 2>/dev/null \
+      | tr '\0' '\n' | head -n 1 | cut -d' ' -f1)
+  fi
+  [ -n "$kernel_version" ] || kernel_version=$(basename "$vmlinuz")
+  kernel_what=$vmlinuz
+else
+  case "$kernel" in
+    linux-image-*) kernel_pkg=$kernel ;;
+    [0-9]*.[0-9]*)
+      # 6.1 matches linux-image-6.1.0-57-... but not linux-image-6.12.x-...
+      pattern="^linux-image-${kernel//./\\.}[.-].*-cloud-$arch-unsigned\$"
+      newest() { apt-cache search --names-only "$pattern" 2>/dev/null | awk '{print $1}' | sort -V | tail -n 1; }
+      kernel_pkg=$(newest)
+      if [ -z "$kernel_pkg" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        kernel_pkg=$(newest)
+      fi
+      [ -n "$kernel_pkg" ] || { echo "vm: no Debian $kernel cloud kernel package for $arch" >&2; exit 1; }
+      ;;
+    *) echo "vm: --kernel $kernel is neither a file, a Debian series (6.1) nor a package (linux-image-...)" >&2; exit 2 ;;
+  esac
+  kdir="$cache/$kernel_pkg"
+  if ! ls "$kdir"/boot/vmlinuz-* >/dev/null 2>&1; then
+    log "downloading $kernel_pkg"
+    rm -rf "$kdir.tmp" && mkdir -p "$kdir.tmp"
+    (cd "$kdir.tmp" && apt-get download "$kernel_pkg:$arch" >/dev/null && dpkg-deb -x ./*.deb extracted)
+    rm -rf "$kdir" && mv "$kdir.tmp/extracted" "$kdir" && rm -rf "$kdir.tmp"
+  fi
+  vmlinuz=$(ls "$kdir"/boot/vmlinuz-* | head -n 1)
+  kernel_version=${vmlinuz##*/vmlinuz-}
+  kernel_what=$kernel_pkg
 fi
-[ -n "$kernel_pkg" ] || { echo "vm: no Debian 6.1 cloud kernel package found" >&2; exit 1; }
-kdir="$cache/$kernel_pkg"
-if ! ls "$kdir"/boot/vmlinuz-* >/dev/null 2>&1; then
-  log "downloading $kernel_pkg"
-  rm -rf "$kdir.tmp" && mkdir -p "$kdir.tmp"
-  (cd "$kdir.tmp" && apt-get download "$kernel_pkg:$arch" >/dev/null && dpkg-deb -x ./*.deb extracted)
-  rm -rf "$kdir" && mv "$kdir.tmp/extracted" "$kdir" && rm -rf "$kdir.tmp"
-fi
-vmlinuz=$(ls "$kdir"/boot/vmlinuz-* | head -n 1)
-kernel_version=${vmlinuz##*/vmlinuz-}
 
 # busybox for the guest: the host's for amd64, Debian's arm64 package (downloaded once) for arm64.
 busybox=/bin/busybox
@@ -121,6 +158,11 @@ if [ "$arch" = arm64 ]; then
     rm -rf "$bb" && mv "$bb.tmp/extracted" "$bb" && rm -rf "$bb.tmp"
   fi
   busybox="$bb/bin/busybox"
+fi
+
+if $fetch_only; then
+  echo "vm: fetched kernel $kernel_version ($kernel_what), arch $arch"
+  exit 0
 fi
 
 # The binaries. amd64 takes what `cargo test` built (built here only if missing); the arm64
@@ -159,8 +201,9 @@ for b in sysscope sysscope-workload; do
     done
   fi
 done
-# The loop driver is a module in the cloud kernels; the block I/O checks need it.
-for ko in $(find "$kdir/lib/modules" -name loop.ko -o -name loop.ko.xz); do
+# The loop driver is a module in Debian's cloud kernels; the block I/O checks need it. (A
+# kernel image given as a file has it built in.)
+for ko in $([ -z "$kdir" ] || find "$kdir/lib/modules" -name loop.ko -o -name loop.ko.xz); do
   case "$ko" in *.xz) xz -dc "$ko" > "$root/lib/modules/loop.ko" ;; *) cp "$ko" "$root/lib/modules/" ;; esac
 done
 {
@@ -168,6 +211,7 @@ done
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc
+echo "VMTIME init $(cut -d' ' -f1 /proc/uptime)"
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mkdir -p /sys/fs/cgroup && mount -t cgroup2 none /sys/fs/cgroup
@@ -181,15 +225,15 @@ check() { if [ "$2" = "$3" ]; then echo "VMCHECK $1 PASS $2"; else echo "VMCHECK
 report() { echo "VMCHECK $1 $2 $3"; }
 INIT
   cat "$scenario_file"
-  printf '\necho VMCHECK_END\npoweroff -f\n'
+  printf '\necho "VMTIME end $(cut -d" " -f1 /proc/uptime)"\necho VMCHECK_END\npoweroff -f\n'
 } > "$root/init"
 chmod +x "$root/init"
-initrd="$cache/initrd-$arch-$scenario.cpio.gz"
+initrd="$cache/initrd-$arch-$scenario-$kernel_version.cpio.gz"
 (cd "$root" && find . | cpio -o -H newc 2>/dev/null | gzip -1 > "$initrd")
 
 console="$cache/console-$scenario-$kernel_version.log"
 # quiet: only the scenario's lines and errors on the console the checks are read from.
-what="kernel $kernel_version ($kernel_pkg), arch $arch, smp $smp, scenario $scenario"
+what="kernel $kernel_version ($kernel_what), arch $arch, smp $smp, scenario $scenario"
 log "booting: $what"
 started=$(date +%s)
 set +e
@@ -199,14 +243,26 @@ timeout -k 10 "$timeout" "$qemu" -accel "$accel" "${machine[@]}" -m "$mem" -smp 
 rc=$?
 set -e
 took=$(( $(date +%s) - started ))
-checks=$(tr -d '\r' < "$console" | grep '^VMCHECK ' || true)
-printf '%s\n' "$checks" | grep -v '^$' | sed 's/^/  /' >&2 || true
+log_text=$(tr -d '\r' < "$console")
+checks=$(printf '%s\n' "$log_text" | grep '^VMCHECK ' || true)
+# The guest's clock: kernel start to init, and init to the scenario's end.
+init_at=$(printf '%s\n' "$log_text" | sed -n 's/.*VMTIME init \([0-9.]*\).*/\1/p' | head -n 1)
+end_at=$(printf '%s\n' "$log_text" | sed -n 's/.*VMTIME end \([0-9.]*\).*/\1/p' | head -n 1)
+times="boot ${init_at:-?}s, scenario $( [ -n "$init_at" ] && [ -n "$end_at" ] \
+  && awk -v a="$init_at" -v b="$end_at" 'BEGIN { printf "%.1f", b - a }' || echo '?')s, ${took}s in all"
+# One row a check: name, result, the figures it measured (shortened).
+echo "vm: results on $kernel_version ($arch):" >&2
+printf '%s\n' "$checks" | grep -v '^$' | while read -r _ name result detail; do
+  [ ${#detail} -le 110 ] || detail="${detail:0:107}..."
+  printf '  %-32s %-4s %s\n' "$name" "$result" "$detail"
+done >&2
 failed=$(printf '%s\n' "$checks" | grep -c '^VMCHECK [^ ]* FAIL' || true)
 passed=$(printf '%s\n' "$checks" | grep -c '^VMCHECK [^ ]* PASS' || true)
-if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || ! grep -q '^VMCHECK_END' <(tr -d '\r' < "$console"); then
+if [ "$rc" -ne 0 ] || [ "$failed" -ne 0 ] || ! printf '%s\n' "$log_text" | grep -q '^VMCHECK_END'; then
   why="qemu exit $rc"; [ "$rc" -eq 124 ] && why="timed out (--timeout $timeout)"
-  echo "vm: FAIL ($what): $passed passed, $failed failed, $why after ${took}s; console tail:" >&2
-  tr -d '\r' < "$console" | grep -v '^\s*$' | tail -n 40 >&2
+  echo "vm: console tail:" >&2
+  printf '%s\n' "$log_text" | grep -v '^\s*$' | tail -n 40 >&2
+  echo "vm: FAIL ($what): $passed passed, $failed failed, $why; $times"
   exit 1
 fi
-echo "vm: PASS ($what): $passed checks in ${took}s"
+echo "vm: PASS ($what): $passed checks; $times"
