@@ -38,8 +38,7 @@ pub use syscalls::{
     bounded_nr, call_state, noreturn, own_share, quota_key, slot_cache, special, CallStamp,
     CpuState, ErrnoKey, OffCpuEvent, ProcessExit, RateWindow, SlotStats, SlowCallEvent,
     SlowCallScratch, StateStats, SyscallKey, SyscallStats, ThreadSpill, FOLDED_TGID, INVALID_NR,
-    MAX_STAT_STRIPES,
-    MAX_SYSCALL_NR,
+    MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 pub use trace::{trace_flags, TraceEvent, TraceThread, TRACE_PATH_LEN};
 

@@ -72,9 +72,8 @@ use sysscope_abi::{
     bounded_nr, call_state, counters,
     fd_class::{self, file},
     hist, noreturn, quota_key, slot_cache, special, CpuState, ErrnoKey, FdClass, FileIdentity,
-    ProcessExit,
-    RateWindow, SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey, ThreadSpill,
-    FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    ProcessExit, RateWindow, SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey,
+    ThreadSpill, FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
 use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, read_syscall_nr, EEXIST};
