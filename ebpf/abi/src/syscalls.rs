@@ -2,7 +2,7 @@
 //! per-CPU calls in flight, the table of statistics slots, errors by errno, process exits and
 //! slow-call samples, with the syscall numbers the probes bound or special-case.
 
-use crate::{fd_class::file, hist, FdCache, FdClass, FileIdentity, LatencyHistogram};
+use crate::{fd_class::file, hist, FdCache, FdClass, FileIdentity, LatencyHistogram, NO_FIELD};
 
 maps! {
     /// Task-local storage: the calls in flight of tasks switched out mid-call ([`crate::ThreadSpill`];
@@ -90,6 +90,9 @@ globals! {
     /// `OFFCPU_EVENTS` (set by `sysscope trace`, whose syscall programs count only its
     /// target, so only the target's calls are streamed).
     SYSCALL_STATE_TRACE: u32,
+    /// [`crate::SchedProbeConfig`]: where the scheduler programs read a task's state, and
+    /// what the running kernel's task storage allows them.
+    SCHED_CONFIG: SchedProbeConfig,
 }
 
 /// Upper bound on syscall numbers the probes index arrays with (x86_64 < 470, aarch64 < 470).
@@ -271,6 +274,11 @@ pub struct CpuState {
 impl CpuState {
     /// `generation` of a CPU whose identity was never read.
     pub const NO_IDENTITY: u64 = u64::MAX;
+    /// Set in `resumed` beside a task's address when its switch-in found no storage where a
+    /// lookup may fail ([`SchedProbeConfig::lookup_may_fail`]): its switch-out looks it up,
+    /// and a call in flight then has the stretch since its last stamp counted unknown.
+    /// (`task_struct` addresses are aligned, so the bit is free.)
+    pub const UNSURE: u64 = 1;
     /// Entries of `fd_cache` (a power of two).
     pub const FD_CACHE_ENTRIES: usize = 8;
 
@@ -321,6 +329,44 @@ pub mod call_state {
     pub const RUNNABLE: u32 = 1;
     /// Asleep (I/O, a lock, a sleep), no wakeup seen yet.
     pub const BLOCKED: u32 = 2;
+    /// Off CPU, and which of the above is not known: its switch-out could not read the task's
+    /// state, or a switch-in was missed. The stretch until the next stamp is unknown.
+    pub const UNSURE: u32 = 3;
+}
+
+/// What the scheduler programs need to know of the running kernel (global `SCHED_CONFIG`,
+/// set by the loader from the kernel's BTF and release).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedProbeConfig {
+    /// Offset of the task's state in `struct task_struct`: `__state` (5.14+) or `state`
+    /// (before); [`NO_FIELD`]: not found, and a task switched out without being preempted is
+    /// [`call_state::UNSURE`].
+    pub task_state: u32,
+    /// Its size in bytes: 4 (`unsigned int __state`) or 8 (`long state`).
+    pub task_state_bytes: u32,
+    /// Non-zero where task storage may be created in `sched_switch` (Linux 6.4+, whose
+    /// allocator never wakes another task). Before, the kernel allocates it with `GFP_ATOMIC`,
+    /// which may wake kswapd under the runqueue lock the scheduler holds (a possible hard
+    /// lockup): there `sys_enter` creates a task's storage in process context, when its
+    /// identity is read on a CPU, and the scheduler programs only look it up.
+    pub create_in_switch: u32,
+    /// Non-zero where a task-storage lookup may fail though the value exists (before Linux
+    /// 6.2, when another task-storage helper is running on the same CPU): a switch-in whose
+    /// lookup finds nothing is then remembered as unsure ([`CpuState::UNSURE`]), so the
+    /// stretch it should have closed is counted unknown rather than guessed.
+    pub lookup_may_fail: u32,
+}
+
+impl SchedProbeConfig {
+    /// What the object holds before the loader sets it: no state offset, storage created
+    /// outside the scheduler, lookups that may fail (the safe choice on every kernel).
+    pub const UNSET: Self = Self {
+        task_state: NO_FIELD,
+        task_state_bytes: 0,
+        create_in_switch: 0,
+        lookup_may_fail: 1,
+    };
 }
 
 /// The time calls spent off CPU, per copy of a statistics slot (`SYSCALL_STATES`, indexed
@@ -560,6 +606,7 @@ pub struct SlowCallScratch {
 pod!(
     ThreadSpill,
     CpuState,
+    SchedProbeConfig,
     SyscallKey,
     SlotStats,
     ErrnoKey,
@@ -591,6 +638,7 @@ const _: () = {
             == size_of::<SlowCallEvent>() + 2 * file::NAME_BYTES + file::COMPONENT_BYTES + 8
     );
     assert!(size_of::<ThreadSpill>() == 64);
+    assert!(size_of::<SchedProbeConfig>() == 16);
     assert!(size_of::<StateStats>() == 32);
     assert!(size_of::<OffCpuEvent>() == 32);
     assert!(

@@ -319,6 +319,15 @@ fn identify(cpu: &mut CpuState, task: u64) {
     } else {
         CpuState::NO_IDENTITY
     };
+    // Where `sched_switch` may not create the task's storage (before Linux 6.4 the allocation
+    // may wake kswapd under the runqueue lock), it is created here, in process context, before
+    // any of the task's calls on this CPU begins: every task runs this path before its first
+    // call (a new task is new to every CPU, and a reused `task_struct` follows an exit, which
+    // moved the generation), and the storage lives as long as the task. If it cannot be
+    // created, the identity is read again, and creation retried, on the next call.
+    if !crate::sched::create_in_switch() && SYSCALL_THREADS.current(true).is_null() {
+        cpu.generation = CpuState::NO_IDENTITY;
+    }
 }
 
 /// The stats key of the CPU's task for syscall `nr` on a descriptor of class `fd`.

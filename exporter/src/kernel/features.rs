@@ -29,6 +29,18 @@ pub(crate) const RING_BUFFER: KernelFeature = KernelFeature {
     since: "5.8",
 };
 
+/// An argument of a BTF tracepoint that the kernel gave it later than the tracepoint itself;
+/// `None` for the tracepoints whose prototypes the probes read have not grown.
+fn tracepoint_argument(tracepoint: &str) -> Option<KernelFeature> {
+    match tracepoint {
+        "sched_switch" => Some(KernelFeature {
+            name: "the sched_switch tracepoint's prev_state argument",
+            since: "5.18",
+        }),
+        _ => None,
+    }
+}
+
 /// The feature a map needs, for the maps whose type is newer than the rest.
 pub(crate) fn of_map(map: &str) -> Option<KernelFeature> {
     match map {
@@ -46,7 +58,17 @@ pub(crate) fn of_verifier_log(log: &str) -> Option<KernelFeature> {
             l.contains(helper) && (l.contains("unknown func") || l.contains("cannot use helper"))
         })
     };
-    if refused("bpf_task_storage_get") || refused("bpf_task_storage_delete") {
+    // A BTF tracepoint's argument that this kernel's prototype lacks: "func 'sched_switch'
+    // doesn't have 4-th argument" (some kernels name the `btf_trace_` typedef).
+    let missing_argument = log.lines().find_map(|l| {
+        let (_, rest) = l.split_once("func '")?;
+        let (func, rest) = rest.split_once('\'')?;
+        (rest.contains("doesn't have") && rest.contains("argument"))
+            .then(|| func.trim_start_matches("btf_trace_"))
+    });
+    if let Some(tracepoint) = missing_argument {
+        tracepoint_argument(tracepoint)
+    } else if refused("bpf_task_storage_get") || refused("bpf_task_storage_delete") {
         Some(TASK_STORAGE_FROM_TRACING)
     } else if refused("bpf_get_current_task_btf") {
         Some(TASK_BTF)
@@ -55,6 +77,15 @@ pub(crate) fn of_verifier_log(log: &str) -> Option<KernelFeature> {
     } else {
         None
     }
+}
+
+/// Whether kernel release `release` (`uname -r`: "6.1.0-27-cloud-amd64", "5.15.135") is
+/// Linux `major.minor` or later; `None` when the release does not start with a version.
+pub(crate) fn release_at_least(release: &str, major: u32, minor: u32) -> Option<bool> {
+    let mut parts = release.split(['.', '-', '+']);
+    let have_major: u32 = parts.next()?.parse().ok()?;
+    let have_minor: u32 = parts.next()?.parse().ok()?;
+    Some((have_major, have_minor) >= (major, minor))
 }
 
 /// The running kernel's release (`uname -r`).
@@ -103,9 +134,29 @@ mod tests {
             of_verifier_log("unknown func bpf_ringbuf_reserve#131"),
             Some(RING_BUFFER)
         );
+        // 5.13-5.17: sched_switch has three arguments.
+        let log = "func 'sched_switch' doesn't have 4-th argument\n\
+                   invalid bpf_context access off=24 size=8";
+        let feature = of_verifier_log(log).unwrap();
+        assert!(feature.name.contains("sched_switch"), "{feature:?}");
+        assert_eq!(feature.since, "5.18");
+        assert_eq!(
+            of_verifier_log("func 'btf_trace_block_rq_issue' doesn't have 3-th argument"),
+            None
+        );
         // A verifier refusal for another reason is not blamed on the kernel's age.
         assert_eq!(of_verifier_log("R1 invalid mem access 'scalar'"), None);
         assert_eq!(of_map("SYSCALL_THREADS"), Some(TASK_STORAGE));
         assert_eq!(of_map("SYSCALL_STATS"), None);
+    }
+
+    #[test]
+    fn releases_compare_by_major_and_minor() {
+        assert_eq!(release_at_least("6.4.0", 6, 4), Some(true));
+        assert_eq!(release_at_least("6.18.0-rc1+", 6, 4), Some(true));
+        assert_eq!(release_at_least("6.1.0-27-cloud-amd64", 6, 4), Some(false));
+        assert_eq!(release_at_least("5.15.135", 6, 2), Some(false));
+        assert_eq!(release_at_least("10.0", 6, 4), Some(true));
+        assert_eq!(release_at_least("unknown", 6, 4), None);
     }
 }

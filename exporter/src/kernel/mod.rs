@@ -422,6 +422,19 @@ impl Probes {
         } else {
             FileProbeConfig::UNSET
         };
+        // Where the scheduler programs read a switched-out task's state (the split only), and
+        // what this kernel's task storage allows them.
+        let task_state = if config.syscalls.time_by_state {
+            btf_offsets(&kernel_btf, syscalls::resolve_task_state)
+                .map_err(|error| {
+                    tracing::warn!(%error, "time off CPU of calls that block is counted as unknown");
+                })
+                .ok()
+        } else {
+            None
+        };
+        let sched_config = syscalls::sched_config(task_state, &features::running_kernel());
+        loader.override_global(globals::SCHED_CONFIG, &sched_config, false);
         let slow_call_fds = fd_class::slow_call_fds();
         loader
             .override_global(globals::FILE_CONFIG, &file_config, false)

@@ -31,14 +31,16 @@ use aya::maps::{
     Array, HashMap as BpfHashMap, IterableMap, Map, MapData, MapError, RingBuf, Stack,
 };
 use sysscope_abi::{
-    maps, programs, quota_key, ErrnoKey, OffCpuEvent, ProcessExit, SlotStats, StateStats,
-    SyscallKey, SyscallStats, FOLDED_TGID,
+    maps, programs, quota_key, ErrnoKey, OffCpuEvent, ProcessExit, SchedProbeConfig, SlotStats,
+    StateStats, SyscallKey, SyscallStats, FOLDED_TGID, NO_FIELD,
 };
 
 use crate::{
     config::Config,
     kernel::bpf_batch::{self, BatchError},
+    kernel::btf::{Btf, BtfError, MemberKind},
     kernel::cumulative::{deleted, Counters, HashReader, Snapshot},
+    kernel::features,
     kernel::ring,
     kernel::{read_err, ProbeError, Probes},
     util::error::Chain,
@@ -69,6 +71,33 @@ pub(crate) fn map_sizes(config: &Config, stripes: u32) -> [(&'static str, u32); 
         (maps::SYSCALL_ERRORS, limits.max_error_entries),
         (maps::PROCESS_EXITS, limits.max_exited_processes),
     ]
+}
+
+/// What the scheduler programs need of the running kernel (global `SCHED_CONFIG`): where a
+/// task's state is (`task_state`: its offset and size, from [`resolve_task_state`]; `None`
+/// when it could not be found), and from the release whether task storage may be created
+/// under the runqueue lock (6.4+) and whether a lookup may fail though the value exists
+/// (before 6.2). An unreadable release gets the answers safe on every kernel.
+pub(crate) fn sched_config(task_state: Option<(u32, u32)>, release: &str) -> SchedProbeConfig {
+    let (offset, bytes) = task_state.unwrap_or((NO_FIELD, 0));
+    SchedProbeConfig {
+        task_state: offset,
+        task_state_bytes: bytes,
+        create_in_switch: u32::from(features::release_at_least(release, 6, 4) == Some(true)),
+        lookup_may_fail: u32::from(features::release_at_least(release, 6, 2) != Some(true)),
+    }
+}
+
+/// The offset and size of a task's state in `struct task_struct`: `__state` (an `unsigned
+/// int`, 5.14+) or `state` (a `long`, before).
+pub(crate) fn resolve_task_state(btf: &Btf) -> Result<(u32, u32), BtfError> {
+    match btf.field_of_kind("task_struct", "__state", MemberKind::Int(4)) {
+        Ok(offset) => Ok((offset, 4)),
+        Err(new) => btf
+            .field_of_kind("task_struct", "state", MemberKind::Int(8))
+            .map(|offset| (offset, 8))
+            .map_err(|_| new),
+    }
 }
 
 /// The syscall probes' maps, with the probes attached: what the collector reads, and what the
@@ -757,6 +786,35 @@ fn add_copy(
 mod tests {
     use super::*;
     use crate::util::test_support::require_root;
+
+    #[test]
+    fn the_task_state_resolves_on_this_kernel() {
+        let Some(btf) = crate::kernel::btf::for_test("the_task_state_resolves_on_this_kernel")
+        else {
+            return;
+        };
+        // 6.18: `unsigned int __state`.
+        let (offset, bytes) = resolve_task_state(&btf).unwrap();
+        assert_eq!(bytes, 4);
+        assert_ne!(offset, NO_FIELD);
+    }
+
+    #[test]
+    fn task_storage_is_created_in_the_scheduler_from_6_4_only() {
+        let on = |release| {
+            let c = sched_config(Some((24, 4)), release);
+            (c.create_in_switch, c.lookup_may_fail)
+        };
+        assert_eq!(on("6.18.0"), (1, 0));
+        assert_eq!(on("6.4.0-rc2"), (1, 0));
+        assert_eq!(on("6.3.13"), (0, 0));
+        assert_eq!(on("6.2.0"), (0, 0));
+        assert_eq!(on("6.1.0-27-cloud-amd64"), (0, 1));
+        assert_eq!(on("5.15.135"), (0, 1));
+        assert_eq!(on("unknown"), (0, 1));
+        let unset = sched_config(None, "6.18.0");
+        assert_eq!((unset.task_state, unset.task_state_bytes), (NO_FIELD, 0));
+    }
 
     fn key(tgid: u32, nr: u32) -> SyscallKey {
         SyscallKey {
