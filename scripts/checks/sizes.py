@@ -22,7 +22,6 @@ DEBT = {
     ("config/otlp.rs", None): 1004,
     ("cli/session.rs", None): 854,
     ("cli/top.rs", None): 819,
-    ("cli/measure.rs", "run"): 191,
     ("kernel/btf.rs", "parse"): 152,
     ("cli/trace.rs", "run"): 136,
     ("kernel/mod.rs", "load_object"): 136,
