@@ -21,6 +21,8 @@ Checks (each one a promise the docs make to a user who enables the component):
                   /run/nvidia/validations/toolkit-ready, mounted read-only from the host
   nvml-debian-amd64, nvml-debian-arm64, nvml-lib64
                   (host driver) sysscope-gpu mounts the driver's NVML from that platform's path
+  lean            the shipped config.toml drops `cgroup` where the pod is known
+                  (labels.cgroup = "unless_pod_known"): no new series at every container restart
   web-auth        (components/web-auth) every DaemonSet reads --web.config.file from the Secret
                   sysscope-web and probes over HTTPS; the PodMonitor scrapes https with basicAuth
                   and the CA from the Secret sysscope-scrape
@@ -220,6 +222,22 @@ def check_nvml(which):
     return check
 
 
+def check_lean(docs):
+    try:
+        import tomllib
+    except ImportError:
+        import tomli as tomllib
+    texts = [(c.get("data") or {}).get("config.toml") for c in by_kind(docs, "ConfigMap")]
+    texts = [t for t in texts if t is not None]
+    if not texts:
+        return ["no ConfigMap with config.toml"]
+    cgroup = tomllib.loads(texts[0]).get("labels", {}).get("cgroup", "always")
+    if cgroup != "unless_pod_known":
+        return [f'config.toml: labels.cgroup = "{cgroup}"; the DaemonSet ships "unless_pod_known" '
+                "(a new set of series at every container restart otherwise)"]
+    return []
+
+
 CHECKS = {
     "scrape": check_scrape,
     "release": check_release,
@@ -227,6 +245,7 @@ CHECKS = {
     "no-credential": check_no_credential,
     "web-auth": check_web_auth,
     "priority": check_priority,
+    "lean": check_lean,
     "toolkit-wait": check_toolkit_wait,
     **{k: check_nvml(k) for k in NVML_PATHS},
 }
@@ -283,6 +302,9 @@ def mutations():
                            for ds in by_kind(d, "DaemonSet") for v in ds["spec"]["template"]["spec"].get("volumes", [])
                            if "hostPath" in v and v["hostPath"]["path"].endswith("/libnvidia-ml.so.1")])
           for k in NVML_PATHS],
+        ("lean", "cgroup always", lambda d: [c["data"].__setitem__("config.toml", c["data"]["config.toml"].replace(
+            'cgroup = "unless_pod_known"', 'cgroup = "always"')) for c in by_kind(d, "ConfigMap")
+            if "config.toml" in (c.get("data") or {})]),
         ("no-release", "labelled", lambda d: [p["metadata"].setdefault("labels", {}).__setitem__("release", "x")
                                              for p in pms(d)]),
     ]

@@ -67,7 +67,7 @@ variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gp
 # What each variant must carry besides the posture (k8s_variants.py; the first of each kind
 # also proves with a self-test that its checks can fail).
 declare -A expect=(
-  [base]=scrape,no-release,no-credential [with-priority]=scrape,no-release,no-credential,priority
+  [base]=scrape,no-release,no-credential,lean [with-priority]=scrape,no-release,no-credential,priority
   [gpu-operator]=scrape,no-release,no-credential,priority,toolkit-wait
   [gpu-host-driver]=scrape,no-release,no-credential,priority,nvml-debian-amd64
   [gpu-host-driver-lib64]=scrape,no-release,no-credential,priority,nvml-lib64
