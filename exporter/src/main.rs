@@ -83,6 +83,8 @@ enum Command {
     Diagnose(cli::diagnose::DiagnoseArgs),
     /// Live view of the busiest cgroups or processes by syscall time.
     Top(cli::top::TopArgs),
+    /// Wait until a file exists (an init container's wait, e.g. for the NVIDIA toolkit).
+    WaitForFile(cli::wait_for_file::WaitForFileArgs),
     /// Print the shell completion script for SHELL (e.g. `source <(sysscope completions bash)`).
     Completions {
         #[arg(value_enum)]
@@ -225,6 +227,10 @@ fn main() -> ExitCode {
         print!("{}", sysscope::config::default_config_toml());
         return ExitCode::SUCCESS;
     }
+    // Needs no configuration: an init container mounts none.
+    if let Some(Command::WaitForFile(args)) = &cli.command {
+        return ExitCode::from(cli::wait_for_file::run(args));
+    }
     let config = match load_config(cli.config_file.as_ref()) {
         Ok(mut c) => {
             c.apply_collector_flags(&cli.collectors);
@@ -269,7 +275,9 @@ fn main() -> ExitCode {
         Some(Command::Trace(args)) => ("trace", cli::trace::run(args, &config)),
         Some(Command::Diagnose(args)) => ("diagnose", cli::diagnose::run(args, &config)),
         Some(Command::Top(args)) => ("top", cli::top::run(args, &config)),
-        Some(Command::Completions { .. } | Command::Man) => unreachable!("answered above"),
+        Some(Command::Completions { .. } | Command::Man | Command::WaitForFile(_)) => {
+            unreachable!("answered above")
+        }
     };
     match tool {
         (_, Ok(code)) => ExitCode::from(code),

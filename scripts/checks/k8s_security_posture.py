@@ -4,7 +4,8 @@
 Reads rendered manifests (`kubectl kustomize deploy/kubernetes`, multi-document YAML) or, with
 --kustomization DIR, renders the kustomization itself (when kubectl is not installed): its
 resources (files and kustomization directories), ConfigMap generators, namespace, components,
-JSON 6902 patches and replacements, the subset of kustomize these manifests use. Fails on: a
+JSON 6902 and strategic-merge patches and replacements, the subset of kustomize these
+manifests use. Fails on: a
 privileged container, privilege escalation, a writable root filesystem,
 capabilities not dropped (ALL) or added beyond the allowed set (and every added capability
 must be justified in docs/kubernetes.md), a seccomp profile other than RuntimeDefault/Localhost,
@@ -139,6 +140,24 @@ def apply_replacement(docs, repl):
                 tparent[tkey] = copy.deepcopy(value)
 
 
+def _merge(doc, patch):
+    """A strategic-merge patch, for what these manifests use: maps merged key by key, lists of
+    named maps (containers, volumes, env) merged by name, other lists replaced."""
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(doc.get(k), dict):
+            _merge(doc[k], v)
+        elif (isinstance(v, list) and isinstance(doc.get(k), list)
+              and all(isinstance(x, dict) and "name" in x for x in v + doc[k])):
+            for item in v:
+                same = [x for x in doc[k] if x["name"] == item["name"]]
+                if same:
+                    _merge(same[0], item)
+                else:
+                    doc[k].append(copy.deepcopy(item))
+        else:
+            doc[k] = copy.deepcopy(v)
+
+
 def _targets(doc, target):
     if target.get("kind") and doc.get("kind") != target["kind"]:
         return False
@@ -180,14 +199,14 @@ def _apply_kustomization(directory, k, docs):
                 raise ValueError(f"{directory}: delete patch of {ops.get('kind')} matches nothing")
             docs[:] = [d for d in docs if not any(d is g for g in gone)]
             continue
-        if not isinstance(ops, list):
-            raise ValueError(f"{directory}: only JSON 6902 patches and deletions are supported "
-                             "without kubectl")
         hits = [d for d in docs if _targets(d, patch.get("target", {}))]
         if not hits:
             raise ValueError(f"{directory}: patch target {patch.get('target')} matches nothing")
         for d in hits:
-            apply_json6902(d, ops)
+            if isinstance(ops, dict):
+                _merge(d, {k: v for k, v in ops.items() if k not in ("apiVersion", "kind", "metadata")})
+            else:
+                apply_json6902(d, ops)
     # kustomize runs replacements after patches.
     for repl in k.get("replacements", []):
         apply_replacement(docs, repl)
@@ -216,6 +235,10 @@ def by_kind(docs, kind):
 GPU_DAEMONSET = "sysscope-gpu"
 GPU_ENV = {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH"}
 NVML_FILE = "libnvidia-ml.so.1"
+# The GPU Operator's validation markers (components/gpu-operator waits for toolkit-ready in
+# an init container of that name), mounted read-only on the GPU DaemonSet only.
+GPU_HOST_DIRS = {"/run/nvidia/validations"}
+TOOLKIT_WAIT = "toolkit-validation"
 
 
 def node_selector(spec):
@@ -253,6 +276,9 @@ def without_gpu_settings(ds):
                             if k == "kubernetes.io/os"}
     nvml_volumes = {v["name"] for v in spec.get("volumes", [])
                     if "hostPath" in v and v["hostPath"]["path"].rstrip("/") not in ALLOWED_HOST_PATHS}
+    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c.get("name") != TOOLKIT_WAIT]
+    if not spec["initContainers"]:
+        del spec["initContainers"]
     spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in nvml_volumes]
     for c in spec.get("containers", []):
         c["env"] = [e for e in c.get("env", []) if e["name"] not in GPU_ENV]
@@ -308,6 +334,9 @@ def check_daemonset(ds, docs, documented_caps, p):
                 pass
             elif not gpu_only:
                 p(f"volume {vname}: hostPath {path} is not on the allowlist {sorted(ALLOWED_HOST_PATHS)}")
+            elif path in GPU_HOST_DIRS:
+                if v["hostPath"].get("type") != "Directory":
+                    p(f"volume {vname}: hostPath {path} must be type Directory (nothing created on the host)")
             else:
                 # The NVIDIA driver's NVML, one file: never the directory, never through a
                 # subPath (the kubelet makes a missing subPath a directory, on the host).

@@ -15,6 +15,14 @@ Checks (each one a promise the docs make to a user who enables the component):
   no-credential   no DaemonSet probe sends an Authorization header, no literal env value or
                   argument looks like a password or token, and no string anywhere in the
                   rendering is a Basic/Bearer credential
+  priority        every DaemonSet has a priorityClassName that a PriorityClass of the rendering
+                  (or a system-* class) defines
+  toolkit-wait    (GPU Operator) sysscope-gpu waits in an init container for the toolkit's
+                  /run/nvidia/validations/toolkit-ready, mounted read-only from the host
+  nvml-debian-amd64, nvml-debian-arm64, nvml-lib64
+                  (host driver) sysscope-gpu mounts the driver's NVML from that platform's path
+  lean            the shipped config.toml drops `cgroup` where the pod is known
+                  (labels.cgroup = "unless_pod_known"): no new series at every container restart
   web-auth        (components/web-auth) every DaemonSet reads --web.config.file from the Secret
                   sysscope-web and probes over HTTPS; the PodMonitor scrapes https with basicAuth
                   and the CA from the Secret sysscope-scrape
@@ -153,12 +161,93 @@ def check_web_auth(docs):
     return problems
 
 
+def check_priority(docs):
+    classes = {c["metadata"]["name"] for c in by_kind(docs, "PriorityClass")}
+    problems = []
+    for ds in by_kind(docs, "DaemonSet"):
+        pc = ds["spec"]["template"]["spec"].get("priorityClassName")
+        if not pc:
+            problems.append(f"DaemonSet {ds['metadata']['name']}: no priorityClassName (Pending on full GPU nodes)")
+        elif pc not in classes and not pc.startswith("system-"):
+            problems.append(f"DaemonSet {ds['metadata']['name']}: PriorityClass {pc} is not defined")
+    return problems
+
+
+TOOLKIT_READY = "/run/nvidia/validations/toolkit-ready"
+
+
+def gpu_daemonset(docs):
+    return next((d for d in by_kind(docs, "DaemonSet") if d["metadata"]["name"] == "sysscope-gpu"), None)
+
+
+def check_toolkit_wait(docs):
+    ds = gpu_daemonset(docs)
+    if not ds:
+        return ["no DaemonSet sysscope-gpu"]
+    spec = ds["spec"]["template"]["spec"]
+    inits = spec.get("initContainers") or []
+    wait = [c for c in inits if c.get("args", [])[:1] == ["wait-for-file"]]
+    if not wait or wait[0]["args"][1:] != [TOOLKIT_READY]:
+        return [f"DaemonSet sysscope-gpu: no init container waits for {TOOLKIT_READY} (sysscope wait-for-file)"]
+    main_image = spec["containers"][0].get("image")
+    problems = []
+    if wait[0].get("image") != main_image:
+        problems.append(f"DaemonSet sysscope-gpu: the wait runs {wait[0].get('image')}, not the agent's {main_image}")
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts = [m for m in wait[0].get("volumeMounts", [])
+              if TOOLKIT_READY.startswith(m["mountPath"].rstrip("/") + "/")]
+    host = [((vols.get(m["name"]) or {}).get("hostPath") or {}).get("path") for m in mounts]
+    if not mounts or host[0] != mounts[0]["mountPath"] or mounts[0].get("readOnly") is not True:
+        problems.append("DaemonSet sysscope-gpu: the wait must see the host's /run/nvidia/validations, read-only")
+    return problems
+
+
+NVML_PATHS = {
+    "nvml-debian-amd64": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "nvml-debian-arm64": "/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+    "nvml-lib64": "/usr/lib64/libnvidia-ml.so.1",
+}
+
+
+def check_nvml(which):
+    def check(docs):
+        ds = gpu_daemonset(docs)
+        if not ds:
+            return ["no DaemonSet sysscope-gpu"]
+        paths = [v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"].get("volumes", [])
+                 if "hostPath" in v and v["hostPath"]["path"].endswith("/libnvidia-ml.so.1")]
+        if paths != [NVML_PATHS[which]]:
+            return [f"DaemonSet sysscope-gpu: NVML must be mounted from {NVML_PATHS[which]}, got {paths}"]
+        return []
+    return check
+
+
+def check_lean(docs):
+    try:
+        import tomllib
+    except ImportError:
+        import tomli as tomllib
+    texts = [(c.get("data") or {}).get("config.toml") for c in by_kind(docs, "ConfigMap")]
+    texts = [t for t in texts if t is not None]
+    if not texts:
+        return ["no ConfigMap with config.toml"]
+    cgroup = tomllib.loads(texts[0]).get("labels", {}).get("cgroup", "always")
+    if cgroup != "unless_pod_known":
+        return [f'config.toml: labels.cgroup = "{cgroup}"; the DaemonSet ships "unless_pod_known" '
+                "(a new set of series at every container restart otherwise)"]
+    return []
+
+
 CHECKS = {
     "scrape": check_scrape,
     "release": check_release,
     "no-release": check_no_release,
     "no-credential": check_no_credential,
     "web-auth": check_web_auth,
+    "priority": check_priority,
+    "lean": check_lean,
+    "toolkit-wait": check_toolkit_wait,
+    **{k: check_nvml(k) for k in NVML_PATHS},
 }
 
 
@@ -194,6 +283,28 @@ def mutations():
             for pm in by_kind(d, "PodMonitor") for ep in pm["spec"]["podMetricsEndpoints"]]),
         ("web-auth", "no web config", lambda d: [ds["spec"]["template"]["spec"]["containers"][0].__setitem__(
             "args", []) for ds in by_kind(d, "DaemonSet")]),
+        ("priority", "no class", lambda d: [ds["spec"]["template"]["spec"].pop("priorityClassName", None)
+                                            for ds in by_kind(d, "DaemonSet")[-1:]]),
+        ("priority", "undefined class", lambda d: d.__setitem__(
+            slice(None), [x for x in d if x.get("kind") != "PriorityClass"])),
+        ("toolkit-wait", "no init container", lambda d: [ds["spec"]["template"]["spec"].pop("initContainers", None)
+                                                         for ds in by_kind(d, "DaemonSet")]),
+        ("toolkit-wait", "another image", lambda d: [c.__setitem__("image", "busybox")
+                                                     for ds in by_kind(d, "DaemonSet")
+                                                     for c in ds["spec"]["template"]["spec"].get("initContainers", [])]),
+        ("toolkit-wait", "writable mount", lambda d: [m.__setitem__("readOnly", False)
+                                                      for ds in by_kind(d, "DaemonSet")
+                                                      for c in ds["spec"]["template"]["spec"].get("initContainers", [])
+                                                      for m in c.get("volumeMounts", [])]),
+        *[(k, "Debian amd64 path everywhere" if k != "nvml-debian-amd64" else "lib64 path",
+           lambda d, k=k: [v["hostPath"].__setitem__("path", NVML_PATHS["nvml-debian-amd64" if k != "nvml-debian-amd64"
+                                                                      else "nvml-lib64"])
+                           for ds in by_kind(d, "DaemonSet") for v in ds["spec"]["template"]["spec"].get("volumes", [])
+                           if "hostPath" in v and v["hostPath"]["path"].endswith("/libnvidia-ml.so.1")])
+          for k in NVML_PATHS],
+        ("lean", "cgroup always", lambda d: [c["data"].__setitem__("config.toml", c["data"]["config.toml"].replace(
+            'cgroup = "unless_pod_known"', 'cgroup = "always"')) for c in by_kind(d, "ConfigMap")
+            if "config.toml" in (c.get("data") or {})]),
         ("no-release", "labelled", lambda d: [p["metadata"].setdefault("labels", {}).__setitem__("release", "x")
                                              for p in pms(d)]),
     ]

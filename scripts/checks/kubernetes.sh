@@ -8,7 +8,9 @@
 # with the posture script's own renderer (the subset of kustomize these use);
 # checks what each variant must carry (k8s_variants.py: the PodMonitor's protobuf-first
 # scrape protocols, the kube-prometheus-stack `release` label on the PodMonitor and the rules,
-# no password in any DaemonSet's probes, env or args, web-auth's Secret-backed PodMonitor);
+# no password in any DaemonSet's probes, env or args, web-auth's Secret-backed PodMonitor, a
+# PriorityClass on every GPU variant, the operator's wait for the toolkit, and each
+# host-driver variant's NVML path);
 # checks that the PrometheusRule is the rules file (prometheusrule.py) and that the PodMonitor
 # and the Grafana data source assume one scrape interval; validates every object
 # with kubernetes-validate (strict) against Kubernetes $K8S_VERSION (PodMonitor and
@@ -55,19 +57,27 @@ printf 'resources: [../kubernetes]\ncomponents:\n  - ../kubernetes/components/pr
   >"$work/gpu-before/kustomization.yaml"
 # The optional components enabled in deploy/kubernetes/kustomization.yaml, then a GPU overlay.
 cp -r "$dir" "$work/in-base/kubernetes" && cp -r "$top/deploy/kubernetes-gpu" "$work/in-base/kubernetes-gpu"
-printf 'components:\n  - components/priority-class\n  - components/web-auth\n' >>"$work/in-base/kubernetes/kustomization.yaml"
+# (The GPU overlays bring priority-class themselves: web-auth only, here.)
+printf 'components:\n  - components/web-auth\n' >>"$work/in-base/kubernetes/kustomization.yaml"
 variants=(base:kubernetes with-priority:with-priority gpu-operator:kubernetes-gpu/operator
-  gpu-host-driver:kubernetes-gpu/host-driver gpu-components-after:gpu-after
+  gpu-host-driver:kubernetes-gpu/host-driver gpu-host-driver-lib64:kubernetes-gpu/host-driver-lib64
+  gpu-host-driver-arm64:kubernetes-gpu/host-driver-arm64 gpu-components-after:gpu-after
   gpu-components-before:gpu-before gpu-components-in-base:in-base/kubernetes-gpu/operator
   rules-no-network-policy:rules-no-netpol kube-prometheus-stack:kps gpu-kube-prometheus-stack:gpu-kps)
 # What each variant must carry besides the posture (k8s_variants.py; the first of each kind
 # also proves with a self-test that its checks can fail).
 declare -A expect=(
-  [base]=scrape,no-release,no-credential [with-priority]=scrape,no-release,no-credential
-  [gpu-operator]=scrape,no-release,no-credential [gpu-host-driver]=scrape,no-release,no-credential
-  [gpu-components-after]=scrape,no-credential,web-auth [gpu-components-before]=scrape,no-credential,web-auth
-  [gpu-components-in-base]=scrape,no-credential,web-auth [rules-no-network-policy]=scrape,no-release,no-credential
-  [kube-prometheus-stack]=scrape,release,no-credential [gpu-kube-prometheus-stack]=scrape,release,no-credential
+  [base]=scrape,no-release,no-credential,lean [with-priority]=scrape,no-release,no-credential,priority
+  [gpu-operator]=scrape,no-release,no-credential,priority,toolkit-wait
+  [gpu-host-driver]=scrape,no-release,no-credential,priority,nvml-debian-amd64
+  [gpu-host-driver-lib64]=scrape,no-release,no-credential,priority,nvml-lib64
+  [gpu-host-driver-arm64]=scrape,no-release,no-credential,priority,nvml-debian-arm64
+  [gpu-components-after]=scrape,no-credential,web-auth,priority,toolkit-wait
+  [gpu-components-before]=scrape,no-credential,web-auth,priority,nvml-debian-amd64
+  [gpu-components-in-base]=scrape,no-credential,web-auth,priority,toolkit-wait
+  [rules-no-network-policy]=scrape,no-release,no-credential
+  [kube-prometheus-stack]=scrape,release,no-credential
+  [gpu-kube-prometheus-stack]=scrape,release,no-credential,priority,toolkit-wait
 )
 kubectl=${KUBECTL-$(command -v kubectl || true)}
 if [ -n "$kubectl" ] && "$kubectl" kustomize --help >/dev/null 2>&1; then
@@ -95,9 +105,6 @@ grep -q 'priorityClassName: sysscope-node-agent' "$work/with-priority.yaml" \
   || fail "components/priority-class does not set priorityClassName"
 grep -q 'runtimeClassName: nvidia' "$work/gpu-operator.yaml" \
   || fail "components/gpu-operator does not set runtimeClassName"
-grep -q 'path: /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1' "$work/gpu-host-driver.yaml" \
-  && grep -q 'type: File' "$work/gpu-host-driver.yaml" \
-  || fail "components/gpu-host-driver does not mount NVML (one hostPath file)"
 for v in gpu-components-after gpu-components-before gpu-components-in-base; do
   [ "$(grep -c 'priorityClassName: sysscope-node-agent' "$work/$v.yaml")" = 2 ] \
     && [ "$(grep -c -- '--web.config.file=' "$work/$v.yaml")" = 2 ] \
@@ -111,7 +118,9 @@ grep -q '^kind: NetworkPolicy' "$work/base.yaml" || fail "the base has no Networ
 variant_checks=0
 for v in "${variants[@]}"; do
   name=${v%%:*}
-  case $name in base | kube-prometheus-stack | gpu-components-after) self_test=--self-test ;; *) self_test= ;; esac
+  case $name in base | kube-prometheus-stack | gpu-components-after | gpu-host-driver*) self_test=--self-test ;;
+    *) self_test= ;;
+  esac
   python3 "$top/scripts/checks/k8s_variants.py" "$work/$name.yaml" --expect "${expect[$name]}" \
     $self_test >>"$log" 2>&1 || fail "the $name variant: $(tail -n 1 "$log")"
   variant_checks=$((variant_checks + $(echo "${expect[$name]}" | tr ',' '\n' | wc -l)))
@@ -146,7 +155,7 @@ yamllint --strict -c "$top/.yamllint" "$dir" "$top/deploy/kubernetes-gpu" >>"$lo
 # plain one and the two GPU overlays (the others differ only in what the components add).
 for f in "${posture[@]}"; do
   case $(basename "$f" .yaml) in
-    base | gpu-operator | gpu-host-driver) self_test=--self-test ;;
+    base | gpu-operator | gpu-host-driver*) self_test=--self-test ;;
     *) self_test= ;;
   esac
   python3 "$top/scripts/checks/k8s_security_posture.py" "$f" $self_test \

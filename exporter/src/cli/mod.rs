@@ -1,4 +1,5 @@
-//! The command-line tools: `sysscope summary`, `trace`, `diagnose` and `top`.
+//! The command-line tools: `sysscope summary`, `trace`, `diagnose` and `top`; and
+//! `wait-for-file`, the init step of an image without a shell.
 //!
 //! They answer what people use `strace -c`, `strace -f -T` and bpftrace for, from the same
 //! probes as the exporter but loaded by the tool itself, for one target: a command run in a
@@ -22,6 +23,7 @@ pub(crate) mod sink;
 pub mod summary;
 pub mod top;
 pub mod trace;
+pub mod wait_for_file;
 
 use std::path::PathBuf;
 

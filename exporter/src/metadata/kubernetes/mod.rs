@@ -114,6 +114,8 @@ mod tests {
         let c = crate::config::Config::parse(text, "deploy/kubernetes/config.toml").unwrap();
         assert_eq!(c.kubernetes.pod_watch, "on");
         assert!(c.labels.kubernetes_ids);
+        // Lean by default: a container's restarts stay one series.
+        assert_eq!(c.labels.cgroup, crate::config::CgroupLabel::UnlessPodKnown);
     }
 
     #[test]
