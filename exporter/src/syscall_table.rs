@@ -236,6 +236,36 @@ mod tests {
         assert_eq!(number("exit"), Some(sysscope_abi::noreturn::EXIT));
     }
 
+    /// The numbers the probes treat apart at an exit (`sysscope_abi::special`) are this
+    /// architecture's: a new task's first return, and the calls that return a restored register.
+    #[test]
+    fn special_numbers_are_the_tables() {
+        use sysscope_abi::special;
+        for (name, nr) in [
+            ("clone", special::CLONE),
+            ("clone3", special::CLONE3),
+            ("rt_sigreturn", special::RT_SIGRETURN),
+            ("restart_syscall", special::RESTART_SYSCALL),
+        ] {
+            assert_eq!(number(name), Some(nr), "{name}");
+        }
+        // arm64 has no fork or vfork: its constants stand for clone there.
+        for name in ["fork", "vfork"] {
+            let nr = number(name).unwrap_or(special::CLONE);
+            assert!(special::starts_task(nr), "{name}");
+        }
+        for name in ["clone", "clone3"] {
+            assert!(special::starts_task(number(name).unwrap()), "{name}");
+        }
+        for name in ["rt_sigreturn", "restart_syscall"] {
+            assert!(special::returns_restored_register(number(name).unwrap()));
+        }
+        for name in ["getppid", "read", "execve", "exit_group", "pause"] {
+            let nr = number(name).unwrap();
+            assert!(!special::starts_task(nr) && !special::returns_restored_register(nr));
+        }
+    }
+
     /// The arm64 numbers (the generic table) differ from x86_64's; checked on every host so an
     /// x86_64 build cannot hide a wrong arm64 table. The exit numbers are the ones the probes
     /// count at entry on arm64 (`sysscope_abi::noreturn`).
@@ -248,6 +278,11 @@ mod tests {
         assert_eq!(n("openat"), Some(56));
         assert_eq!(n("exit"), Some(93));
         assert_eq!(n("exit_group"), Some(94));
+        // `sysscope_abi::special` on arm64.
+        assert_eq!(n("clone"), Some(220));
+        assert_eq!(n("clone3"), Some(435));
+        assert_eq!(n("rt_sigreturn"), Some(139));
+        assert_eq!(n("restart_syscall"), Some(128));
         // No open(2) on arm64: only openat.
         assert_eq!(n("open"), None);
         #[cfg(target_arch = "aarch64")]
@@ -320,5 +355,9 @@ mod tests {
         assert_eq!(errno_label(13), "EACCES");
         assert_eq!(errno_label(11), "EAGAIN");
         assert_eq!(errno_label(4000), "E4000");
+        // The kernel's restart codes keep their kernel names (docs/metrics.md).
+        assert_eq!(errno_label(512), "ERESTARTSYS");
+        assert_eq!(errno_label(514), "ERESTARTNOHAND");
+        assert_eq!(errno_label(516), "ERESTART_RESTARTBLOCK");
     }
 }

@@ -505,8 +505,9 @@ fn exit_without_entry(exit_nr: u32, ret: i64) -> Option<u32> {
 /// The entry `sched_switch` kept for the current thread, taken, as (start, nr, class, end,
 /// parts off CPU); `None` when there is none. `now` is the exit's clock read; the end is never
 /// before the last stamp, so the parts never exceed the duration. `exit_nr` is the number in
-/// the exit's registers: an entry of another call is stale (its exit was missed, see
-/// `SYSCALL_THREADS_FULL`) and is dropped as a miss rather than lend this exit its start.
+/// the exit's registers: an entry of another call is stale (its own exit could not take it,
+/// as when the storage was busy on that CPU on kernels up to 6.1) and is dropped as a miss
+/// rather than lend this exit its start.
 /// [`INVALID_NR`] there (a call that cleared its number, as `rt_sigreturn` does when it restores
 /// the registers) takes the entry whatever its number.
 #[inline(always)]
