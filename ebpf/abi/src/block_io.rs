@@ -116,7 +116,9 @@ pub mod block_op {
     pub const REQ_OP_MASK: u32 = 0xff;
 
     /// The kernel's `enum req_op` values the probes tell apart, read from kernel BTF at start-up
-    /// (they have not changed since 4.10, [`ReqOps::LINUX`] holds them as a fallback).
+    /// (read, write, flush, discard and secure erase have not changed since 4.10; zone append
+    /// was 13 from 5.8 and is 7 since the zone ops were renumbered in 6.x; [`ReqOps::LINUX`]
+    /// holds the 5.8 values as a fallback).
     #[repr(C)]
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct ReqOps {

@@ -1,5 +1,5 @@
 //! The calibration programs of the overhead benchmark (`ebpf/probes/src/empty.rs`), attached
-//! only by `sysscope-bench`: empty programs on the syscall tracepoints, and the exact-duration
+//! only by `sysscope-bench`: empty programs on the syscall tracepoints and on the scheduler hooks of the time split, and the exact-duration
 //! floor (the clock read at entry and exit into `CLOCK_FLOOR`).
 
 maps! {
@@ -12,4 +12,6 @@ programs! {
     EMPTY_SYS_EXIT = "empty_sys_exit",
     CLOCK_SYS_ENTER = "clock_sys_enter",
     CLOCK_SYS_EXIT = "clock_sys_exit",
+    EMPTY_SCHED_SWITCH = "empty_sched_switch",
+    EMPTY_SCHED_WAKEUP = "empty_sched_wakeup",
 }
