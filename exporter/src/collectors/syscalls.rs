@@ -457,7 +457,7 @@ impl Collector for SyscallCollector {
         if let Some(time) = &self.time {
             let mut family = encoder.encode_descriptor(
                 "sysscope_syscall_time_seconds",
-                "Time inside syscalls by where the calling thread was: on_cpu (running), wait_cpu (runnable, waiting for a CPU: preempted, or woken and not yet running), blocked (asleep: I/O, locks, sleeps), unknown (off CPU with no wakeup seen); the four add up to sysscope_syscall_duration_seconds_sum.",
+                "Time inside syscalls by where the calling thread was: on_cpu (running), wait_cpu (runnable, waiting for a CPU: preempted, or woken and not yet running), blocked (asleep: I/O, locks, sleeps), unknown (off CPU with a stamp missed); a state is exported once the series has spent time in it, and the states add up to sysscope_syscall_duration_seconds_sum.",
                 None,
                 MetricType::Counter,
             )?;
@@ -467,6 +467,12 @@ impl Collector for SyscallCollector {
                 series_labels(&mut labels, workload, *nr, fd);
                 let len = labels.len();
                 for (state, ns) in STATES.iter().zip(time.get(key).by_state()) {
+                    // A state the series never spent time in is not exported: most triples
+                    // never wait for a CPU or go unaccounted. A part only grows while its
+                    // series lives, so a state once exported stays.
+                    if ns == 0 {
+                        continue;
+                    }
                     labels.truncate(len);
                     labels.push(("state", Cow::Borrowed(state)));
                     family

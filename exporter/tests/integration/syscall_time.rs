@@ -61,7 +61,8 @@ fn parts(samples: &[Sample], cgroup: &str, want: &[(&str, &str)]) -> Parts {
     }
 }
 
-/// Every syscall series of `cgroup`: its four parts add up to its duration sum, in ns.
+/// Every syscall series of `cgroup`: its exported parts (at most one per state, none at
+/// zero) add up to its duration sum, in ns.
 fn check_every_series_adds_up(samples: &[Sample], cgroup: &str) {
     let sums = select(
         samples,
@@ -85,12 +86,20 @@ fn check_every_series_adds_up(samples: &[Sample], cgroup: &str) {
                 .into_iter()
                 .filter(|s| s.labels.len() == sum.labels.len() + 1)
                 .collect();
-            assert_eq!(found.len(), 1, "{state} of {:?}", sum.labels);
-            assert!(found[0].value >= 0.0);
-            total += ns(found[0].value);
-            states += 1;
+            // A state the series never spent time in is not exported.
+            assert!(found.len() <= 1, "{state} of {:?}", sum.labels);
+            if let Some(part) = found.first() {
+                assert!(
+                    part.value > 0.0,
+                    "{state} of {:?} exported at 0",
+                    sum.labels
+                );
+                total += ns(part.value);
+                states += 1;
+            }
         }
-        assert_eq!(states, 4);
+        // Every call spends some time on CPU, so at least that state is there.
+        assert!(states >= 1, "no state of {:?}", sum.labels);
         assert_eq!(
             total,
             ns(sum.value),
