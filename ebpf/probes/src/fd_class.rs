@@ -15,7 +15,9 @@
 //! Globals: `FD_CONFIG`, `FILE_CONFIG` (struct offsets, looked up by user space in the kernel's
 //! BTF before the load, as the block probes' are), `SLOW_CALL_FDS`. No map.
 
-use aya_ebpf::helpers::generated::{bpf_get_current_task_btf, bpf_probe_read_kernel};
+use aya_ebpf::helpers::generated::{
+    bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_kernel_str,
+};
 use sysscope_abi::{
     fd_class::{self, file, slow_fd},
     FdCache, FdClass, FdProbeConfig, FileIdentity, FileProbeConfig, SlowCallScratch,
@@ -226,33 +228,52 @@ pub fn describe_file(fd: u64, record: &mut SlowCallScratch) -> u32 {
 }
 
 /// Copies `dentry`'s own name to `record.name` (anonymous inodes: the kernel names them
-/// `anon_inode:` and this).
+/// `anon_inode:` and this); 0 when it cannot be read whole (see [`name_of`]).
 #[inline(always)]
 fn dentry_name(c: &FileProbeConfig, dentry: u64, record: &mut SlowCallScratch) -> u32 {
-    let len = read::<u32>(dentry, global(&c.dentry_name_len)).unwrap_or(0) & NAME_MAX;
-    let Some(name) = read::<u64>(dentry, global(&c.dentry_name)) else {
-        return 0;
-    };
-    // SAFETY: at most NAME_MAX bytes into `name`, which holds more; the helper reads nothing
-    // from an address it cannot read.
-    let copied = unsafe {
-        bpf_probe_read_kernel(
-            record.name.as_mut_ptr().cast(),
-            len,
-            name as *const core::ffi::c_void,
-        )
-    };
-    if copied != 0 {
-        return 0;
+    match name_of(c, dentry, record.name.as_mut_ptr()) {
+        Some(len) => {
+            record.event.file.name = file::NAME_DENTRY;
+            len
+        }
+        None => 0,
     }
-    record.event.file.name = file::NAME_DENTRY;
-    len
 }
 
-/// A component's length is at most `NAME_MAX`; masking with it keeps every copy in bounds
-/// for the verifier.
+/// A component's length is at most `NAME_MAX`.
 const NAME_MAX: u32 = 255;
 const NAME_BYTES: u32 = file::NAME_BYTES as u32;
+const COMPONENT_BYTES: u32 = file::COMPONENT_BYTES as u32;
+
+/// Copies `dentry`'s name to `to` (room for `COMPONENT_BYTES`) and returns its length, or
+/// `None` when the name and its length do not agree. A rename changes `d_name.name` and
+/// `d_name.len` with separate stores, so the two read here may belong to the old and the new
+/// name: copying `len` bytes would then run past a short name into whatever follows it (the
+/// rest of `struct dentry`, kernel pointers). As the kernel's `prepend_name` does, the pointer
+/// is read first and the copy stops at the name's NUL: it never holds a byte that is not part
+/// of a name. The copy is allowed one byte more than the length, so a name longer than the
+/// length read (a long new name with an old short length) is told apart from one of that
+/// length: the name is taken only when its NUL is exactly where the length says.
+#[inline(always)]
+fn name_of(c: &FileProbeConfig, dentry: u64, to: *mut u8) -> Option<u32> {
+    let name = read::<u64>(dentry, global(&c.dentry_name))?;
+    let len = read::<u32>(dentry, global(&c.dentry_name_len))?;
+    // Clamped, not masked: a length above NAME_MAX (a torn read) must not wrap to a short one.
+    let len = if len > NAME_MAX { NAME_MAX } else { len };
+    let size = if len + 2 > COMPONENT_BYTES {
+        COMPONENT_BYTES
+    } else {
+        len + 2
+    };
+    // SAFETY: at most `size` (<= COMPONENT_BYTES) bytes into `to`, which holds that many; the
+    // helper stops at the NUL, writes one, and reads nothing from an address it cannot read.
+    let copied = unsafe { bpf_probe_read_kernel_str(to.cast(), size, name as *const _) };
+    // The bytes copied, the NUL included: the name's length is one less.
+    if copied != len as i64 + 1 {
+        return None;
+    }
+    Some(len)
+}
 
 /// Walks from `dentry` (of vfsmount `mnt`) up to the root of its mount namespace, as the
 /// kernel's `d_path` does: at the root of a mount, on to the mountpoint in the parent mount;
@@ -267,8 +288,6 @@ const NAME_BYTES: u32 = file::NAME_BYTES as u32;
 #[inline(always)]
 fn walk_path(c: &FileProbeConfig, dentry: u64, mnt: u64, record: &mut SlowCallScratch) -> u32 {
     let dentry_parent = global(&c.dentry_parent);
-    let dentry_name_len = global(&c.dentry_name_len);
-    let dentry_name = global(&c.dentry_name);
     let mount_mnt = global(&c.mount_mnt) as u64;
     let mount_parent = global(&c.mount_parent);
     let mount_mountpoint = global(&c.mount_mountpoint);
@@ -306,8 +325,14 @@ fn walk_path(c: &FileProbeConfig, dentry: u64, mnt: u64, record: &mut SlowCallSc
         let Some(parent) = read::<u64>(dentry, dentry_parent) else {
             break;
         };
-        let len = read::<u32>(dentry, dentry_name_len).unwrap_or(0) & NAME_MAX;
-        let name = read::<u64>(dentry, dentry_name).unwrap_or(0);
+        // The name goes first to the component room after the path (`work[NAME_BYTES..]`),
+        // NUL-bounded; a name torn by a rename ends the walk, the path marked truncated (it
+        // holds the components nearest the file, each whole).
+        // SAFETY: NAME_BYTES is inside `work`, which holds COMPONENT_BYTES more.
+        let component = unsafe { work.add(NAME_BYTES as usize) };
+        let Some(len) = name_of(c, dentry, component) else {
+            break;
+        };
         // SAFETY: as above.
         let at = unsafe { pos.read_volatile() };
         if len + 1 > at {
@@ -317,11 +342,11 @@ fn walk_path(c: &FileProbeConfig, dentry: u64, mnt: u64, record: &mut SlowCallSc
         // SAFETY: as above.
         unsafe { pos.write_volatile(at) };
         let at = (at & (NAME_BYTES - 1)) as usize;
-        // SAFETY: `at` is below NAME_BYTES and `len` at most NAME_MAX: `work` has room for
-        // both; the helper reads nothing from an address it cannot read.
+        // SAFETY: `at` is below NAME_BYTES and `len` at most NAME_MAX, and `at + 1 + len` is
+        // at most NAME_BYTES: the copy stays before the component room it copies from.
         unsafe {
             *work.add(at) = b'/';
-            if bpf_probe_read_kernel(work.add(at + 1).cast(), len, name as *const _) != 0 {
+            if bpf_probe_read_kernel(work.add(at + 1).cast(), len, component as *const _) != 0 {
                 break;
             }
         }

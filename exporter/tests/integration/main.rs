@@ -21,6 +21,7 @@ mod kubernetes;
 mod label_control;
 mod metric_catalogue;
 mod nvml_standin;
+mod paths;
 mod performance;
 mod pods;
 mod prometheus_e2e;
