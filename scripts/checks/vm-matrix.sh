@@ -86,17 +86,21 @@ for g in $guests; do
   case "$result" in PASS*|SKIPPED*) ;; *) rc=1 ;; esac
 done
 echo
+# A guest's results table (run.sh prints it after `vm: results on`): "name PASS|FAIL ...".
+results() {
+  awk '/^vm: results on/ { f = 1; next } /^vm: / { f = 0 } f' "$out/$1.log" 2>/dev/null
+}
 # Every check on every kernel: PASS, FAIL, or - where the guest did not report it.
 {
   printf '%-32s' check
   for g in $guests; do printf ' %-11s' "${g#*:} ${g%%:*}"; done
   printf '\n'
-  names=$(for g in $guests; do cat "$out/${g%%:*}-${g#*:}.log" 2>/dev/null; done | sed -n 's/^  \([^ ]*\) *\(PASS\|FAIL\) .*/\1/p' | awk '!seen[$0]++')
+  names=$(for g in $guests; do results "${g%%:*}-${g#*:}"; done | awk '!seen[$1]++ { print $1 }')
   for name in $names; do
     printf '%-32s' "$name"
     for g in $guests; do
       tag="${g%%:*}-${g#*:}"
-      r=$(sed -n "s/^  $(printf '%s' "$name" | sed 's/[]\/$*.^[]/\\&/g') *\(PASS\|FAIL\) .*/\1/p" "$out/$tag.log" 2>/dev/null | head -n 1)
+      r=$(results "$tag" | awk -v n="$name" '$1 == n { print $2; exit }')
       printf ' %-11s' "${r:--}"
     done
     printf '\n'

@@ -24,7 +24,8 @@
 # SYSSCOPE_VM_LOGLEVEL (default 1) sets the guest kernel's console log level: 7 prints the
 # stack traces of kernel warnings (a soft lockup's trace is not printed at 1).
 # Scenarios are shell scripts in scripts/vm/scenarios/, run as the guest's init payload; each
-# check prints `VMCHECK <name> PASS|FAIL <detail>`. The report ends with one line, `vm: PASS|FAIL (what): ...`,
+# check prints `VMCHECK <name> PASS|FAIL <detail>`; the files of scripts/vm/data/ are in the
+# guest's /etc/sysscope-vm/. The report ends with one line, `vm: PASS|FAIL (what): ...`,
 # giving the guest's boot time (kernel start to init) and the scenario's. Exit status 0 only
 # if every check passed and the scenario ran to its end. Downloads and the built initramfs
 # are cached under target/vm-cache/.
@@ -185,6 +186,7 @@ fi
 root=$(mktemp -d "$cache/root.XXXXXX")
 trap 'rm -rf "$root"' EXIT
 mkdir -p "$root"/{bin,proc,sys,dev,tmp,etc,lib/modules}
+cp -r "$top/scripts/vm/data" "$root/etc/sysscope-vm"
 cp "$busybox" "$root/bin/busybox"
 for b in sysscope sysscope-workload; do
   "$strip" -o "$root/bin/$b" "$bin_dir/$b"

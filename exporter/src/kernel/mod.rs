@@ -61,7 +61,7 @@ pub enum ProbeError {
     },
     #[error(
         "the kernel's BTF is not visible (/sys/kernel/btf/vmlinux is missing): sysscope needs a \
-         kernel built with CONFIG_DEBUG_INFO_BTF=y (every supported kernel, 5.13 or later, can \
+         kernel built with CONFIG_DEBUG_INFO_BTF=y (every supported kernel, 5.15 or later, can \
          be); in a container, mount the host's /sys/kernel/btf, or give a copy of the file with \
          --btf.path"
     )]

@@ -30,6 +30,7 @@ mod robustness;
 mod security;
 mod soak;
 mod spans;
+mod switches;
 mod syscall_time;
 mod syscalls;
 mod tenants;
