@@ -245,3 +245,108 @@ fn sigreturn_of_a_register_holding_an_errno_records_no_error() {
     assert_eq!(sigreturn, signals, "{}", context(&text, &cg));
     assert_eq!(errors, 0.0, "{}", context(&text, &cg));
 }
+
+/// The 32-bit (ia32) program of [`calls_of_a_32_bit_process_are_named_from_its_table`]: `N`
+/// (its argument) `getppid` calls through `syscall(2)`, so the C library cannot answer any
+/// from a cache; returning from `main` ends it with `exit_group`.
+const GETPPID_32: &str = r#"
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 0;
+    for (long i = 0; i < n; i++)
+        syscall(SYS_getppid);
+    return 0;
+}
+"#;
+
+/// Builds [`GETPPID_32`] with `gcc -m32 -static` into `dir`; `None` where this machine cannot
+/// (not x86_64, or no 32-bit C library: `gcc-multilib`, installed by `scripts/setup.sh --test`).
+fn build_32_bit_getppid(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    let src = dir.join("getppid32.c");
+    let bin = dir.join("getppid32");
+    std::fs::write(&src, GETPPID_32).unwrap();
+    let out = Command::new("gcc")
+        .args(["-m32", "-static", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!("gcc -m32: {}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    Some(bin)
+}
+
+/// An ia32 process on x86_64 calls through the compat table, whose numbers mean other calls
+/// natively (i386 `getppid`, 64, is x86_64 `semget`; i386 `exit_group`, 252, is
+/// `ioprio_get`). Its calls are counted under their own names, in the same series a 64-bit
+/// process's would be, and its `exit_group` is counted at entry like a native one.
+#[test]
+fn calls_of_a_32_bit_process_are_named_from_its_table() {
+    const TEST: &str = "calls_of_a_32_bit_process_are_named_from_its_table";
+    if !require_root(TEST) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_32_bit_getppid(dir.path());
+    if !require(
+        TEST,
+        "gcc -m32 -static on x86_64 (gcc-multilib)",
+        built.is_some(),
+    ) {
+        return;
+    }
+    let bin = built.unwrap();
+    const N: u64 = 1000;
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-ia32");
+    let status = cg
+        .command(&bin)
+        .arg(N.to_string())
+        .status()
+        .expect("spawn the 32-bit program");
+    assert!(status.success(), "32-bit getppid: {status}");
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    let series = context(&text, &cg);
+    let calls = |name: &str| of(&samples, &cg, "sysscope_syscalls_total", name, "");
+    eprintln!(
+        "32-bit process, {N} getppid: getppid {}, semget {}, exit_group {}, ioprio_get {}; the \
+         cgroup's series:\n{series}",
+        calls("getppid"),
+        calls("semget"),
+        calls("exit_group"),
+        calls("ioprio_get")
+    );
+    assert_eq!(
+        calls("getppid"),
+        N as f64,
+        "getppid; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("semget"),
+        0.0,
+        "semget; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("exit_group"),
+        1.0,
+        "exit_group; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("ioprio_get"),
+        0.0,
+        "ioprio_get; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("invalid"),
+        0.0,
+        "invalid; the cgroup's series:\n{series}"
+    );
+}
