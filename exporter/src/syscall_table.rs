@@ -377,6 +377,10 @@ mod tests {
         both(compat::RT_SIGRETURN, "rt_sigreturn");
         both(compat::RESTART_SYSCALL, "restart_syscall");
         assert_eq!(compat_name(noreturn::COMPAT_EXIT_GROUP), Some("exit_group"));
+        both(compat::EXECVE, "execve");
+        assert_eq!(compat_name(compat::EXECVEAT), Some("execveat"));
+        assert_eq!(name(sysscope_abi::special::EXECVE), Some("execve"));
+        assert_eq!(name(sysscope_abi::special::EXECVEAT), Some("execveat"));
         assert!(noreturn::is_noreturn(noreturn::COMPAT_EXIT_GROUP));
         // The classified compat calls are the native classified calls' namesakes, and no
         // other compat number is classified.

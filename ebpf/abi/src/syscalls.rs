@@ -231,6 +231,9 @@ pub mod special {
         pub const CLONE3: u32 = 435;
         pub const RT_SIGRETURN: u32 = 15;
         pub const RESTART_SYSCALL: u32 = 219;
+        pub const EXECVE: u32 = 59;
+        pub const EXECVEAT: u32 = 322;
+        pub const COMPAT_EXECVEAT: u32 = crate::COMPAT_BASE + 358;
     }
     // The generic table has no fork or vfork: the clone numbers stand in for them.
     #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
@@ -241,6 +244,9 @@ pub mod special {
         pub const CLONE3: u32 = 435;
         pub const RT_SIGRETURN: u32 = 139;
         pub const RESTART_SYSCALL: u32 = 128;
+        pub const EXECVE: u32 = 221;
+        pub const EXECVEAT: u32 = 281;
+        pub const COMPAT_EXECVEAT: u32 = crate::COMPAT_BASE + 387;
     }
     #[cfg(not(any(
         target_arch = "x86_64",
@@ -255,6 +261,9 @@ pub mod special {
         pub const CLONE3: u32 = u32::MAX;
         pub const RT_SIGRETURN: u32 = u32::MAX;
         pub const RESTART_SYSCALL: u32 = u32::MAX;
+        pub const EXECVE: u32 = u32::MAX;
+        pub const EXECVEAT: u32 = u32::MAX;
+        pub const COMPAT_EXECVEAT: u32 = u32::MAX;
     }
     pub use nr::*;
 
@@ -270,6 +279,17 @@ pub mod special {
         pub const SIGRETURN: u32 = COMPAT_BASE + 119;
         pub const RT_SIGRETURN: u32 = COMPAT_BASE + 173;
         pub const RESTART_SYSCALL: u32 = COMPAT_BASE;
+        pub const EXECVE: u32 = COMPAT_BASE + 11;
+        pub use super::nr::COMPAT_EXECVEAT as EXECVEAT;
+    }
+
+    /// Whether `nr` is an `execve` or `execveat`, native or compat. An exec into the other
+    /// ABI ends with the number of that ABI's `execve` in the registers (the kernel sets it
+    /// for the first return of the new program), and the task's identity then reads as that
+    /// ABI: its exit still closes the entry of the exec it began with.
+    #[inline(always)]
+    pub fn is_exec(nr: u32) -> bool {
+        nr == EXECVE || nr == EXECVEAT || nr == compat::EXECVE || nr == compat::EXECVEAT
     }
 
     /// Whether `nr` makes a task whose first return to user space (with 0) comes through

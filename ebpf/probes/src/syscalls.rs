@@ -573,7 +573,9 @@ fn exit_without_entry(exit_nr: u32, ret: i64) -> Option<u32> {
 /// as when the storage was busy on that CPU on kernels up to 6.1) and is dropped as a miss
 /// rather than lend this exit its start.
 /// [`INVALID_NR`] there (a call that cleared its number, as `rt_sigreturn` does when it restores
-/// the registers) takes the entry whatever its number.
+/// the registers) takes the entry whatever its number, and an exec's exit takes the entry of
+/// an exec of the other ABI (a 64-bit process exec'ing a 32-bit program ends its `execve` as
+/// the i386 one: [`special::is_exec`]).
 #[inline(always)]
 fn take_spill(now: u64, exit_nr: u32) -> Option<(u64, u32, FdClass, u64, StateStats)> {
     let spill = SYSCALL_THREADS.current(false);
@@ -587,7 +589,10 @@ fn take_spill(now: u64, exit_nr: u32) -> Option<(u64, u32, FdClass, u64, StateSt
     }
     let start = spill.start_ns;
     spill.start_ns = 0;
-    if spill.nr != exit_nr && exit_nr != INVALID_NR {
+    if spill.nr != exit_nr
+        && exit_nr != INVALID_NR
+        && !(special::is_exec(spill.nr) && special::is_exec(exit_nr))
+    {
         count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
         return None;
     }
