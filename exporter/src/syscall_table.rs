@@ -1,14 +1,40 @@
 //! Syscall numbers and errno values to names, for the architecture sysscope runs on
-//! (x86_64 and aarch64 tables from the `syscalls` crate).
+//! (x86_64 and aarch64 tables from the `syscalls` crate), and for its 32-bit compat table
+//! (i386 on x86_64, AArch32 on arm64), whose calls the probes count at
+//! [`sysscope_abi::COMPAT_BASE`] + n.
 
 #[cfg(target_arch = "aarch64")]
 use syscalls::aarch64::Sysno;
+#[cfg(target_arch = "aarch64")]
+use syscalls::arm::Sysno as CompatSysno;
+#[cfg(not(target_arch = "aarch64"))]
+use syscalls::x86::Sysno as CompatSysno;
 #[cfg(not(target_arch = "aarch64"))]
 use syscalls::x86_64::Sysno;
+
+use sysscope_abi::{is_compat_nr, COMPAT_BASE};
 
 /// The name of syscall `nr` on this architecture (`None` for unassigned numbers).
 pub fn name(nr: u32) -> Option<&'static str> {
     Sysno::new(nr as usize).map(|s| s.name())
+}
+
+/// The name of a counted compat number (`COMPAT_BASE + n`): call `n` of the compat table
+/// (`None` for unassigned numbers and for numbers that are not compat ones).
+pub fn compat_name(nr: u32) -> Option<&'static str> {
+    if !is_compat_nr(nr) {
+        return None;
+    }
+    CompatSysno::new((nr - COMPAT_BASE) as usize).map(|s| s.name())
+}
+
+/// The number a counted syscall number is exported under: a compat call whose name this
+/// architecture has natively (i386 `getppid`, x86_64 `getppid`) is the native call, so a
+/// 32-bit process's calls join the same series as a 64-bit one's; a compat call with no
+/// native namesake (`socketcall`, `_llseek`) keeps its compat number, and is named from the
+/// compat table by [`label`].
+pub(crate) fn canonical(nr: u32) -> u32 {
+    compat_name(nr).and_then(number).unwrap_or(nr)
 }
 
 /// The number of a syscall by name on this architecture.
@@ -33,6 +59,12 @@ pub(crate) fn label(nr: u32) -> std::borrow::Cow<'static, str> {
     }
     if nr >= sysscope_abi::INVALID_NR {
         return INVALID.into();
+    }
+    if is_compat_nr(nr) {
+        return match compat_name(nr) {
+            Some(n) => n.into(),
+            None => format!("compat_syscall_{}", nr - COMPAT_BASE).into(),
+        };
     }
     match name(nr) {
         Some(n) => n.into(),
@@ -306,6 +338,57 @@ mod tests {
         assert_eq!(label(500), "syscall_500");
         assert_eq!(label(sysscope_abi::INVALID_NR), "invalid");
         assert_eq!(label(9999), "invalid");
+    }
+
+    /// A compat call is named from the compat table and counted under its native namesake;
+    /// the numbers the probes special-case name the calls they mean, in both compat tables.
+    #[test]
+    fn compat_numbers() {
+        use sysscope_abi::{fd_class, noreturn, special::compat};
+        let c = |n: u32| COMPAT_BASE + n;
+        // i386 and AArch32 getppid are both 64: x86_64 semget, aarch64 getppid is 173.
+        assert_eq!(compat_name(c(64)), Some("getppid"));
+        assert_eq!(canonical(c(64)), number("getppid").unwrap());
+        assert_eq!(label(canonical(c(64))), "getppid");
+        // No native namesake: its own number and compat name.
+        assert_eq!(canonical(c(140)), c(140));
+        assert_eq!(label(c(140)), "_llseek");
+        assert_eq!(canonical(64), 64);
+        assert_eq!(label(c(500)), "compat_syscall_500");
+        assert_eq!(compat_name(64), None);
+        assert!(sysscope_abi::bounded_compat_nr(u64::MAX) == sysscope_abi::INVALID_NR);
+        assert_eq!(sysscope_abi::bounded_compat_nr(64), c(64));
+        assert_eq!(sysscope_abi::bounded_nr(64), 64);
+        assert_eq!(
+            sysscope_abi::bounded_nr(COMPAT_BASE as u64),
+            sysscope_abi::INVALID_NR
+        );
+        let both = |nr: u32, want: &str| {
+            let n = (nr - COMPAT_BASE) as usize;
+            assert_eq!(syscalls::x86::Sysno::new(n).map(|s| s.name()), Some(want));
+            assert_eq!(syscalls::arm::Sysno::new(n).map(|s| s.name()), Some(want));
+        };
+        both(noreturn::COMPAT_EXIT, "exit");
+        both(compat::FORK, "fork");
+        both(compat::VFORK, "vfork");
+        both(compat::CLONE, "clone");
+        both(compat::CLONE3, "clone3");
+        both(compat::SIGRETURN, "sigreturn");
+        both(compat::RT_SIGRETURN, "rt_sigreturn");
+        both(compat::RESTART_SYSCALL, "restart_syscall");
+        assert_eq!(compat_name(noreturn::COMPAT_EXIT_GROUP), Some("exit_group"));
+        both(compat::EXECVE, "execve");
+        assert_eq!(compat_name(compat::EXECVEAT), Some("execveat"));
+        assert_eq!(name(sysscope_abi::special::EXECVE), Some("execve"));
+        assert_eq!(name(sysscope_abi::special::EXECVEAT), Some("execveat"));
+        assert!(noreturn::is_noreturn(noreturn::COMPAT_EXIT_GROUP));
+        // The classified compat calls are the native classified calls' namesakes, and no
+        // other compat number is classified.
+        for nr in COMPAT_BASE..sysscope_abi::INVALID_NR {
+            let native = compat_name(nr).and_then(number);
+            let want = native.is_some_and(fd_class::classified);
+            assert_eq!(fd_class::classified(nr), want, "{:?}", compat_name(nr));
+        }
     }
 
     #[test]

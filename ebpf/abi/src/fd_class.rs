@@ -110,17 +110,29 @@ pub fn kind_of(mode: u16, magic: u32) -> u8 {
 #[cfg(any(target_arch = "x86_64", bpf_target_arch = "x86_64"))]
 pub fn classified(nr: u32) -> bool {
     // read write pread64 pwrite64 readv writev sendto recvfrom sendmsg recvmsg preadv
-    // pwritev preadv2 pwritev2
+    // pwritev preadv2 pwritev2; then the same calls of i386 (read write readv writev pread64
+    // pwrite64 preadv pwritev sendto sendmsg recvfrom recvmsg preadv2 pwritev2)
+    const C: u32 = crate::COMPAT_BASE;
     matches!(
         nr,
         0 | 1 | 17 | 18 | 19 | 20 | 44 | 45 | 46 | 47 | 295 | 296 | 327 | 328
+    ) || matches!(
+        nr.wrapping_sub(C),
+        3 | 4 | 145 | 146 | 180 | 181 | 333 | 334 | 369..=372 | 378 | 379
     )
 }
 #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
 pub fn classified(nr: u32) -> bool {
     // read write readv writev pread64 pwrite64 preadv pwritev sendto recvfrom sendmsg
     // recvmsg preadv2 pwritev2
+    // AArch32 (EABI): read write readv writev pread64 pwrite64 sendto recvfrom sendmsg
+    // recvmsg preadv pwritev preadv2 pwritev2
+    const C: u32 = crate::COMPAT_BASE;
     matches!(nr, 63..=70 | 206 | 207 | 211 | 212 | 286 | 287)
+        || matches!(
+            nr.wrapping_sub(C),
+            3 | 4 | 145 | 146 | 180 | 181 | 290 | 292 | 296 | 297 | 361 | 362 | 392 | 393
+        )
 }
 #[cfg(not(any(
     target_arch = "x86_64",

@@ -35,10 +35,11 @@ pub use block_io::{
 pub use fd_class::{FdCache, FdClass, FdProbeConfig, FileIdentity, FileProbeConfig};
 pub use hist::LatencyHistogram;
 pub use syscalls::{
-    bounded_nr, call_state, noreturn, own_share, quota_key, slot_cache, special, CallStamp,
-    CpuState, ErrnoKey, OffCpuEvent, ProcessExit, RateWindow, SchedProbeConfig, SlotStats,
-    SlowCallEvent, SlowCallScratch, StateStats, SyscallKey, SyscallStats, ThreadSpill, FOLDED_TGID,
-    INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    bounded_compat_nr, bounded_nr, call_state, is_compat_nr, noreturn, own_share, quota_key,
+    slot_cache, special, CallStamp, CpuState, ErrnoKey, OffCpuEvent, ProcessExit, RateWindow,
+    SchedProbeConfig, SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey,
+    SyscallStats, ThreadSpill, COMPAT_BASE, FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES,
+    MAX_SYSCALL_NR,
 };
 pub use trace::{trace_flags, TraceEvent, TraceThread, TRACE_PATH_LEN};
 

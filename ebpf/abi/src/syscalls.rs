@@ -46,6 +46,9 @@ programs! {
     SYS_ENTER = "sys_enter",
     SYS_EXIT = "sys_exit",
     PROCESS_EXIT = "sched_process_exit",
+    /// On `sched:sched_process_exec`: invalidates the cached identities, whose compat flag
+    /// an exec into the other ABI changes.
+    PROCESS_EXEC = "sched_process_exec",
     /// On `cgroup:cgroup_attach_task`: invalidates the cached cgroup ids.
     CGROUP_ATTACH = "cgroup_attach_task",
     /// On `sched:sched_switch` (BTF tracepoint): moves a call in flight of a task switched out
@@ -95,24 +98,50 @@ globals! {
     SCHED_CONFIG: SchedProbeConfig,
 }
 
-/// Upper bound on syscall numbers the probes index arrays with (x86_64 < 470, aarch64 < 470).
-pub const MAX_SYSCALL_NR: u32 = 512;
+/// Upper bound on syscall numbers the probes index arrays with: native numbers below
+/// [`COMPAT_BASE`] (x86_64 < 470, aarch64 < 470), then the 32-bit compat table's (ia32 on
+/// x86_64, AArch32 on arm64) at `COMPAT_BASE + n`.
+pub const MAX_SYSCALL_NR: u32 = 1024;
 
-/// The number every syscall number at or above it is counted as (exported as
-/// `syscall="invalid"`). Any process may call `syscall(n)` with any `n`; the kernel answers
-/// ENOSYS, and counting each `n` apart would let one process fill the maps and the exposition.
-/// No architecture sysscope supports uses it.
+/// Where the numbers of 32-bit compat calls begin: a compat task's call `n` is counted as
+/// `COMPAT_BASE + n`, so it is never taken for the native call of the same number (i386
+/// `getppid`, 64, is x86_64 `semget`). User space names it from the compat table and counts it
+/// under the native series of the same name.
+pub const COMPAT_BASE: u32 = 512;
+
+/// The number every syscall number out of range is counted as (exported as
+/// `syscall="invalid"`): native numbers at or above [`COMPAT_BASE`] - 1 and compat numbers at
+/// or above `INVALID_NR - COMPAT_BASE`. Any process may call `syscall(n)` with any `n`; the
+/// kernel answers ENOSYS, and counting each `n` apart would let one process fill the maps and
+/// the exposition. No architecture sysscope supports uses it.
 pub const INVALID_NR: u32 = MAX_SYSCALL_NR - 1;
 
-/// The syscall number the probes count a raw tracepoint `id` as: itself when it is below
-/// [`INVALID_NR`], else [`INVALID_NR`] (negative ids included).
+/// The syscall number the probes count a raw tracepoint `id` of a native (64-bit) call as:
+/// itself when it is below [`COMPAT_BASE`] - 1, else [`INVALID_NR`] (negative ids included).
 #[inline(always)]
 pub fn bounded_nr(id: u64) -> u32 {
-    if id < INVALID_NR as u64 {
+    if id < (COMPAT_BASE - 1) as u64 {
         id as u32
     } else {
         INVALID_NR
     }
+}
+
+/// The syscall number the probes count a raw tracepoint `id` of a 32-bit compat call as:
+/// `COMPAT_BASE + id` when that is below [`INVALID_NR`], else [`INVALID_NR`].
+#[inline(always)]
+pub fn bounded_compat_nr(id: u64) -> u32 {
+    if id < (INVALID_NR - COMPAT_BASE) as u64 {
+        COMPAT_BASE + id as u32
+    } else {
+        INVALID_NR
+    }
+}
+
+/// Whether a counted number ([`bounded_nr`], [`bounded_compat_nr`]) is a compat call's.
+#[inline(always)]
+pub fn is_compat_nr(nr: u32) -> bool {
+    (COMPAT_BASE..INVALID_NR).contains(&nr)
 }
 
 /// The tgid of a cgroup's shared statistics key: calls of that cgroup's processes that could
@@ -152,6 +181,22 @@ pub const MAX_STAT_STRIPES: u32 = 8;
 
 /// Syscalls that never return to user space: counted at entry, with no duration.
 pub mod noreturn {
+    use super::COMPAT_BASE;
+
+    /// Compat `exit` (i386 and AArch32 alike), counted as `COMPAT_BASE + 1`.
+    pub const COMPAT_EXIT: u32 = COMPAT_BASE + 1;
+    /// Compat `exit_group`: i386 252, AArch32 248.
+    #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
+    pub const COMPAT_EXIT_GROUP: u32 = COMPAT_BASE + 248;
+    #[cfg(not(any(target_arch = "aarch64", bpf_target_arch = "aarch64")))]
+    pub const COMPAT_EXIT_GROUP: u32 = COMPAT_BASE + 252;
+
+    /// Whether counted number `nr` ends its task or process (native or compat).
+    #[inline(always)]
+    pub fn is_noreturn(nr: u32) -> bool {
+        nr == EXIT || nr == EXIT_GROUP || nr == COMPAT_EXIT || nr == COMPAT_EXIT_GROUP
+    }
+
     #[cfg(any(target_arch = "x86_64", bpf_target_arch = "x86_64"))]
     pub const EXIT: u32 = 60;
     #[cfg(any(target_arch = "x86_64", bpf_target_arch = "x86_64"))]
@@ -186,6 +231,9 @@ pub mod special {
         pub const CLONE3: u32 = 435;
         pub const RT_SIGRETURN: u32 = 15;
         pub const RESTART_SYSCALL: u32 = 219;
+        pub const EXECVE: u32 = 59;
+        pub const EXECVEAT: u32 = 322;
+        pub const COMPAT_EXECVEAT: u32 = crate::COMPAT_BASE + 358;
     }
     // The generic table has no fork or vfork: the clone numbers stand in for them.
     #[cfg(any(target_arch = "aarch64", bpf_target_arch = "aarch64"))]
@@ -196,6 +244,9 @@ pub mod special {
         pub const CLONE3: u32 = 435;
         pub const RT_SIGRETURN: u32 = 139;
         pub const RESTART_SYSCALL: u32 = 128;
+        pub const EXECVE: u32 = 221;
+        pub const EXECVEAT: u32 = 281;
+        pub const COMPAT_EXECVEAT: u32 = crate::COMPAT_BASE + 387;
     }
     #[cfg(not(any(
         target_arch = "x86_64",
@@ -210,15 +261,50 @@ pub mod special {
         pub const CLONE3: u32 = u32::MAX;
         pub const RT_SIGRETURN: u32 = u32::MAX;
         pub const RESTART_SYSCALL: u32 = u32::MAX;
+        pub const EXECVE: u32 = u32::MAX;
+        pub const EXECVEAT: u32 = u32::MAX;
+        pub const COMPAT_EXECVEAT: u32 = u32::MAX;
     }
     pub use nr::*;
+
+    /// The same calls in the 32-bit compat tables, counted at `COMPAT_BASE + n`: i386 and
+    /// AArch32 (EABI) number them alike (fork 2, vfork 190, clone 120, clone3 435, sigreturn
+    /// 119, rt_sigreturn 173, restart_syscall 0).
+    pub mod compat {
+        use crate::COMPAT_BASE;
+        pub const FORK: u32 = COMPAT_BASE + 2;
+        pub const VFORK: u32 = COMPAT_BASE + 190;
+        pub const CLONE: u32 = COMPAT_BASE + 120;
+        pub const CLONE3: u32 = COMPAT_BASE + 435;
+        pub const SIGRETURN: u32 = COMPAT_BASE + 119;
+        pub const RT_SIGRETURN: u32 = COMPAT_BASE + 173;
+        pub const RESTART_SYSCALL: u32 = COMPAT_BASE;
+        pub const EXECVE: u32 = COMPAT_BASE + 11;
+        pub use super::nr::COMPAT_EXECVEAT as EXECVEAT;
+    }
+
+    /// Whether `nr` is an `execve` or `execveat`, native or compat. An exec into the other
+    /// ABI ends with the number of that ABI's `execve` in the registers (the kernel sets it
+    /// for the first return of the new program), and the task's identity then reads as that
+    /// ABI: its exit still closes the entry of the exec it began with.
+    #[inline(always)]
+    pub fn is_exec(nr: u32) -> bool {
+        nr == EXECVE || nr == EXECVEAT || nr == compat::EXECVE || nr == compat::EXECVEAT
+    }
 
     /// Whether `nr` makes a task whose first return to user space (with 0) comes through
     /// `sys_exit` without an entry of its own: the child of a `fork`, `vfork`, `clone` or
     /// `clone3`. That return is no call, and no missed event.
     #[inline(always)]
     pub fn starts_task(nr: u32) -> bool {
-        nr == CLONE || nr == FORK || nr == VFORK || nr == CLONE3
+        nr == CLONE
+            || nr == FORK
+            || nr == VFORK
+            || nr == CLONE3
+            || nr == compat::FORK
+            || nr == compat::VFORK
+            || nr == compat::CLONE
+            || nr == compat::CLONE3
     }
 
     /// Whether the "return value" of `nr` is a register it restored rather than an outcome:
@@ -228,7 +314,11 @@ pub mod special {
     /// interrupted. Neither records an error.
     #[inline(always)]
     pub fn returns_restored_register(nr: u32) -> bool {
-        nr == RT_SIGRETURN || nr == RESTART_SYSCALL
+        nr == RT_SIGRETURN
+            || nr == RESTART_SYSCALL
+            || nr == compat::SIGRETURN
+            || nr == compat::RT_SIGRETURN
+            || nr == compat::RESTART_SYSCALL
     }
 }
 
@@ -263,6 +353,10 @@ pub struct CpuState {
     pub nr: u32,
     /// The descriptor of the call in flight, classified at entry.
     pub fd: FdClass,
+    /// Non-zero when `task` was making 32-bit compat calls when its identity was read (x86:
+    /// `TS_COMPAT`, set by the kernel at each ia32 entry; arm64: an AArch32 `pstate`): its
+    /// numbers are then counted at [`COMPAT_BASE`] + n. Read with the identity, not per call.
+    pub compat: u32,
     /// The descriptors last classified on this CPU, [`CpuState::FD_CACHE_ENTRIES`] of them,
     /// the entry chosen by descriptor number and task: two threads that take turns on a CPU
     /// (a pipe's reader and writer) keep their own.
@@ -356,6 +450,11 @@ pub struct SchedProbeConfig {
     /// lookup finds nothing is then remembered as unsure ([`CpuState::UNSURE`]), so the
     /// stretch it should have closed is counted unknown rather than guessed.
     pub lookup_may_fail: u32,
+    /// x86_64: offset of `task_struct.thread_info.status` (`thread_info` is the first member
+    /// with `THREAD_INFO_IN_TASK`), whose `TS_COMPAT` bit the kernel sets at every ia32
+    /// syscall entry and clears on the return to user space; [`NO_FIELD`]: not found, and
+    /// every call is counted as native. Unused on arm64, where the mode is in `pstate`.
+    pub compat_status: u32,
 }
 
 impl SchedProbeConfig {
@@ -366,6 +465,7 @@ impl SchedProbeConfig {
         task_state_bytes: 0,
         create_in_switch: 0,
         lookup_may_fail: 1,
+        compat_status: NO_FIELD,
     };
 }
 
@@ -638,15 +738,16 @@ const _: () = {
             == size_of::<SlowCallEvent>() + 2 * file::NAME_BYTES + file::COMPONENT_BYTES + 8
     );
     assert!(size_of::<ThreadSpill>() == 64);
-    assert!(size_of::<SchedProbeConfig>() == 16);
+    assert!(size_of::<SchedProbeConfig>() == 20);
     assert!(size_of::<StateStats>() == 32);
     assert!(size_of::<OffCpuEvent>() == 32);
     assert!(
         size_of::<CpuState>()
-            == 56 + size_of::<FdCache>() * CpuState::FD_CACHE_ENTRIES + 8 * slot_cache::ENTRIES
+            == 64 + size_of::<FdCache>() * CpuState::FD_CACHE_ENTRIES + 8 * slot_cache::ENTRIES
     );
     assert!(MAX_STAT_STRIPES.is_power_of_two());
     assert!(INVALID_NR < MAX_SYSCALL_NR);
+    assert!(COMPAT_BASE < INVALID_NR && COMPAT_BASE.is_power_of_two());
 };
 
 #[cfg(test)]
@@ -655,12 +756,21 @@ mod tests {
 
     #[test]
     fn out_of_range_syscall_numbers_fold_into_one() {
-        use super::{bounded_nr, INVALID_NR};
+        use super::{bounded_compat_nr, bounded_nr, is_compat_nr, COMPAT_BASE, INVALID_NR};
         assert_eq!(bounded_nr(0), 0);
         assert_eq!(bounded_nr(39), 39);
-        assert_eq!(bounded_nr(INVALID_NR as u64 - 1), INVALID_NR - 1);
+        assert_eq!(bounded_nr(COMPAT_BASE as u64 - 2), COMPAT_BASE - 2);
+        // Compat numbers have their own range: no native number is ever one.
+        assert_eq!(bounded_compat_nr(0), COMPAT_BASE);
+        assert_eq!(bounded_compat_nr(252), COMPAT_BASE + 252);
+        assert!(is_compat_nr(COMPAT_BASE) && !is_compat_nr(INVALID_NR));
+        assert!(!is_compat_nr(bounded_nr(COMPAT_BASE as u64 + 3)));
+        for id in [(INVALID_NR - COMPAT_BASE) as u64, 0x4000_0000, u64::MAX] {
+            assert_eq!(bounded_compat_nr(id), INVALID_NR, "{id}");
+        }
         for id in [
             INVALID_NR as u64,
+            COMPAT_BASE as u64 - 1,
             512,
             20_000,
             65_536,

@@ -90,6 +90,30 @@ pub fn read_syscall_arg0(regs: *const u8) -> u64 {
     unsafe { bpf_probe_read_kernel(p) }.unwrap_or(u64::MAX)
 }
 
+/// Byte offset in `struct pt_regs` of a 32-bit compat call's first argument: x86_64 `bx` (the
+/// ia32 arguments are bx, cx, dx, si, di, bp); arm64 `orig_x0`, as for native calls (an AArch32
+/// task's r0 is x0).
+#[cfg(bpf_target_arch = "x86_64")]
+const COMPAT_ARG0_OFFSET: usize = 5 * 8;
+#[cfg(not(bpf_target_arch = "x86_64"))]
+const COMPAT_ARG0_OFFSET: usize = ARG_REG_OFFSETS[0];
+
+/// Reads the first argument of a 32-bit compat call (a 32-bit value) from the `pt_regs` the
+/// raw syscall tracepoints receive.
+#[inline(always)]
+pub fn read_compat_syscall_arg0(regs: *const u8) -> u64 {
+    if cfg!(not(any(
+        bpf_target_arch = "x86_64",
+        bpf_target_arch = "aarch64"
+    ))) {
+        return u64::MAX;
+    }
+    // SAFETY: an offset within the `struct pt_regs` that `regs` points to, only read through the helper.
+    let p = unsafe { regs.add(COMPAT_ARG0_OFFSET) } as *const u64;
+    // SAFETY: the helper checks the address and fails on one it cannot read.
+    unsafe { bpf_probe_read_kernel(p) }.map_or(u64::MAX, |v| v & 0xffff_ffff)
+}
+
 /// Reads the six syscall arguments from the `pt_regs` the raw syscall tracepoints receive.
 /// At `sys_exit` the argument registers still hold what user space passed in.
 #[inline(always)]

@@ -80,6 +80,14 @@ pub(crate) fn create_in_switch() -> bool {
     unsafe { core::ptr::read_volatile(&SCHED_CONFIG.create_in_switch) != 0 }
 }
 
+/// x86_64: the offset of `thread_info.status` in `task_struct` (`NO_FIELD`: unknown), read
+/// when a CPU's identity is (`syscalls.rs`, `is_compat`).
+#[inline(always)]
+pub(crate) fn compat_status() -> u32 {
+    // SAFETY: a global the loader sets before the load, read as a whole.
+    unsafe { core::ptr::read_volatile(&SCHED_CONFIG.compat_status) }
+}
+
 /// Whether a task-storage lookup may fail though the value exists (before Linux 6.2).
 #[inline(always)]
 fn lookup_may_fail() -> bool {

@@ -28,8 +28,9 @@
 //! There the scheduler programs (`sched.rs`) also stamp the call's time off CPU by part, which
 //! `sys_exit` adds to `SYSCALL_STATES`: a call that kept its CPU costs nothing more.
 //! The tgid and the cgroup id of the task on the CPU are cached beside the call and read again
-//! only when another task runs there or after a `cgroup_attach_task` or a task exit bumps
-//! `IDENTITY_GENERATION`. Per-CPU state is one small value per CPU; the statistics are shared,
+//! only when another task runs there or after a `cgroup_attach_task`, a task exit or an exec
+//! (`sched_process_exec`) bumps `IDENTITY_GENERATION`; so is whether the task makes 32-bit
+//! compat calls, whose numbers are counted at `COMPAT_BASE + n`. Per-CPU state is one small value per CPU; the statistics are shared,
 //! so kernel memory does not grow with the CPU count. Errors and samples are off the common
 //! path.
 //!
@@ -61,7 +62,7 @@ use aya_ebpf::{
     },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
         generated::{bpf_get_current_task, bpf_get_current_task_btf, bpf_task_storage_get},
     },
     macros::{map, raw_tracepoint},
@@ -69,14 +70,17 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 use sysscope_abi::{
-    bounded_nr, call_state, counters,
+    bounded_compat_nr, bounded_nr, call_state, counters,
     fd_class::{self, file},
     hist, noreturn, quota_key, slot_cache, special, CpuState, ErrnoKey, FdClass, FileIdentity,
     ProcessExit, RateWindow, SlotStats, SlowCallEvent, SlowCallScratch, StateStats, SyscallKey,
-    ThreadSpill, FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
+    ThreadSpill, FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR, NO_FIELD,
 };
 
-use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, read_syscall_nr, EEXIST};
+use crate::common::{
+    count_drop, read_compat_syscall_arg0, read_syscall_arg0, read_syscall_args, read_syscall_nr,
+    EEXIST,
+};
 
 /// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
 /// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
@@ -297,7 +301,7 @@ pub(crate) fn current_task() -> u64 {
 /// Makes the CPU's cached identity that of `task` (the current task): read again when another
 /// task's is cached, or after a migration or an exit counted since it was read.
 #[inline(always)]
-fn identify(cpu: &mut CpuState, task: u64) {
+fn identify(cpu: &mut CpuState, task: u64, regs: *const u8) {
     // Read the count before the ids: a migration moves the task first and counts afterwards,
     // so an id read after a count that is already stale is re-read on the next call.
     let generation = IDENTITY_GENERATION.get();
@@ -310,6 +314,10 @@ fn identify(cpu: &mut CpuState, task: u64) {
         cpu.task = task;
         cpu.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     }
+    // Which table the task's numbers come from, read here rather than per call: a 32-bit
+    // process makes only compat calls, and an `execve` into the other ABI moves the
+    // generation (`sched_process_exec`).
+    cpu.compat = u32::from(is_compat(task, regs));
     // SAFETY: the helper has no preconditions.
     cpu.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
     // A migration or exit counted meanwhile may have changed what was read: then the ids are
@@ -330,6 +338,36 @@ fn identify(cpu: &mut CpuState, task: u64) {
     }
 }
 
+/// `TS_COMPAT` in x86's `thread_info.status`.
+const TS_COMPAT: u32 = 0x0002;
+/// `PSR_MODE32_BIT` in arm64's `pstate`.
+const PSR_MODE32_BIT: u64 = 0x10;
+/// Offset of `pstate` in arm64's `struct pt_regs` (after `regs[31]`, `sp` and `pc`).
+const ARM64_PSTATE_OFFSET: usize = 33 * 8;
+
+/// Whether the current task `task`, whose syscall registers are at `regs`, is in a 32-bit
+/// compat call (x86_64: `TS_COMPAT`, set at each ia32 entry, `int 0x80` from 64-bit code
+/// included; arm64: an AArch32 task). Two helper calls: identity path only.
+#[inline(always)]
+fn is_compat(task: u64, regs: *const u8) -> bool {
+    if cfg!(bpf_target_arch = "x86_64") {
+        let offset = crate::sched::compat_status();
+        if offset == NO_FIELD {
+            return false;
+        }
+        // SAFETY: an offset within the current `task_struct`, read through the helper.
+        let status = unsafe { bpf_probe_read_kernel((task + offset as u64) as *const u32) };
+        status.is_ok_and(|s| s & TS_COMPAT != 0)
+    } else if cfg!(bpf_target_arch = "aarch64") {
+        // SAFETY: an offset within the `struct pt_regs` at `regs`, read through the helper.
+        let p = unsafe { regs.add(ARM64_PSTATE_OFFSET) } as *const u64;
+        // SAFETY: the helper checks the address and fails on one it cannot read.
+        unsafe { bpf_probe_read_kernel(p) }.is_ok_and(|pstate| pstate & PSR_MODE32_BIT != 0)
+    } else {
+        false
+    }
+}
+
 /// The stats key of the CPU's task for syscall `nr` on a descriptor of class `fd`.
 #[inline(always)]
 fn key_of(cpu: &CpuState, nr: u32, fd: FdClass) -> SyscallKey {
@@ -343,13 +381,8 @@ fn key_of(cpu: &CpuState, nr: u32, fd: FdClass) -> SyscallKey {
 
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
-    // TP_PROTO(struct pt_regs *regs, long id)
-    let nr = bounded_nr(ctx.arg::<u64>(1));
     if target_only() && !crate::trace::is_target(bpf_get_current_pid_tgid()) {
         return 0;
-    }
-    if nr == INVALID_NR {
-        count_drop(counters::SYSCALL_INVALID_NR);
     }
     let Some(cpu) = SYSCALL_CPU.get_ptr_mut(0) else {
         return 0;
@@ -357,8 +390,19 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     // SAFETY: this CPU's value of a per-CPU array, valid while the program runs; programs do
     // not nest on a CPU, and `sched_switch` (which also writes it) runs only between programs.
     let cpu = unsafe { &mut *cpu };
-    identify(cpu, current_task());
-    if nr == noreturn::EXIT || nr == noreturn::EXIT_GROUP {
+    // TP_PROTO(struct pt_regs *regs, long id)
+    let regs = ctx.arg::<*const u8>(0);
+    identify(cpu, current_task(), regs);
+    let id = ctx.arg::<u64>(1);
+    let nr = if cpu.compat == 0 {
+        bounded_nr(id)
+    } else {
+        bounded_compat_nr(id)
+    };
+    if nr == INVALID_NR {
+        count_drop(counters::SYSCALL_INVALID_NR);
+    }
+    if noreturn::is_noreturn(nr) {
         // No sys_exit will follow: count the call now, with no duration.
         cpu.start_ns = 0;
         let key = key_of(cpu, nr, FdClass::NONE);
@@ -367,8 +411,13 @@ pub fn sys_enter(ctx: RawTracePointContext) -> i32 {
     }
     cpu.nr = nr;
     cpu.fd = if fd_class::classified(nr) && crate::fd_class::enabled() {
-        // The descriptor is the first argument, in the `pt_regs` of the tracepoint.
-        let fd = read_syscall_arg0(ctx.arg::<*const u8>(0));
+        // The descriptor is the first argument, in the `pt_regs` of the tracepoint (a compat
+        // call's in its own register).
+        let fd = if cpu.compat == 0 {
+            read_syscall_arg0(regs)
+        } else {
+            read_compat_syscall_arg0(regs)
+        };
         match cpu.fd_cache.get_mut(CpuState::fd_cache_entry(cpu.task, fd)) {
             Some(cache) => crate::fd_class::unpack(crate::fd_class::classify(fd, cache)),
             None => FdClass::NONE,
@@ -400,7 +449,14 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         // Switched out mid-call: `sched_switch` kept the entry in the thread's storage; or no
         // entry was seen. Only here is the number read from the registers.
         // TP_PROTO(struct pt_regs *regs, long ret)
-        let exit_nr = bounded_nr(read_syscall_nr(ctx.arg::<*const u8>(0)));
+        // The identity first: it says which table the number is from.
+        identify(cpu, task, ctx.arg::<*const u8>(0));
+        let id = read_syscall_nr(ctx.arg::<*const u8>(0));
+        let exit_nr = if cpu.compat == 0 {
+            bounded_nr(id)
+        } else {
+            bounded_compat_nr(id)
+        };
         match take_spill(now, exit_nr) {
             Some(spill) => {
                 if cpu.resumed == task {
@@ -417,7 +473,7 @@ pub fn sys_exit(ctx: RawTracePointContext) -> i32 {
         }
     };
     // Also after a migration during the call (a task that wrote its own pid to cgroup.procs).
-    identify(cpu, task);
+    identify(cpu, task, ctx.arg::<*const u8>(0));
     let duration = now.saturating_sub(start_ns);
     let key = key_of(cpu, nr, fd);
     record_duration(cpu, &key, duration, &parts);
@@ -468,6 +524,14 @@ pub fn sched_process_exit(_ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// A task replaced its program (`execve`): it may now make calls of the other ABI (a 64-bit
+/// shell starting a 32-bit program), which the CPUs read with the identity. Exec is rare.
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn sched_process_exec(_ctx: RawTracePointContext) -> i32 {
+    IDENTITY_GENERATION.increment();
+    0
+}
+
 /// A task moved to another cgroup (`cgroup.procs`, `cgroup.threads`, ...): every cached
 /// cgroup id may be stale. Fires after the move, once per moved process or thread.
 #[raw_tracepoint(tracepoint = "cgroup_attach_task")]
@@ -509,7 +573,9 @@ fn exit_without_entry(exit_nr: u32, ret: i64) -> Option<u32> {
 /// as when the storage was busy on that CPU on kernels up to 6.1) and is dropped as a miss
 /// rather than lend this exit its start.
 /// [`INVALID_NR`] there (a call that cleared its number, as `rt_sigreturn` does when it restores
-/// the registers) takes the entry whatever its number.
+/// the registers) takes the entry whatever its number, and an exec's exit takes the entry of
+/// an exec of the other ABI (a 64-bit process exec'ing a 32-bit program ends its `execve` as
+/// the i386 one: [`special::is_exec`]).
 #[inline(always)]
 fn take_spill(now: u64, exit_nr: u32) -> Option<(u64, u32, FdClass, u64, StateStats)> {
     let spill = SYSCALL_THREADS.current(false);
@@ -523,7 +589,10 @@ fn take_spill(now: u64, exit_nr: u32) -> Option<(u64, u32, FdClass, u64, StateSt
     }
     let start = spill.start_ns;
     spill.start_ns = 0;
-    if spill.nr != exit_nr && exit_nr != INVALID_NR {
+    if spill.nr != exit_nr
+        && exit_nr != INVALID_NR
+        && !(special::is_exec(spill.nr) && special::is_exec(exit_nr))
+    {
         count_drop(counters::SYSCALL_EXIT_WITHOUT_ENTER);
         return None;
     }

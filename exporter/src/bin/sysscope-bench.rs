@@ -72,6 +72,8 @@ fn default_tracepoint(program: &str) -> Option<&'static str> {
         Some("sys_exit")
     } else if program.ends_with("sched_process_exit") {
         Some("sched_process_exit")
+    } else if program.ends_with("sched_process_exec") {
+        Some("sched_process_exec")
     } else if program.ends_with("sched_switch") {
         Some("sched_switch")
     } else if program.ends_with("sched_wakeup") {

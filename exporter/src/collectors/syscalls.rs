@@ -1,6 +1,7 @@
 //! The syscall collector: counts, errors by errno and latency histograms per workload.
 //!
-//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `cgroup_attach_task` (raw
+//! Probes: `sys_enter`, `sys_exit`, `sched_process_exit`, `sched_process_exec`,
+//! `cgroup_attach_task` (raw
 //! tracepoints, see `ebpf/probes/src/syscalls.rs`), `sched_switch` and `sched_wakeup` (BTF
 //! tracepoints, `ebpf/probes/src/sched.rs`).
 //! Maps read: the statistics table (`SYSCALL_SLOTS` + `SYSCALL_STATS` + `SYSCALL_STATES`,
@@ -293,9 +294,12 @@ impl SyscallCollector {
     }
 }
 
-/// The label set a kernel entry counts in, as label control keeps it: a syscall it does not
-/// export by name counts as `syscall="other"`, without the descriptor's labels.
+/// The label set a kernel entry counts in, as label control keeps it: a 32-bit compat call
+/// counts as the native call of the same name, where there is one
+/// ([`syscall_table::canonical`]); a syscall label control does not export by name counts as
+/// `syscall="other"`, without the descriptor's labels.
 fn series_key(control: &LabelControl, workload: Workload, nr: u32, fd: FdClass) -> SeriesKey {
+    let nr = syscall_table::canonical(nr);
     let kept = control.syscall(nr);
     let fd = if kept == nr { fd } else { FdClass::NONE };
     (control.workload(workload), kept, fd)

@@ -433,7 +433,16 @@ impl Probes {
         } else {
             None
         };
-        let sched_config = syscalls::sched_config(task_state, &features::running_kernel());
+        let mut sched_config = syscalls::sched_config(task_state, &features::running_kernel());
+        // Where a 32-bit call is told apart on x86_64 (arm64 reads the registers).
+        if cfg!(target_arch = "x86_64") {
+            match btf_offsets(&kernel_btf, syscalls::resolve_compat_status) {
+                Ok(offset) => sched_config.compat_status = offset,
+                Err(error) => {
+                    tracing::warn!(%error, "32-bit calls are counted as 64-bit ones")
+                }
+            }
+        }
         loader.override_global(globals::SCHED_CONFIG, &sched_config, false);
         let slow_call_fds = fd_class::slow_call_fds();
         loader

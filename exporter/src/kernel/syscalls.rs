@@ -85,6 +85,8 @@ pub(crate) fn sched_config(task_state: Option<(u32, u32)>, release: &str) -> Sch
         task_state_bytes: bytes,
         create_in_switch: u32::from(features::release_at_least(release, 6, 4) == Some(true)),
         lookup_may_fail: u32::from(features::release_at_least(release, 6, 2) != Some(true)),
+        // Set by the loader on x86_64 ([`resolve_compat_status`]).
+        compat_status: NO_FIELD,
     }
 }
 
@@ -98,6 +100,15 @@ pub(crate) fn resolve_task_state(btf: &Btf) -> Result<(u32, u32), BtfError> {
             .map(|offset| (offset, 8))
             .map_err(|_| new),
     }
+}
+
+/// x86_64: the offset of `thread_info.status` in `struct task_struct` (`thread_info` is
+/// embedded with `THREAD_INFO_IN_TASK`), whose `TS_COMPAT` bit marks a 32-bit call in
+/// progress. The probes read it only when a CPU's identity is read.
+pub(crate) fn resolve_compat_status(btf: &Btf) -> Result<u32, BtfError> {
+    let thread_info = btf.struct_field("task_struct", "thread_info")?;
+    let status = btf.field_of_kind("thread_info", "status", MemberKind::Int(4))?;
+    Ok(thread_info + status)
 }
 
 /// The syscall probes' maps, with the probes attached: what the collector reads, and what the
@@ -139,6 +150,8 @@ impl SyscallMaps {
         // Exit tracking first, so no process can exit unseen once syscalls are counted.
         probes.attach_raw_tracepoint(collector, programs::PROCESS_EXIT, "sched_process_exit")?;
         probes.attach_raw_tracepoint(collector, programs::CGROUP_ATTACH, "cgroup_attach_task")?;
+        // Before the syscall programs: a program exec'd into the other ABI is read again.
+        probes.attach_raw_tracepoint(collector, programs::PROCESS_EXEC, "sched_process_exec")?;
         // Wakeups before switches: a task switched out blocked once these run is seen woken.
         // (A call already blocked when they attach ends with its time off CPU unknown.)
         if probes.time_by_state() {
@@ -786,6 +799,18 @@ fn add_copy(
 mod tests {
     use super::*;
     use crate::util::test_support::require_root;
+
+    #[test]
+    fn the_compat_status_resolves_on_this_kernel() {
+        let Some(btf) = crate::kernel::btf::for_test("the_compat_status_resolves_on_this_kernel")
+        else {
+            return;
+        };
+        if cfg!(target_arch = "x86_64") {
+            // 5.11+: `flags`, `syscall_work`, then `u32 status`, at the start of the task.
+            assert_eq!(resolve_compat_status(&btf).unwrap(), 16);
+        }
+    }
 
     #[test]
     fn the_task_state_resolves_on_this_kernel() {

@@ -245,3 +245,199 @@ fn sigreturn_of_a_register_holding_an_errno_records_no_error() {
     assert_eq!(sigreturn, signals, "{}", context(&text, &cg));
     assert_eq!(errors, 0.0, "{}", context(&text, &cg));
 }
+
+/// The 32-bit (ia32) program of the tests below: `N` (its first argument) `getppid` calls
+/// through `syscall(2)`, so the C library cannot answer any from a cache; then `F` (its
+/// second, if any) children forked one after another, each making one `getppid` and ending
+/// with `_exit` (`exit_group`). Returning from `main` ends it with `exit_group`.
+const GETPPID_32: &str = r#"
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long n = argc > 1 ? atol(argv[1]) : 0;
+    long forks = argc > 2 ? atol(argv[2]) : 0;
+    for (long i = 0; i < n; i++)
+        syscall(SYS_getppid);
+    for (long i = 0; i < forks; i++) {
+        pid_t pid = fork();
+        if (pid < 0)
+            return 1;
+        if (pid == 0) {
+            syscall(SYS_getppid);
+            _exit(0);
+        }
+        int status;
+        if (waitpid(pid, &status, 0) != pid || status != 0)
+            return 1;
+    }
+    return 0;
+}
+"#;
+
+/// Builds [`GETPPID_32`] with `gcc -m32 -static` into `dir`; `None` where this machine cannot
+/// (not x86_64, or no 32-bit C library: `gcc-multilib`, installed by `scripts/setup.sh --test`).
+fn build_32_bit_getppid(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    let src = dir.join("getppid32.c");
+    let bin = dir.join("getppid32");
+    std::fs::write(&src, GETPPID_32).unwrap();
+    let out = Command::new("gcc")
+        .args(["-m32", "-static", "-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!("gcc -m32: {}", String::from_utf8_lossy(&out.stderr));
+        return None;
+    }
+    Some(bin)
+}
+
+/// An ia32 process on x86_64 calls through the compat table, whose numbers mean other calls
+/// natively (i386 `getppid`, 64, is x86_64 `semget`; i386 `exit_group`, 252, is
+/// `ioprio_get`). Its calls are counted under their own names, in the same series a 64-bit
+/// process's would be, and its `exit_group` is counted at entry like a native one.
+#[test]
+fn calls_of_a_32_bit_process_are_named_from_its_table() {
+    const TEST: &str = "calls_of_a_32_bit_process_are_named_from_its_table";
+    if !require_root(TEST) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_32_bit_getppid(dir.path());
+    if !require(
+        TEST,
+        "gcc -m32 -static on x86_64 (gcc-multilib)",
+        built.is_some(),
+    ) {
+        return;
+    }
+    let bin = built.unwrap();
+    const N: u64 = 1000;
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-ia32");
+    let status = cg
+        .command(&bin)
+        .arg(N.to_string())
+        .status()
+        .expect("spawn the 32-bit program");
+    assert!(status.success(), "32-bit getppid: {status}");
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    let series = context(&text, &cg);
+    let calls = |name: &str| of(&samples, &cg, "sysscope_syscalls_total", name, "");
+    eprintln!(
+        "32-bit process, {N} getppid: getppid {}, semget {}, exit_group {}, ioprio_get {}; the \
+         cgroup's series:\n{series}",
+        calls("getppid"),
+        calls("semget"),
+        calls("exit_group"),
+        calls("ioprio_get")
+    );
+    assert_eq!(
+        calls("getppid"),
+        N as f64,
+        "getppid; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("semget"),
+        0.0,
+        "semget; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("exit_group"),
+        1.0,
+        "exit_group; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("ioprio_get"),
+        0.0,
+        "ioprio_get; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("invalid"),
+        0.0,
+        "invalid; the cgroup's series:\n{series}"
+    );
+}
+
+/// The children of a 32-bit process return from its compat `clone` (or `fork`) without having
+/// entered it: neither a call nor a missed event, as for a 64-bit parent; the parent's calls
+/// are counted once each, under the native names. A 64-bit `execve` of a 32-bit program ends
+/// as the i386 one, and is still one call with no missed event.
+#[test]
+fn a_32_bit_processs_children_first_return_is_no_call() {
+    const TEST: &str = "a_32_bit_processs_children_first_return_is_no_call";
+    if !require_root(TEST) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_32_bit_getppid(dir.path());
+    if !require(
+        TEST,
+        "gcc -m32 -static on x86_64 (gcc-multilib)",
+        built.is_some(),
+    ) {
+        return;
+    }
+    let bin = built.unwrap();
+    const F: u64 = 200;
+    const EXECS: u64 = 200;
+    let exporter = Exporter::start(ISOLATED, &[]);
+    let cg = TestCgroup::new("sysscope-test-ia32-forks");
+    let before = missed_exits(&parse_samples(&exporter.scrape()));
+    let status = cg
+        .command(&bin)
+        .args(["0", &F.to_string()])
+        .status()
+        .expect("spawn the 32-bit program");
+    assert!(status.success(), "32-bit forks: {status}");
+    // 64-bit children exec'ing the 32-bit program: an exec that is switched out ends as the
+    // i386 `execve`, and must still close its entry (no missed event).
+    for _ in 0..EXECS {
+        let status = cg.command(&bin).status().expect("spawn the 32-bit program");
+        assert!(status.success(), "32-bit exec: {status}");
+    }
+    let text = exporter.scrape();
+    let samples = parse_samples(&text);
+    let series = context(&text, &cg);
+    let calls = |name: &str| of(&samples, &cg, "sysscope_syscalls_total", name, "");
+    let forks = calls("clone") + calls("fork") + calls("clone3");
+    let after = missed_exits(&samples);
+    eprintln!(
+        "32-bit process, {F} children, {EXECS} execs: fork calls {forks}, getppid {}, execve {}, \
+         exit_group {}, missed exits {before} -> {after}",
+        calls("getppid"),
+        calls("execve"),
+        calls("exit_group")
+    );
+    assert_eq!(
+        forks, F as f64,
+        "fork calls; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("getppid"),
+        F as f64,
+        "getppid; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("execve"),
+        (EXECS + 1) as f64,
+        "execve; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        calls("exit_group"),
+        (F + 1 + EXECS) as f64,
+        "exit_group; the cgroup's series:\n{series}"
+    );
+    assert_eq!(
+        after - before,
+        0.0,
+        "exits without entry counted while {F} 32-bit children started (node-wide)"
+    );
+}
