@@ -49,7 +49,7 @@ use sysscope_abi::{
     BlockLatency, BlockLatencyKey, BlockProbeConfig, BlockStats, BlockTraceEvent, NO_FIELD,
 };
 
-use crate::common::{count_drop, read, EEXIST};
+use crate::common::{count_drop, read, zero, EEXIST};
 
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
 #[map(name = "BLOCK_INFLIGHT")]
@@ -232,7 +232,7 @@ fn held(key: u64) -> i64 {
 #[inline(always)]
 fn count_held(key: u64, delta: u64) {
     if BLOCK_HELD.get_ptr_mut(&key).is_none() {
-        let _ = BLOCK_HELD.insert(&key, &0, BPF_NOEXIST as u64);
+        let _ = BLOCK_HELD.insert(&key, &zero(), BPF_NOEXIST as u64);
     }
     if let Some(count) = BLOCK_HELD.get_ptr_mut(&key) {
         add(count, delta);

@@ -76,7 +76,7 @@ use sysscope_abi::{
     FOLDED_TGID, INVALID_NR, MAX_STAT_STRIPES, MAX_SYSCALL_NR,
 };
 
-use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, EEXIST};
+use crate::common::{count_drop, read_syscall_arg0, read_syscall_args, zero, EEXIST};
 
 /// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
 /// which aya-ebpf does not provide. The loader reads the layout from BTF: the pointers encode
@@ -695,7 +695,7 @@ fn holds(count: u64, bound: u32) -> bool {
     let Some(taken) = CGROUP_TAKEN.get_ptr(&count) else {
         // First entry it counts; if its count cannot be created (the map is full), the entry
         // folds rather than take room nobody counts.
-        return match CGROUP_TAKEN.insert(&count, &0, BPF_NOEXIST as u64) {
+        return match CGROUP_TAKEN.insert(&count, &zero(), BPF_NOEXIST as u64) {
             Ok(()) => false,
             Err(err) => err != EEXIST,
         };
