@@ -48,6 +48,7 @@ static OFFCPU_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 /// Non-zero: stream every off-CPU stretch of a call to `OFFCPU_EVENTS`; set by the
 /// loader for `sysscope trace`, whose syscall programs count only its target.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_STATE_TRACE: u32 = 0;
 
 #[inline(always)]

@@ -208,37 +208,45 @@ static SLOW_SCRATCH: PerCpuArray<SlowCallScratch> = PerCpuArray::with_max_entrie
 
 /// Slow-call events each CPU may emit per second; set by the loader (0: sampling off).
 #[unsafe(no_mangle)]
+#[used]
 static SLOW_EVENTS_PER_CPU_PER_SEC: u32 = 0;
 
 /// Copies per `SYSCALL_STATS` slot (a power of two, at most `MAX_STAT_STRIPES`); set by the
 /// loader from the possible CPUs.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_STAT_STRIPES: u32 = 1;
 
 /// Slots one cgroup's keys may hold (0: no quota); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_CGROUP_QUOTA: u32 = 0;
 
 /// Slots the keys of processes may hold in all (0: no bound); the rest of the table is the
 /// shared keys' reserve. Set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_OWN_SLOTS: u32 = 0;
 
 /// Error keys one cgroup's processes may hold (0: no quota); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_ERROR_QUOTA: u32 = 0;
 
 /// Error keys all processes may hold (0: no bound); the rest of `SYSCALL_ERRORS` is the
 /// shared keys' reserve. Set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_OWN_ERRORS: u32 = 0;
 
 /// Non-zero: count only the target selected by the trace filter; set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_TARGET_ONLY: u32 = 0;
 
 /// Non-zero: split each call's time by where its task was (see `sched.rs`); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_TIME_BY_STATE: u32 = 0;
 
 /// Whether calls' time is split by state (a global the verifier folds: with 0, the code behind
