@@ -49,7 +49,7 @@ use sysscope_abi::{
     BlockLatency, BlockLatencyKey, BlockProbeConfig, BlockStats, BlockTraceEvent, NO_FIELD,
 };
 
-use crate::common::{count_drop, read, EEXIST};
+use crate::common::{count_drop, read, zero, EEXIST};
 
 // Capacities here are defaults; the exporter resizes the maps from its config before loading.
 #[map(name = "BLOCK_INFLIGHT")]
@@ -67,24 +67,29 @@ static BLOCK_HELD: HashMap<u64, u64> = HashMap::with_max_entries(4096, 0);
 
 /// `BLOCK_STATS` entries of one cgroup's processes (0: no bound); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static BLOCK_TENANT_ENTRIES: u32 = 0;
 
 /// `BLOCK_STATS` entries of all processes (0: no bound); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static BLOCK_OWN_ENTRIES: u32 = 0;
 
 /// Requests one cgroup may have tracked at once (0: no bound); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static BLOCK_TENANT_INFLIGHT: u32 = 0;
 
 /// Requests all cgroups may have tracked at once, light tenants aside (0: no bound); set by
 /// the loader.
 #[unsafe(no_mangle)]
+#[used]
 static BLOCK_OWN_INFLIGHT: u32 = 0;
 
 /// Requests in flight below which a cgroup is light: it may take the rest of the map; set by
 /// the loader.
 #[unsafe(no_mangle)]
+#[used]
 static BLOCK_LIGHT_INFLIGHT: u32 = 0;
 
 /// Completed requests of the trace target, when `BLOCK_TRACE` is set. One page by default:
@@ -94,6 +99,7 @@ static TRACE_BLOCK_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 
 /// Non-zero: record only the trace target's requests and stream them; set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static BLOCK_TRACE: u32 = 0;
 
 #[inline(always)]
@@ -104,6 +110,7 @@ fn tracing_target() -> bool {
 
 /// Set by the loader from kernel BTF; all `NO_FIELD` (and `ready == 0`) until then.
 #[unsafe(no_mangle)]
+#[used]
 static BLOCK_CONFIG: BlockProbeConfig = BlockProbeConfig::UNSET;
 
 #[inline(always)]
@@ -232,7 +239,7 @@ fn held(key: u64) -> i64 {
 #[inline(always)]
 fn count_held(key: u64, delta: u64) {
     if BLOCK_HELD.get_ptr_mut(&key).is_none() {
-        let _ = BLOCK_HELD.insert(&key, &0, BPF_NOEXIST as u64);
+        let _ = BLOCK_HELD.insert(&key, &zero(), BPF_NOEXIST as u64);
     }
     if let Some(count) = BLOCK_HELD.get_ptr_mut(&key) {
         add(count, delta);

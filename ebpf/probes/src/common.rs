@@ -27,6 +27,15 @@ pub fn read<T>(base: u64, off: u32) -> Option<T> {
     unsafe { bpf_probe_read_kernel((base + off as u64) as *const T) }.ok()
 }
 
+/// A zero on the stack, for a map value created at 0: `&zero()`, never `&0`. A promoted
+/// constant `&0` lives in `.rodata`, and LLVM may merge it with a global of the same value that
+/// the loader overrides (`TRACE_CGROUP_ID` under `sysscope trace`), so the "0" the helper
+/// copies would be whatever the loader wrote there.
+#[inline(always)]
+pub fn zero() -> u64 {
+    0
+}
+
 /// `-EEXIST`, returned by a `BPF_NOEXIST` insert that lost a race with another CPU.
 pub const EEXIST: i32 = -17;
 

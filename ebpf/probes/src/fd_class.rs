@@ -28,14 +28,17 @@ use crate::common::read;
 
 /// Set by the loader from kernel BTF; `ready == 0` (nothing classified) until then.
 #[unsafe(no_mangle)]
+#[used]
 static FD_CONFIG: FdProbeConfig = FdProbeConfig::UNSET;
 
 /// Set by the loader when slow calls are sampled; `fd.ready == 0` (no identity read) until then.
 #[unsafe(no_mangle)]
+#[used]
 static FILE_CONFIG: FileProbeConfig = FileProbeConfig::UNSET;
 
 /// Set by the loader: per syscall number, the descriptor a slow call names (`slow_fd`).
 #[unsafe(no_mangle)]
+#[used]
 static SLOW_CALL_FDS: [u8; MAX_SYSCALL_NR as usize] = [0; MAX_SYSCALL_NR as usize];
 
 /// Reads a `T` at `base + off` of a BTF-typed kernel pointer: a plain load, which the verifier

@@ -2,6 +2,11 @@
 //!
 //! One module per probe family; each owns its maps and documents its tracepoints.
 //! Names of programs and maps are shared with user space through `sysscope-abi`.
+//!
+//! Every global the loader sets (`#[unsafe(no_mangle)] static`) is also `#[used]`: LLVM may
+//! otherwise merge an anonymous constant of the same bytes into it (a promoted `&0`, a zeroed
+//! struct initializer), and the program would then read whatever the loader wrote there as
+//! that constant. `#[used]` keeps such globals out of constant merging.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // Atomic read-modify-write: core exposes only atomic loads and stores for the BPF target, but

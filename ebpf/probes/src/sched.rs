@@ -65,11 +65,13 @@ static OFFCPU_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 /// Non-zero: stream every off-CPU stretch of a call to `OFFCPU_EVENTS`; set by the
 /// loader for `sysscope trace`, whose syscall programs count only its target.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_STATE_TRACE: u32 = 0;
 
 /// Where a task's state is read, and what task storage allows here; set by the loader from the
 /// kernel's BTF and release (see `SchedProbeConfig`).
 #[unsafe(no_mangle)]
+#[used]
 static SCHED_CONFIG: SchedProbeConfig = SchedProbeConfig::UNSET;
 
 /// Whether `sched_switch` may create a task's storage (Linux 6.4+); elsewhere `sys_enter`

@@ -79,7 +79,7 @@ use sysscope_abi::{
 
 use crate::common::{
     count_drop, read_compat_syscall_arg0, read_syscall_arg0, read_syscall_args, read_syscall_nr,
-    EEXIST,
+    zero, EEXIST,
 };
 
 /// A task-local storage map definition (`BPF_MAP_TYPE_TASK_STORAGE`) in the BTF map format,
@@ -212,37 +212,45 @@ static SLOW_SCRATCH: PerCpuArray<SlowCallScratch> = PerCpuArray::with_max_entrie
 
 /// Slow-call events each CPU may emit per second; set by the loader (0: sampling off).
 #[unsafe(no_mangle)]
+#[used]
 static SLOW_EVENTS_PER_CPU_PER_SEC: u32 = 0;
 
 /// Copies per `SYSCALL_STATS` slot (a power of two, at most `MAX_STAT_STRIPES`); set by the
 /// loader from the possible CPUs.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_STAT_STRIPES: u32 = 1;
 
 /// Slots one cgroup's keys may hold (0: no quota); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_CGROUP_QUOTA: u32 = 0;
 
 /// Slots the keys of processes may hold in all (0: no bound); the rest of the table is the
 /// shared keys' reserve. Set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_OWN_SLOTS: u32 = 0;
 
 /// Error keys one cgroup's processes may hold (0: no quota); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_ERROR_QUOTA: u32 = 0;
 
 /// Error keys all processes may hold (0: no bound); the rest of `SYSCALL_ERRORS` is the
 /// shared keys' reserve. Set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_OWN_ERRORS: u32 = 0;
 
 /// Non-zero: count only the target selected by the trace filter; set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_TARGET_ONLY: u32 = 0;
 
 /// Non-zero: split each call's time by where its task was (see `sched.rs`); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static SYSCALL_TIME_BY_STATE: u32 = 0;
 
 /// Whether calls' time is split by state (a global the verifier folds: with 0, the code behind
@@ -813,7 +821,7 @@ fn holds(count: u64, bound: u32) -> bool {
     let Some(taken) = CGROUP_TAKEN.get_ptr(&count) else {
         // First entry it counts; if its count cannot be created (the map is full), the entry
         // folds rather than take room nobody counts.
-        return match CGROUP_TAKEN.insert(&count, &0, BPF_NOEXIST as u64) {
+        return match CGROUP_TAKEN.insert(&count, &zero(), BPF_NOEXIST as u64) {
             Ok(()) => false,
             Err(err) => err != EEXIST,
         };

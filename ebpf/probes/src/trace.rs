@@ -52,10 +52,12 @@ static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(4096, 0);
 
 /// cgroup id of the target (0: no cgroup filter); set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static TRACE_CGROUP_ID: u64 = 0;
 
 /// Non-zero: also trace the tgids in `TRACE_TARGETS`; set by the loader.
 #[unsafe(no_mangle)]
+#[used]
 static TRACE_FILTER_TGIDS: u32 = 0;
 
 /// Whether the current task belongs to the target (also used by the syscall probes when the
