@@ -345,6 +345,11 @@ fn walk_path(c: &FileProbeConfig, dentry: u64, mnt: u64, record: &mut SlowCallSc
         // SAFETY: as above.
         unsafe { pos.write_volatile(at) };
         let at = (at & (NAME_BYTES - 1)) as usize;
+        // The compiler knows `len` is at most NAME_MAX and keeps only a signed bound, which
+        // 6.12's verifier does not take for a helper's size ("unbounded memory access"): the
+        // length goes through the stack and is masked, a no-op the verifier can read.
+        // SAFETY: a local's own address.
+        let len = unsafe { core::ptr::read_volatile(&len) } & NAME_MAX;
         // SAFETY: `at` is below NAME_BYTES and `len` at most NAME_MAX, and `at + 1 + len` is
         // at most NAME_BYTES: the copy stays before the component room it copies from.
         unsafe {

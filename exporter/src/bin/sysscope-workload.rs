@@ -1643,8 +1643,14 @@ fn pause_interrupted(n: u64) {
     handle_without_restart(libc::SIGALRM);
     for _ in 0..n {
         real_timer(10_000, 0);
+        // The pause syscall itself where the architecture has one (arm64 has none: glibc's
+        // pause() is a ppoll there).
         // SAFETY: pause has no arguments; the handler is installed.
+        #[cfg(target_arch = "x86_64")]
         let r = unsafe { libc::syscall(libc::SYS_pause) };
+        // SAFETY: as above.
+        #[cfg(not(target_arch = "x86_64"))]
+        let r = unsafe { libc::pause() } as libc::c_long;
         let err = std::io::Error::last_os_error().raw_os_error();
         assert!(r == -1 && err == Some(libc::EINTR), "pause: {r} {err:?}");
     }
