@@ -23,7 +23,6 @@ DEBT = {
     ("cli/top.rs", None): 819,
     ("kernel/btf.rs", "parse"): 152,
     ("cli/trace.rs", "run"): 136,
-    ("kernel/mod.rs", "load_object"): 159,
     ("config/otlp/mod.rs", "variables"): 123,
     ("spans/event.rs", "enrich_with"): 124,
 }

@@ -36,7 +36,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use sysscope_abi::{
-    globals, maps, BlockProbeConfig, FdProbeConfig, FileProbeConfig, MAX_STAT_STRIPES,
+    globals, maps, BlockProbeConfig, FdProbeConfig, FileProbeConfig, SchedProbeConfig,
+    MAX_STAT_STRIPES,
 };
 
 use self::{
@@ -277,6 +278,76 @@ fn btf_offsets<T>(
     }
 }
 
+/// The offsets the probes read kernel structures at, from the kernel's BTF (parsed once, when
+/// a family needs it): the descriptor classes of reads and writes, the file of a slow call, a
+/// switched-out task's state and a 32-bit call's mark. A family whose offsets cannot be had
+/// works without them, and says so.
+fn btf_configs(config: &Config) -> (FdProbeConfig, FileProbeConfig, SchedProbeConfig) {
+    let slow = &config.slow_calls;
+    // The kernel's BTF is parsed once, when a family needs offsets from it.
+    let kernel_btf = OnceCell::new();
+    // Reads and writes are split by what their descriptor is, with offsets from the
+    // kernel's BTF; without them every call is counted unsplit.
+    let fd_config = if config.syscalls.descriptor_kinds {
+        btf_offsets(&kernel_btf, fd_class::resolve_offsets).unwrap_or_else(|error| {
+            tracing::warn!(%error, "reads and writes are not split by descriptor kind");
+            FdProbeConfig::UNSET
+        })
+    } else {
+        FdProbeConfig::UNSET
+    };
+    // Slow calls name their descriptor's file from the kernel, read at the call's exit;
+    // without the offsets, spans fall back to /proc for the path.
+    let file_config = if slow.enabled {
+        btf_offsets(&kernel_btf, |btf| {
+            fd_class::resolve_file_offsets(btf, slow.resolve_file_paths)
+        })
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "slow-call spans name files from /proc only");
+            FileProbeConfig::UNSET
+        })
+    } else {
+        FileProbeConfig::UNSET
+    };
+    // Where the scheduler programs read a switched-out task's state (the split only), and
+    // what this kernel's task storage allows them.
+    let task_state = if config.syscalls.time_by_state {
+        btf_offsets(&kernel_btf, syscalls::resolve_task_state)
+            .map_err(|error| {
+                tracing::warn!(%error, "time off CPU of calls that block is counted as unknown");
+            })
+            .ok()
+    } else {
+        None
+    };
+    let mut sched_config = syscalls::sched_config(task_state, &features::running_kernel());
+    // Where a 32-bit call is told apart on x86_64 (arm64 reads the registers).
+    if cfg!(target_arch = "x86_64") {
+        match btf_offsets(&kernel_btf, syscalls::resolve_compat_status) {
+            Ok(offset) => sched_config.compat_status = offset,
+            Err(error) => {
+                tracing::warn!(%error, "32-bit calls are counted as 64-bit ones")
+            }
+        }
+    }
+    (fd_config, file_config, sched_config)
+}
+
+/// A failed load, a map type this kernel lacks named with the kernel that brought it.
+fn object_load_error(e: aya::EbpfError) -> ProbeError {
+    if let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, .. }) = &e {
+        if let Some(feature) = features::of_map(name) {
+            return ProbeError::MissingKernelFeature {
+                kernel: features::running_kernel(),
+                feature,
+                needed_by: name.clone(),
+                source: Box::new(e),
+            };
+        }
+    }
+    ProbeError::Load(e)
+}
+
 /// The loaded object and what was attached from it.
 pub struct Probes {
     ebpf: Ebpf,
@@ -396,72 +467,14 @@ impl Probes {
                 options.block_trace_ring_buffer_bytes,
             );
         }
-        // The kernel's BTF is parsed once, when a family needs offsets from it.
-        let kernel_btf = OnceCell::new();
-        // Reads and writes are split by what their descriptor is, with offsets from the
-        // kernel's BTF; without them every call is counted unsplit.
-        let fd_config = if config.syscalls.descriptor_kinds {
-            btf_offsets(&kernel_btf, fd_class::resolve_offsets).unwrap_or_else(|error| {
-                tracing::warn!(%error, "reads and writes are not split by descriptor kind");
-                FdProbeConfig::UNSET
-            })
-        } else {
-            FdProbeConfig::UNSET
-        };
+        let (fd_config, file_config, sched_config) = btf_configs(config);
         loader.override_global(globals::FD_CONFIG, &fd_config, false);
-        // Slow calls name their descriptor's file from the kernel, read at the call's exit;
-        // without the offsets, spans fall back to /proc for the path.
-        let file_config = if slow.enabled {
-            btf_offsets(&kernel_btf, |btf| {
-                fd_class::resolve_file_offsets(btf, slow.resolve_file_paths)
-            })
-            .unwrap_or_else(|error| {
-                tracing::warn!(%error, "slow-call spans name files from /proc only");
-                FileProbeConfig::UNSET
-            })
-        } else {
-            FileProbeConfig::UNSET
-        };
-        // Where the scheduler programs read a switched-out task's state (the split only), and
-        // what this kernel's task storage allows them.
-        let task_state = if config.syscalls.time_by_state {
-            btf_offsets(&kernel_btf, syscalls::resolve_task_state)
-                .map_err(|error| {
-                    tracing::warn!(%error, "time off CPU of calls that block is counted as unknown");
-                })
-                .ok()
-        } else {
-            None
-        };
-        let mut sched_config = syscalls::sched_config(task_state, &features::running_kernel());
-        // Where a 32-bit call is told apart on x86_64 (arm64 reads the registers).
-        if cfg!(target_arch = "x86_64") {
-            match btf_offsets(&kernel_btf, syscalls::resolve_compat_status) {
-                Ok(offset) => sched_config.compat_status = offset,
-                Err(error) => {
-                    tracing::warn!(%error, "32-bit calls are counted as 64-bit ones")
-                }
-            }
-        }
         loader.override_global(globals::SCHED_CONFIG, &sched_config, false);
         let slow_call_fds = fd_class::slow_call_fds();
         loader
             .override_global(globals::FILE_CONFIG, &file_config, false)
             .override_global(globals::SLOW_CALL_FDS, &slow_call_fds, false);
-        let mut ebpf = loader.load(object).map_err(|e| {
-            // A map type this kernel does not have is named with the kernel that brought it.
-            if let aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, .. }) = &e {
-                if let Some(feature) = features::of_map(name) {
-                    return ProbeError::MissingKernelFeature {
-                        kernel: features::running_kernel(),
-                        feature,
-                        needed_by: name.clone(),
-                        source: Box::new(e),
-                    };
-                }
-            }
-            ProbeError::Load(e)
-        })?;
+        let mut ebpf = loader.load(object).map_err(object_load_error)?;
         fill_free_slots(&mut ebpf, limits.max_syscall_entries)?;
         let stats = RunTimeStats::start(config.collection.probe_stats);
         Ok(Self {
