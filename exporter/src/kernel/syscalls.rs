@@ -972,6 +972,31 @@ mod tests {
         .unwrap()
     }
 
+    /// A cgroup's shared key is freed while its cgroup lives: its slot goes only while it still
+    /// holds what the last snapshot read, so a call counted after that read is never wiped.
+    #[test]
+    fn a_shared_key_is_freed_only_while_it_holds_what_was_read() {
+        if !require_root("a_shared_key_is_freed_only_while_it_holds_what_was_read") {
+            return;
+        }
+        let mut table = table(16, 2);
+        table.free.push(3, 0).unwrap();
+        let shared = key(FOLDED_TGID, 39);
+        table.write(&shared, &[stats(2)]).unwrap();
+        assert_eq!(table.snapshot().entries, vec![(shared, stats(2))]);
+        // A call lands after the read: the key keeps its slot, and its values.
+        table.write(&shared, &[stats(3)]).unwrap();
+        assert!(table.remove(&[shared]).is_empty());
+        assert_eq!(table.slots.get(&shared, 0).unwrap(), 3);
+        assert_eq!(table.snapshot().entries, vec![(shared, stats(3))]);
+        // Idle since that read: freed and zeroed, its slot back on the stack.
+        assert_eq!(table.remove(&[shared]), vec![shared]);
+        assert!(table.slots.get(&shared, 0).is_err());
+        assert_eq!(table.free.pop(0).unwrap(), 3);
+        assert_eq!(table.stats.get(&6, 0).unwrap(), SlotStats::default());
+        assert!(table.snapshot().entries.is_empty());
+    }
+
     /// The table over real kernel maps, with four copies per slot: keys at slots far apart
     /// (several read ranges), a copy left by a previous owner, frees that leave nothing behind
     /// and count the slots returned to their cgroup, and a freed slot handed to a new key that
