@@ -306,6 +306,9 @@ pub struct SyscallStatsTable {
     /// What the last snapshot read: each key with its slot and the copies that named it (bit
     /// `stripe`), for the parts off CPU read after it; and whether it was complete.
     last_read: (Vec<(SyscallKey, u32, u8)>, bool),
+    /// What the last snapshot read of each cgroup's shared key: [`Self::remove`] frees such a
+    /// key's slot only while it still holds exactly that (see there).
+    folded_read: HashMap<SyscallKey, SyscallStats>,
 }
 
 impl std::fmt::Debug for SyscallStatsTable {
@@ -409,6 +412,7 @@ impl SyscallStatsTable {
             batch: true,
             keys_held: 0,
             last_read: (Vec::new(), false),
+            folded_read: HashMap::new(),
         })
     }
 
@@ -506,6 +510,8 @@ impl SyscallStatsTable {
         // What state_snapshot reads the parts of: kept only where the split is loaded.
         let keep = self.splits;
         let mut read = Vec::with_capacity(if keep { keys.len() } else { 0 });
+        let folded_read = &mut self.folded_read;
+        folded_read.clear();
         let entries = keys
             .into_iter()
             .zip(sums)
@@ -513,6 +519,9 @@ impl SyscallStatsTable {
             .map(|((key, slot), (stats, owned))| {
                 if keep {
                     read.push((key, slot, owned));
+                }
+                if key.tgid == FOLDED_TGID {
+                    folded_read.insert(key, stats);
                 }
                 (key, stats)
             })
@@ -605,7 +614,11 @@ impl SyscallStatsTable {
                 gone.push(*key);
                 continue;
             };
-            if !deleted(self.slots.remove(key)) {
+            if key.tgid == FOLDED_TGID {
+                if !self.free_folded(key, slot) {
+                    continue;
+                }
+            } else if !deleted(self.slots.remove(key)) {
                 continue;
             }
             gone.push(*key);
@@ -651,6 +664,54 @@ impl SyscallStatsTable {
         }
         self.count_returned(returned);
         gone
+    }
+
+    /// Deletes the `SYSCALL_SLOTS` entry of a cgroup's shared key, which holds `slot`, if the
+    /// key is still idle; whether it did. Unlike a process's key, which is freed after its
+    /// process exited, a shared key is freed while its cgroup lives: its processes may count
+    /// in it again at any time, and a call counted after the read that found the key idle
+    /// would be wiped with the slot, lost without a trace. So the slot is freed only if its
+    /// copies still hold what that read saw, both before the delete and after it; a call
+    /// counted meanwhile puts the entry back. (Only if a probe gave the key a new slot within
+    /// the few microseconds between the delete and the check after it are the calls counted
+    /// there meanwhile lost, as in the window every freed slot has: docs/performance.md.)
+    fn free_folded(&mut self, key: &SyscallKey, slot: u32) -> bool {
+        let Some(read) = self.folded_read.get(key).copied() else {
+            // Not read by the last snapshot: nothing says it is idle.
+            return false;
+        };
+        if self.slot_sum(key, slot) != Some(read) {
+            return false;
+        }
+        if !deleted(self.slots.remove(key)) {
+            return false;
+        }
+        let after = self.slot_sum(key, slot);
+        if after == Some(read) {
+            return true;
+        }
+        // A call landed between the check and the delete (its probe found the entry, or the
+        // slot in its thread's cache): the key keeps its slot.
+        match self.slots.insert(key, slot, BPF_NOEXIST) {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::debug!(slot, error = %Chain(&e), "a shared key took a new slot while its old one was freed");
+                true
+            }
+        }
+    }
+
+    /// The statistics of `key` in the copies of `slot` that name it; `None` if a copy cannot
+    /// be read.
+    fn slot_sum(&self, key: &SyscallKey, slot: u32) -> Option<SyscallStats> {
+        let mut sum = SyscallStats::ZERO;
+        for stripe in 0..self.stripes {
+            let copy = self.stats.get(&(slot * self.stripes + stripe), 0).ok()?;
+            if copy.key == *key {
+                sum.add(&copy.stats);
+            }
+        }
+        Some(sum)
     }
 
     /// Adds entries returned to the counts of `CGROUP_RETURNED` (keys of [`quota_key`]).
@@ -909,6 +970,31 @@ mod tests {
             ),
         })
         .unwrap()
+    }
+
+    /// A cgroup's shared key is freed while its cgroup lives: its slot goes only while it still
+    /// holds what the last snapshot read, so a call counted after that read is never wiped.
+    #[test]
+    fn a_shared_key_is_freed_only_while_it_holds_what_was_read() {
+        if !require_root("a_shared_key_is_freed_only_while_it_holds_what_was_read") {
+            return;
+        }
+        let mut table = table(16, 2);
+        table.free.push(3, 0).unwrap();
+        let shared = key(FOLDED_TGID, 39);
+        table.write(&shared, &[stats(2)]).unwrap();
+        assert_eq!(table.snapshot().entries, vec![(shared, stats(2))]);
+        // A call lands after the read: the key keeps its slot, and its values.
+        table.write(&shared, &[stats(3)]).unwrap();
+        assert!(table.remove(&[shared]).is_empty());
+        assert_eq!(table.slots.get(&shared, 0).unwrap(), 3);
+        assert_eq!(table.snapshot().entries, vec![(shared, stats(3))]);
+        // Idle since that read: freed and zeroed, its slot back on the stack.
+        assert_eq!(table.remove(&[shared]), vec![shared]);
+        assert!(table.slots.get(&shared, 0).is_err());
+        assert_eq!(table.free.pop(0).unwrap(), 3);
+        assert_eq!(table.stats.get(&6, 0).unwrap(), SlotStats::default());
+        assert!(table.snapshot().entries.is_empty());
     }
 
     /// The table over real kernel maps, with four copies per slot: keys at slots far apart
