@@ -107,8 +107,12 @@ if [ "$want_test_tools" -eq 1 ]; then
   # gcc also builds the NVML stand-in the GPU tests load (exporter/tests/support/nvml).
   apt_install strace prometheus bpftrace bpftool linux-perf wrk yamllint util-linux python3-yaml \
     e2fsprogs python3-pip openssl curl gcc libc6-dev
-  # The 32-bit (ia32) workload the compat-syscall test builds with `gcc -m32 -static`.
-  if [ "$(dpkg --print-architecture)" = amd64 ]; then apt_install gcc-multilib; fi
+  # The 32-bit (ia32) workload the compat-syscall test builds with `gcc -m32 -static`: the
+  # versioned gcc-N-multilib, since the gcc-multilib metapackage conflicts with the arm64
+  # cross compiler the VM matrix installs (and each would remove the other).
+  if [ "$(dpkg --print-architecture)" = amd64 ]; then
+    apt_install "gcc-$(gcc -dumpversion | cut -d. -f1)-multilib"
+  fi
   # The release check (scripts/checks/release.sh): the image runs under podman with runc, rpm
   # reads the .rpm, man renders the page, bash-completion loads the completions.
   apt_install podman runc rpm man-db bash-completion systemd iproute2 bsdextrautils procps

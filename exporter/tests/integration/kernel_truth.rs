@@ -277,7 +277,7 @@ int main(int argc, char **argv) {
 "#;
 
 /// Builds [`GETPPID_32`] with `gcc -m32 -static` into `dir`; `None` where this machine cannot
-/// (not x86_64, or no 32-bit C library: `gcc-multilib`, installed by `scripts/setup.sh --test`).
+/// (not x86_64, or no 32-bit C library: `gcc-N-multilib`, installed by `scripts/setup.sh --test`).
 fn build_32_bit_getppid(dir: &std::path::Path) -> Option<std::path::PathBuf> {
     if !cfg!(target_arch = "x86_64") {
         return None;
@@ -286,7 +286,17 @@ fn build_32_bit_getppid(dir: &std::path::Path) -> Option<std::path::PathBuf> {
     let bin = dir.join("getppid32");
     std::fs::write(&src, GETPPID_32).unwrap();
     let out = Command::new("gcc")
-        .args(["-m32", "-static", "-O1", "-o"])
+        // gcc-N-multilib, not gcc-multilib (which conflicts with the arm64 cross compiler
+        // the VM matrix needs), so no /usr/include/asm link: the kernel's asm headers are
+        // taken from the native directory, which serves -m32 too.
+        .args([
+            "-m32",
+            "-static",
+            "-O1",
+            "-idirafter",
+            "/usr/include/x86_64-linux-gnu",
+            "-o",
+        ])
         .arg(&bin)
         .arg(&src)
         .output()
@@ -312,7 +322,7 @@ fn calls_of_a_32_bit_process_are_named_from_its_table() {
     let built = build_32_bit_getppid(dir.path());
     if !require(
         TEST,
-        "gcc -m32 -static on x86_64 (gcc-multilib)",
+        "gcc -m32 -static on x86_64 (gcc-N-multilib)",
         built.is_some(),
     ) {
         return;
@@ -380,7 +390,7 @@ fn a_32_bit_processs_children_first_return_is_no_call() {
     let built = build_32_bit_getppid(dir.path());
     if !require(
         TEST,
-        "gcc -m32 -static on x86_64 (gcc-multilib)",
+        "gcc -m32 -static on x86_64 (gcc-N-multilib)",
         built.is_some(),
     ) {
         return;
