@@ -525,8 +525,31 @@ fn churn_round(
     }
     let churn = started.elapsed();
     drop(removal);
-    // Two background reads after the end, then the scraper's final scrape.
+    // Two background reads after the end, then the scraper's final scrape; longer while a
+    // scrape does not yet account for every call (the last entries of a busy refresh may be
+    // published a few cycles later), up to 12 s: what is then missing has vanished.
     std::thread::sleep(Duration::from_millis(1500));
+    let wait_until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < wait_until {
+        let s = parse_samples(&exporter.scrape());
+        let getppid = |cgroup: &dyn Fn(&str) -> bool| -> f64 {
+            s.iter()
+                .filter(|x| {
+                    x.name == "sysscope_syscalls_total"
+                        && x.labels.get("syscall").map(String::as_str) == Some("getppid")
+                        && x.labels.get("cgroup").is_some_and(|c| cgroup(c))
+                })
+                .map(|x| x.value)
+                .sum()
+        };
+        let accounted = getppid(&|c| names.contains(c))
+            + getppid(&|c| c == "other" || c == "(unresolved)")
+            - other_before;
+        if accounted >= (CGROUPS as u64 * CHILDREN * CALLS) as f64 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     stop.store(true, Ordering::Relaxed);
     let (last, max_series, scrapes, other_increase, other_last, other_seen) =
         scraper.join().expect("scraper");
