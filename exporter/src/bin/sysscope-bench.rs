@@ -37,7 +37,8 @@ use anyhow::{bail, Context};
 use sysscope::{
     config::{Config, ProbeStatsMode},
     kernel::slow_events::SlowEvents,
-    kernel::syscalls::{SlowThresholds, SyscallStatsTable},
+    kernel::slow_events::SlowThresholds,
+    kernel::syscalls::SyscallStatsTable,
     kernel::{LoadOptions, Probes},
     metadata::cgroups,
     syscall_table,

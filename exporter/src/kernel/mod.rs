@@ -24,6 +24,7 @@ pub mod features;
 mod object_contract;
 pub mod probe_stats;
 mod ring;
+pub(crate) mod sched;
 pub mod slow_events;
 pub mod syscalls;
 pub(crate) mod trace;
@@ -312,7 +313,7 @@ fn btf_configs(config: &Config) -> (FdProbeConfig, FileProbeConfig, SchedProbeCo
     // Where the scheduler programs read a switched-out task's state (the split only), and
     // what this kernel's task storage allows them.
     let task_state = if config.syscalls.time_by_state {
-        btf_offsets(&kernel_btf, syscalls::resolve_task_state)
+        btf_offsets(&kernel_btf, sched::resolve_task_state)
             .map_err(|error| {
                 tracing::warn!(%error, "time off CPU of calls that block is counted as unknown");
             })
@@ -320,10 +321,10 @@ fn btf_configs(config: &Config) -> (FdProbeConfig, FileProbeConfig, SchedProbeCo
     } else {
         None
     };
-    let mut sched_config = syscalls::sched_config(task_state, &features::running_kernel());
+    let mut sched_config = sched::sched_config(task_state, &features::running_kernel());
     // Where a 32-bit call is told apart on x86_64 (arm64 reads the registers).
     if cfg!(target_arch = "x86_64") {
-        match btf_offsets(&kernel_btf, syscalls::resolve_compat_status) {
+        match btf_offsets(&kernel_btf, sched::resolve_compat_status) {
             Ok(offset) => sched_config.compat_status = offset,
             Err(error) => {
                 tracing::warn!(%error, "32-bit calls are counted as 64-bit ones")

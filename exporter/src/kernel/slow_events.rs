@@ -2,11 +2,12 @@
 //! `SlowCallEvent` for each call slower than its `SLOW_THRESHOLDS` entry (within the per-CPU
 //! budget of `SLOW_RATE`; see `ebpf/probes/src/syscalls.rs`). Taken from the probes at start-up
 //! and handed to the span source (`crate::spans`), which waits on its descriptor and reads the
-//! records as they come.
+//! records as they come. Also `SLOW_THRESHOLDS` ([`SlowThresholds`]), which decides what is slow,
+//! written at start and at each reload.
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{Array, MapData, MapError, RingBuf};
 use sysscope_abi::{maps, SlowCallEvent};
 
 use super::{ring, ProbeError, Probes};
@@ -71,6 +72,34 @@ impl Iterator for SlowEvents {
 impl AsRawFd for SlowEvents {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+/// `SLOW_THRESHOLDS`: per syscall number, the duration from which `sys_exit` samples a call
+/// to `SLOW_EVENTS` (0: never). Written at start and at each reload.
+pub struct SlowThresholds(Array<MapData, u64>);
+
+impl SlowThresholds {
+    /// Takes `SLOW_THRESHOLDS` from the loaded object.
+    pub fn take(probes: &mut Probes) -> Result<Self, ProbeError> {
+        Array::try_from(probes.take_map(maps::SLOW_THRESHOLDS)?)
+            .map(Self)
+            .map_err(threshold_err)
+    }
+
+    /// Writes every syscall's threshold in nanoseconds, by syscall number.
+    pub fn write(&mut self, thresholds_ns: &[u64]) -> Result<(), ProbeError> {
+        for (nr, ns) in thresholds_ns.iter().enumerate() {
+            self.0.set(nr as u32, ns, 0).map_err(threshold_err)?;
+        }
+        Ok(())
+    }
+}
+
+fn threshold_err(source: MapError) -> ProbeError {
+    ProbeError::Map {
+        map: maps::SLOW_THRESHOLDS.into(),
+        source,
     }
 }
 
