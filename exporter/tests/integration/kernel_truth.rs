@@ -319,15 +319,9 @@ fn calls_of_a_32_bit_process_are_named_from_its_table() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let built = build_32_bit_getppid(dir.path());
-    if !require(
-        TEST,
-        "gcc -m32 -static on x86_64 (gcc-N-multilib)",
-        built.is_some(),
-    ) {
+    let Some(bin) = ia32_getppid_or_skip(TEST, dir.path()) else {
         return;
-    }
-    let bin = built.unwrap();
+    };
     const N: u64 = 1000;
     let exporter = Exporter::start(ISOLATED, &[]);
     let cg = TestCgroup::new("sysscope-test-ia32");
@@ -387,15 +381,9 @@ fn a_32_bit_processs_children_first_return_is_no_call() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let built = build_32_bit_getppid(dir.path());
-    if !require(
-        TEST,
-        "gcc -m32 -static on x86_64 (gcc-N-multilib)",
-        built.is_some(),
-    ) {
+    let Some(bin) = ia32_getppid_or_skip(TEST, dir.path()) else {
         return;
-    }
-    let bin = built.unwrap();
+    };
     const F: u64 = 200;
     const EXECS: u64 = 200;
     let exporter = Exporter::start(ISOLATED, &[]);
@@ -450,4 +438,18 @@ fn a_32_bit_processs_children_first_return_is_no_call() {
         0.0,
         "exits without entry counted while {F} 32-bit children started (node-wide)"
     );
+}
+
+/// The ia32 getppid program built in `dir`; `None` after saying why the test skips (failing
+/// under CI) where it cannot be built.
+fn ia32_getppid_or_skip(test: &str, dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let built = build_32_bit_getppid(dir);
+    if !require(
+        test,
+        "gcc -m32 -static on x86_64 (gcc-N-multilib)",
+        built.is_some(),
+    ) {
+        return None;
+    }
+    built
 }
